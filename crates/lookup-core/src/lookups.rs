@@ -1,0 +1,787 @@
+//! The lookup lifecycle of `spec/behaviour.md`.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::{
+    BlockHashes, Command, Config, Error, Event, LookupOutcome, Origin, Priority, Probe, Reply,
+    Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, TicketState,
+};
+
+/// What identifies the question an RPC asks: equal keys get equal answers, so they
+/// may share one RPC (rule 16), and a reply is applied only to requests whose
+/// current key is this one (rule 7).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ShareKey {
+    num_tokens: u32,
+    hash_len: u16,
+    num_hashes: usize,
+    last_hash: Bytes,
+}
+
+impl ShareKey {
+    fn new(num_tokens: u32, hashes: &BlockHashes) -> Self {
+        let n = usize::from(hashes.hash_len());
+        let len = hashes.as_bytes().len();
+        Self {
+            num_tokens,
+            hash_len: hashes.hash_len(),
+            num_hashes: hashes.len(),
+            last_hash: hashes.as_bytes().slice(len.saturating_sub(n)..),
+        }
+    }
+}
+
+/// Where a request's lookup is (STYLE.md rule 6: each phase carries its own data).
+#[derive(Debug)]
+enum LookupState {
+    /// Its RPC is queued or in flight.
+    Waiting {
+        rpc_id: RpcId,
+        num_tokens: u32,
+        block_hashes: BlockHashes,
+        /// An arrival-time lookup holds one prefetch slot (rule 3).
+        holds_slot: bool,
+    },
+    /// The answer is in (already validated and failure-mapped: rule 11).
+    Done {
+        num_tokens: u32,
+        block_hashes: BlockHashes,
+        hit_tokens: u32,
+        replied_at: Instant,
+    },
+}
+
+impl LookupState {
+    fn asks(&self, num_tokens: u32, hashes: &BlockHashes) -> bool {
+        let (n, h) = match self {
+            Self::Waiting {
+                num_tokens,
+                block_hashes,
+                ..
+            }
+            | Self::Done {
+                num_tokens,
+                block_hashes,
+                ..
+            } => (*num_tokens, block_hashes),
+        };
+        n == num_tokens && h.same_chain(hashes)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FirstProbe {
+    NotYet,
+    Done,
+}
+
+#[derive(Debug)]
+struct RequestEntry {
+    eligible: bool,
+    first_probe: FirstProbe,
+    lookup: Option<LookupState>,
+}
+
+#[derive(Debug)]
+enum RpcPhase {
+    /// Handed to the driver; the ticket tells whether it went on the wire.
+    Dispatched,
+    /// The driver reported it sent at `sent_at`; it fails at `deadline`.
+    Sent { sent_at: Instant, deadline: Instant },
+}
+
+#[derive(Debug)]
+enum RpcKind {
+    Lookup { key: ShareKey },
+    Reset,
+}
+
+#[derive(Debug)]
+struct Rpc {
+    kind: RpcKind,
+    ticket: Ticket,
+    priority: Priority,
+    /// Live requests waiting for this answer.
+    subscribers: Vec<RequestId>,
+    /// Prefetch slots this RPC holds until it ends (rule 3), including those of
+    /// requests discarded after it was sent.
+    slots: u32,
+    submitted_at: Instant,
+    phase: RpcPhase,
+}
+
+/// The scheduler-side lookup lifecycle (`spec/behaviour.md` rules 1-17), sans-IO.
+///
+/// # Call-order contract
+///
+/// Every input takes `now`, the caller's clock; the type never reads a clock.
+/// After every input (`on_new_request`, `probe`, `on_allocated`, `on_finished`,
+/// `on_preempted`, `reset`, `close`, `handle_sent`, `handle_reply`,
+/// `handle_rpc_error`, `handle_timeout`):
+///
+/// 1. drain [`poll_transmit`](Self::poll_transmit) into a
+///    [`Dispatcher`](crate::Dispatcher) and send what it releases, reporting each
+///    with [`handle_sent`](Self::handle_sent);
+/// 2. drain [`poll_event`](Self::poll_event);
+/// 3. re-read [`poll_timeout`](Self::poll_timeout) and call
+///    [`handle_timeout`](Self::handle_timeout) when it passes. Calling it early or
+///    twice is harmless.
+///
+/// A probe that finds its result cached does not allocate.
+#[derive(Debug)]
+pub struct Lookups {
+    config: Config,
+    ttl: Duration,
+    timeout: Duration,
+    closed: bool,
+    next_rpc: u64,
+    requests: HashMap<RequestId, RequestEntry>,
+    rpcs: HashMap<RpcId, Rpc>,
+    shared: HashMap<ShareKey, RpcId>,
+    timers: BTreeSet<(Instant, RpcId)>,
+    slots_in_use: u32,
+    /// RPCs handed to the driver and not reported sent (`max_queued` backlog).
+    unsent: usize,
+    transmits: VecDeque<Command>,
+    events: VecDeque<Event>,
+    stats: Stats,
+}
+
+impl Lookups {
+    /// A lookup state machine with `config`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] as [`Config::validate`].
+    pub fn new(config: Config) -> Result<Self, Error> {
+        config.validate()?;
+        Ok(Self {
+            ttl: config.ttl(),
+            timeout: config.timeout(),
+            config,
+            closed: false,
+            next_rpc: 1,
+            requests: HashMap::new(),
+            rpcs: HashMap::new(),
+            shared: HashMap::new(),
+            timers: BTreeSet::new(),
+            slots_in_use: 0,
+            unsent: 0,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The configuration in force.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Rule 1 (eligibility for prefetch): does not skip external KV, at least one
+    /// block of tokens, at least one hash.
+    #[must_use]
+    pub fn is_eligible(&self, req: &Request) -> bool {
+        !req.skip_reading_external_kv
+            && req.num_tokens >= self.config.block_size
+            && !req.block_hashes.is_empty()
+    }
+
+    /// Rule 12: the most tokens the scheduler may be told are stored, local plus
+    /// external: the largest multiple of the block size strictly below `num_tokens`
+    /// (vLLM #55113).
+    #[must_use]
+    pub fn hit_cap(&self, num_tokens: u32) -> u32 {
+        let b = self.config.block_size;
+        (num_tokens.saturating_sub(1) / b) * b
+    }
+
+    /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch
+    /// is on, it is eligible (rule 1), a slot is free (rules 2-3) and the backlog has
+    /// room (`max_queued`). Otherwise nothing happens and the request is looked up at
+    /// its first probe. A request already tracked is left as it is.
+    pub fn on_new_request(&mut self, req: &Request, now: Instant) {
+        if self.closed || !self.config.prefetch_enabled() {
+            return;
+        }
+        let eligible = self.is_eligible(req);
+        let entry = self.requests.entry(req.request_id).or_insert(RequestEntry {
+            eligible,
+            first_probe: FirstProbe::NotYet,
+            lookup: None,
+        });
+        if entry.lookup.is_some() {
+            return;
+        }
+        if !eligible {
+            self.stats.prefetch_ineligible += 1;
+            return;
+        }
+        if self.slots_in_use >= self.config.lookup_prefetch_limit {
+            self.stats.prefetch_cap_full += 1;
+            return;
+        }
+        if self.unsent >= self.config.max_queued as usize {
+            self.stats.prefetch_backlog_full += 1;
+            return;
+        }
+        self.submit(
+            req.request_id,
+            req.num_tokens,
+            &req.block_hashes,
+            Origin::Arrival,
+            now,
+        );
+    }
+
+    /// The scheduler asks how many external tokens it can load for `req`, whose local
+    /// (GPU) hit is `num_computed_tokens` (vLLM's `get_num_new_matched_tokens`).
+    ///
+    /// Answers `Ready(0)` at once, sending nothing, when lookup is off (rule 11's
+    /// config), after close (rule 14), when the request skips external KV or has no
+    /// hashes, or when the local hit already reaches the cap of rule 12. Otherwise
+    /// reuses the lookup queued or in flight (rule 4, promoting it: rule 15), answers
+    /// a cached result (rule 5) unless it outlived the TTL (rule 6) or asked about
+    /// another token count or chain (rule 7), and else submits a lookup and answers
+    /// `Pending`. In sync mode the driver keeps calling until `Ready` (rule 10).
+    pub fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
+        let cap = self.hit_cap(req.num_tokens);
+        let answer = self.probe_inner(req, num_computed_tokens, cap, now);
+        match answer {
+            Probe::Pending => self.stats.probes_pending += 1,
+            Probe::Ready { .. } => self.stats.probes_ready += 1,
+        }
+        answer
+    }
+
+    fn probe_inner(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        cap: u32,
+        now: Instant,
+    ) -> Probe {
+        let ready = |external_tokens: u32, load_async: bool| Probe::Ready {
+            external_tokens,
+            load_async: load_async && external_tokens > 0,
+        };
+        if self.closed || !self.config.enable_lookup {
+            return ready(0, false);
+        }
+        let eligible = self.is_eligible(req);
+        if req.skip_reading_external_kv || req.block_hashes.is_empty() || cap <= num_computed_tokens
+        {
+            // Nothing to load whatever the store holds: no RPC.
+            if let Some(entry) = self.requests.get_mut(&req.request_id) {
+                Self::note_first_probe(&mut self.stats, entry, true);
+            } else if eligible {
+                self.stats.first_probes_ready += 1;
+                self.requests.insert(
+                    req.request_id,
+                    RequestEntry {
+                        eligible,
+                        first_probe: FirstProbe::Done,
+                        lookup: None,
+                    },
+                );
+            }
+            return ready(0, false);
+        }
+        let entry = self.requests.entry(req.request_id).or_insert(RequestEntry {
+            eligible,
+            first_probe: FirstProbe::NotYet,
+            lookup: None,
+        });
+        let mut refresh = None;
+        match &entry.lookup {
+            Some(state) if !state.asks(req.num_tokens, &req.block_hashes) => {
+                refresh = Some(false);
+            }
+            Some(LookupState::Done {
+                hit_tokens,
+                replied_at,
+                ..
+            }) => {
+                if now.saturating_duration_since(*replied_at) > self.ttl {
+                    refresh = Some(true);
+                } else {
+                    let external = (*hit_tokens).min(cap).saturating_sub(num_computed_tokens);
+                    Self::note_first_probe(&mut self.stats, entry, true);
+                    return ready(external, self.config.load_async);
+                }
+            }
+            Some(LookupState::Waiting { rpc_id, .. }) => {
+                let rpc_id = *rpc_id;
+                Self::note_first_probe(&mut self.stats, entry, false);
+                self.promote(rpc_id);
+                return Probe::Pending;
+            }
+            None => {}
+        }
+        Self::note_first_probe(&mut self.stats, entry, false);
+        match refresh {
+            Some(true) => self.stats.ttl_refreshes += 1,
+            Some(false) => self.stats.chain_refreshes += 1,
+            None => {}
+        }
+        self.discard_lookup(req.request_id);
+        self.submit(
+            req.request_id,
+            req.num_tokens,
+            &req.block_hashes,
+            Origin::Probe,
+            now,
+        );
+        Probe::Pending
+    }
+
+    fn note_first_probe(stats: &mut Stats, entry: &mut RequestEntry, ready: bool) {
+        if entry.first_probe == FirstProbe::NotYet {
+            entry.first_probe = FirstProbe::Done;
+            if entry.eligible {
+                if ready {
+                    stats.first_probes_ready += 1;
+                } else {
+                    stats.first_probes_pending += 1;
+                }
+            }
+        }
+    }
+
+    /// Rule 8: the request got its blocks (vLLM's `update_state_after_alloc`): its
+    /// lookup is consumed; a later probe (a reschedule after a failed load) looks up
+    /// again. Unknown requests: no-op.
+    pub fn on_allocated(&mut self, request_id: RequestId) {
+        self.discard_lookup(request_id);
+    }
+
+    /// Rule 8: the request finished or was aborted: everything about it is dropped at
+    /// once; a queued lookup is cancelled and its slot freed (rule 9). Unknown: no-op.
+    pub fn on_finished(&mut self, request_id: RequestId) {
+        self.discard_lookup(request_id);
+        self.requests.remove(&request_id);
+    }
+
+    /// Rule 8: the request was preempted: its lookup is dropped (it is looked up again
+    /// when rescheduled). Unknown requests: no-op.
+    pub fn on_preempted(&mut self, request_id: RequestId) {
+        self.discard_lookup(request_id);
+    }
+
+    /// Rule 13: drops every request's lookup (queued ones cancelled, in-flight replies
+    /// ignored), then queues one reset RPC; its outcome comes as
+    /// [`Event::ResetDone`]. Returns the reset's id, or `None` after close.
+    pub fn reset(&mut self, now: Instant) -> Option<RpcId> {
+        if self.closed {
+            return None;
+        }
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.discard_lookup(id);
+        }
+        let rpc_id = self.new_rpc_id();
+        let ticket = Ticket::new();
+        self.rpcs.insert(
+            rpc_id,
+            Rpc {
+                kind: RpcKind::Reset,
+                ticket: ticket.clone(),
+                priority: Priority::Awaited,
+                subscribers: Vec::new(),
+                slots: 0,
+                submitted_at: now,
+                phase: RpcPhase::Dispatched,
+            },
+        );
+        self.stats.resets += 1;
+        self.transmits.push_back(Command::Send {
+            rpc_id,
+            priority: Priority::Awaited,
+            body: RpcBody::Reset,
+            ticket,
+        });
+        Some(rpc_id)
+    }
+
+    /// Rule 14: cancels everything and forgets all state; afterwards nothing is ever
+    /// transmitted, probes answer `Ready(0)` and other inputs are no-ops. Pending
+    /// commands not yet pulled are dropped; queued RPCs' tickets are cancelled so a
+    /// driver still holding them never sends them.
+    pub fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        for rpc in self.rpcs.values() {
+            if rpc.ticket.cancel() {
+                self.stats.rpcs_cancelled += 1;
+            }
+        }
+        self.rpcs.clear();
+        self.shared.clear();
+        self.timers.clear();
+        self.requests.clear();
+        self.transmits.clear();
+        self.slots_in_use = 0;
+        self.unsent = 0;
+    }
+
+    /// The driver put `rpc_id` on the wire at `now`: its `lookup_timeout_s` starts
+    /// (rule 17). Unknown ids are ignored.
+    pub fn handle_sent(&mut self, rpc_id: RpcId, now: Instant) {
+        let Some(rpc) = self.rpcs.get_mut(&rpc_id) else {
+            return;
+        };
+        if let RpcPhase::Dispatched = rpc.phase {
+            let deadline = now + self.timeout;
+            rpc.phase = RpcPhase::Sent {
+                sent_at: now,
+                deadline,
+            };
+            self.timers.insert((deadline, rpc_id));
+            self.stats.rpcs_sent += 1;
+            self.unsent -= 1;
+        }
+    }
+
+    /// A reply for `rpc_id` arrived. Lookup replies are validated (rule 11: above
+    /// `num_tokens` or not a block multiple is malformed) and applied only to the
+    /// requests still waiting on exactly this question (rule 7). Replies for unknown
+    /// ids (late after a timeout, duplicated) are dropped and counted.
+    pub fn handle_reply(&mut self, rpc_id: RpcId, reply: Reply, now: Instant) {
+        let Some(rpc) = self.take_rpc(rpc_id) else {
+            self.stats.replies_unknown += 1;
+            return;
+        };
+        match &rpc.kind {
+            RpcKind::Reset => {
+                let outcome = match reply {
+                    Reply::Reset { ok: true } => ResetOutcome::Ok,
+                    _ => ResetOutcome::Failed,
+                };
+                self.events.push_back(Event::ResetDone { rpc_id, outcome });
+            }
+            RpcKind::Lookup { key } => {
+                let outcome = match reply {
+                    Reply::Lookup { hit_tokens }
+                        if hit_tokens <= key.num_tokens
+                            && hit_tokens % self.config.block_size == 0 =>
+                    {
+                        if hit_tokens == 0 {
+                            LookupOutcome::Miss
+                        } else {
+                            LookupOutcome::Hit { hit_tokens }
+                        }
+                    }
+                    _ => LookupOutcome::Malformed,
+                };
+                self.finish_lookup(rpc_id, rpc, outcome, now);
+            }
+        }
+    }
+
+    /// `rpc_id` failed without a usable reply (rule 11: a miss for its requests; rule
+    /// 13: a reset reports [`ResetOutcome::TimedOut`]). Unknown ids are ignored.
+    pub fn handle_rpc_error(&mut self, rpc_id: RpcId, failure: RpcFailure, now: Instant) {
+        let Some(rpc) = self.take_rpc(rpc_id) else {
+            self.stats.replies_unknown += 1;
+            return;
+        };
+        match rpc.kind {
+            RpcKind::Reset => self.events.push_back(Event::ResetDone {
+                rpc_id,
+                outcome: ResetOutcome::TimedOut,
+            }),
+            RpcKind::Lookup { .. } => {
+                self.finish_lookup(rpc_id, rpc, LookupOutcome::Failed(failure), now);
+            }
+        }
+    }
+
+    /// Fails every RPC whose deadline (`lookup_timeout_s` after it was sent) is at or
+    /// before `now` (rule 17). Harmless when early or repeated.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(deadline, rpc_id)) = self.timers.first() {
+            if deadline > now {
+                break;
+            }
+            self.handle_rpc_error(rpc_id, RpcFailure::TimedOut, now);
+            // handle_rpc_error removed the timer via take_rpc.
+            self.timers.remove(&(deadline, rpc_id));
+        }
+    }
+
+    /// The next RPC command for the driver (STYLE.md rule 2).
+    pub fn poll_transmit(&mut self) -> Option<Command> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event for the caller.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The earliest RPC deadline, if any RPC is on the wire.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.first().map(|(t, _)| *t)
+    }
+
+    /// Counters since construction.
+    #[must_use]
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Prefetch slots in use: arrival-time lookups not ended yet (rule 3).
+    #[must_use]
+    pub fn slots_in_use(&self) -> u32 {
+        self.slots_in_use
+    }
+
+    /// RPCs queued or in flight (lookups and resets).
+    #[must_use]
+    pub fn open_rpcs(&self) -> usize {
+        self.rpcs.len()
+    }
+
+    /// Requests with any state (a lookup, or a first-probe mark).
+    #[must_use]
+    pub fn tracked_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Requests whose lookup is queued or in flight.
+    #[must_use]
+    pub fn waiting_requests(&self) -> usize {
+        self.requests
+            .values()
+            .filter(|e| matches!(e.lookup, Some(LookupState::Waiting { .. })))
+            .count()
+    }
+
+    /// True after [`close`](Self::close).
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    fn new_rpc_id(&mut self) -> RpcId {
+        let id = RpcId(self.next_rpc);
+        self.next_rpc += 1;
+        self.stats.rpcs_created += 1;
+        self.unsent += 1;
+        id
+    }
+
+    fn submit(
+        &mut self,
+        request_id: RequestId,
+        num_tokens: u32,
+        hashes: &BlockHashes,
+        origin: Origin,
+        now: Instant,
+    ) {
+        let key = ShareKey::new(num_tokens, hashes);
+        let holds_slot = origin == Origin::Arrival;
+        match origin {
+            Origin::Arrival => self.stats.lookups_arrival += 1,
+            Origin::Probe => self.stats.lookups_probe += 1,
+        }
+        if holds_slot {
+            self.slots_in_use += 1;
+        }
+        let existing = if self.config.lookup_share {
+            self.shared.get(&key).copied()
+        } else {
+            None
+        };
+        let rpc_id = if let Some(rpc_id) = existing {
+            let rpc = self
+                .rpcs
+                .get_mut(&rpc_id)
+                .expect("shared map only names open RPCs");
+            rpc.subscribers.push(request_id);
+            if holds_slot {
+                rpc.slots += 1;
+            }
+            self.stats.rpcs_shared += 1;
+            if origin == Origin::Probe {
+                self.promote(rpc_id);
+            }
+            rpc_id
+        } else {
+            let rpc_id = self.new_rpc_id();
+            let ticket = Ticket::new();
+            let priority = match origin {
+                Origin::Arrival => Priority::Prefetch,
+                Origin::Probe => Priority::Awaited,
+            };
+            self.rpcs.insert(
+                rpc_id,
+                Rpc {
+                    kind: RpcKind::Lookup { key: key.clone() },
+                    ticket: ticket.clone(),
+                    priority,
+                    subscribers: vec![request_id],
+                    slots: u32::from(holds_slot),
+                    submitted_at: now,
+                    phase: RpcPhase::Dispatched,
+                },
+            );
+            if self.config.lookup_share {
+                self.shared.insert(key, rpc_id);
+            }
+            self.transmits.push_back(Command::Send {
+                rpc_id,
+                priority,
+                body: RpcBody::Lookup {
+                    num_tokens,
+                    block_hashes: hashes.clone(),
+                },
+                ticket,
+            });
+            rpc_id
+        };
+        if let Some(entry) = self.requests.get_mut(&request_id) {
+            entry.lookup = Some(LookupState::Waiting {
+                rpc_id,
+                num_tokens,
+                block_hashes: hashes.clone(),
+                holds_slot,
+            });
+        }
+    }
+
+    /// Rule 15: a probe waits for `rpc_id`; if it is a queued prefetch, send it first.
+    fn promote(&mut self, rpc_id: RpcId) {
+        if !self.config.lookup_priority {
+            return;
+        }
+        if let Some(rpc) = self.rpcs.get_mut(&rpc_id) {
+            if rpc.priority == Priority::Prefetch && rpc.ticket.state() == TicketState::Queued {
+                rpc.priority = Priority::Awaited;
+                self.stats.promotions += 1;
+                self.transmits.push_back(Command::Promote { rpc_id });
+            }
+        }
+    }
+
+    /// Rules 8-9: detaches the request from its lookup. A slot of a lookup not yet
+    /// sent is freed now; of one on the wire, when its RPC ends (rule 3). An RPC
+    /// nobody waits for any more is cancelled if it was not sent.
+    fn discard_lookup(&mut self, request_id: RequestId) {
+        let Some(entry) = self.requests.get_mut(&request_id) else {
+            return;
+        };
+        let Some(LookupState::Waiting {
+            rpc_id, holds_slot, ..
+        }) = entry.lookup.take()
+        else {
+            return;
+        };
+        let Some(rpc) = self.rpcs.get_mut(&rpc_id) else {
+            return;
+        };
+        if let Some(i) = rpc.subscribers.iter().position(|r| *r == request_id) {
+            rpc.subscribers.swap_remove(i);
+        }
+        if rpc.subscribers.is_empty() && rpc.ticket.cancel() {
+            let rpc = self.take_rpc(rpc_id).expect("present");
+            debug_assert!(rpc.slots >= u32::from(holds_slot));
+            self.stats.rpcs_cancelled += 1;
+            self.transmits.push_back(Command::Cancel { rpc_id });
+            return;
+        }
+        if holds_slot && rpc.ticket.state() == TicketState::Queued {
+            rpc.slots -= 1;
+            self.slots_in_use -= 1;
+        }
+    }
+
+    /// Removes an RPC and everything pointing at it except its subscribers' states;
+    /// frees its slots.
+    fn take_rpc(&mut self, rpc_id: RpcId) -> Option<Rpc> {
+        let rpc = self.rpcs.remove(&rpc_id)?;
+        self.slots_in_use -= rpc.slots;
+        match rpc.phase {
+            RpcPhase::Sent { deadline, .. } => {
+                self.timers.remove(&(deadline, rpc_id));
+            }
+            RpcPhase::Dispatched => self.unsent -= 1,
+        }
+        if let RpcKind::Lookup { key } = &rpc.kind {
+            if self.shared.get(key) == Some(&rpc_id) {
+                self.shared.remove(key);
+            }
+        }
+        Some(rpc)
+    }
+
+    fn finish_lookup(&mut self, rpc_id: RpcId, rpc: Rpc, outcome: LookupOutcome, now: Instant) {
+        let hit_tokens = match outcome {
+            LookupOutcome::Hit { hit_tokens } => {
+                self.stats.hits += 1;
+                hit_tokens
+            }
+            LookupOutcome::Miss => {
+                self.stats.misses += 1;
+                0
+            }
+            LookupOutcome::Malformed => {
+                self.stats.failed_malformed += 1;
+                0
+            }
+            LookupOutcome::Failed(RpcFailure::TimedOut) => {
+                self.stats.failed_timed_out += 1;
+                0
+            }
+            LookupOutcome::Failed(_) => {
+                self.stats.failed_transport += 1;
+                0
+            }
+        };
+        let mut answered = 0;
+        for request_id in &rpc.subscribers {
+            let Some(entry) = self.requests.get_mut(request_id) else {
+                continue;
+            };
+            // Subscribers always wait on this RPC (discard and refresh detach them),
+            // so the reply answers exactly the question each one asked (rule 7).
+            let Some(LookupState::Waiting {
+                rpc_id: waiting_on,
+                num_tokens,
+                block_hashes,
+                ..
+            }) = entry.lookup.take()
+            else {
+                continue;
+            };
+            debug_assert_eq!(waiting_on, rpc_id);
+            entry.lookup = Some(LookupState::Done {
+                num_tokens,
+                block_hashes,
+                hit_tokens,
+                replied_at: now,
+            });
+            answered += 1;
+        }
+        if answered == 0 {
+            self.stats.replies_stale += 1;
+        }
+        let on_wire = match rpc.phase {
+            RpcPhase::Sent { sent_at, .. } => Some(now.saturating_duration_since(sent_at)),
+            RpcPhase::Dispatched => None,
+        };
+        self.events.push_back(Event::LookupDone {
+            rpc_id,
+            outcome,
+            requests: answered,
+            total: now.saturating_duration_since(rpc.submitted_at),
+            on_wire,
+        });
+    }
+}

@@ -1,0 +1,625 @@
+//! The acceptance scenarios of `spec/behaviour.md`, one test each, with exact values.
+//! A harness owns the core, a dispatcher, a simulated clock and a hand-driven server.
+
+use std::time::{Duration, Instant};
+
+use lookup_core::{
+    BlockHashes, Config, Dispatcher, Event, LookupOutcome, Lookups, Probe, Reply, Request,
+    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId,
+};
+
+struct Harness {
+    lookups: Lookups,
+    dispatcher: Dispatcher,
+    now: Instant,
+    /// RPCs on the wire, in send order.
+    wire: Vec<(RpcId, RpcBody)>,
+    /// Every RPC ever sent.
+    sent: Vec<(RpcId, RpcBody)>,
+    events: Vec<Event>,
+}
+
+impl Harness {
+    fn new(config: Config) -> Self {
+        let dispatcher = Dispatcher::new(&config);
+        Self {
+            lookups: Lookups::new(config).unwrap(),
+            dispatcher,
+            now: Instant::now(),
+            wire: Vec::new(),
+            sent: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Prefetch on: async, limit `limit`, block size 16.
+    fn prefetch(limit: u32) -> Self {
+        let mut c = Config::new(16);
+        c.lookup_async = true;
+        c.lookup_prefetch_limit = limit;
+        c.max_in_flight = 64;
+        Self::new(c)
+    }
+
+    fn pump(&mut self) {
+        while let Some(cmd) = self.lookups.poll_transmit() {
+            self.dispatcher.push(cmd);
+        }
+        while let Some(out) = self.dispatcher.next_send() {
+            self.lookups.handle_sent(out.rpc_id, self.now);
+            self.wire.push((out.rpc_id, out.body.clone()));
+            self.sent.push((out.rpc_id, out.body));
+        }
+        while let Some(e) = self.lookups.poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    fn arrive(&mut self, req: &Request) {
+        self.lookups.on_new_request(req, self.now);
+        self.pump();
+    }
+
+    fn probe(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
+        let p = self.lookups.probe(req, num_computed_tokens, self.now);
+        self.pump();
+        p
+    }
+
+    fn take(&mut self, rpc_id: RpcId) {
+        let i = self.wire.iter().position(|(id, _)| *id == rpc_id).unwrap();
+        self.wire.remove(i);
+        self.dispatcher.on_done(rpc_id);
+    }
+
+    /// The server answers the RPC at `index` on the wire with `reply`.
+    fn answer(&mut self, rpc_id: RpcId, reply: Reply) {
+        self.take(rpc_id);
+        self.lookups.handle_reply(rpc_id, reply, self.now);
+        self.pump();
+    }
+
+    fn answer_hit(&mut self, rpc_id: RpcId, hit_tokens: u32) {
+        self.answer(rpc_id, Reply::Lookup { hit_tokens });
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        if self.lookups.poll_timeout().is_some_and(|t| t <= self.now) {
+            let expired: Vec<RpcId> = self.wire.iter().map(|(id, _)| *id).collect();
+            self.lookups.handle_timeout(self.now);
+            // The driver frees the wire slots of what the core timed out.
+            for e in self.drain_new_events() {
+                let (Event::LookupDone { rpc_id, .. } | Event::ResetDone { rpc_id, .. }) = e;
+                if expired.contains(&rpc_id) {
+                    self.take(rpc_id);
+                }
+            }
+        }
+        self.pump();
+    }
+
+    fn drain_new_events(&mut self) -> Vec<Event> {
+        let mut out = Vec::new();
+        while let Some(e) = self.lookups.poll_event() {
+            out.push(e);
+        }
+        self.events.extend(out.iter().cloned());
+        out
+    }
+
+    fn wire_ids(&self) -> Vec<RpcId> {
+        self.wire.iter().map(|(id, _)| *id).collect()
+    }
+}
+
+fn req(id: u64, num_tokens: u32, chain: &[u64]) -> Request {
+    Request {
+        request_id: RequestId(id),
+        num_tokens,
+        block_hashes: BlockHashes::from_u64s(chain),
+        skip_reading_external_kv: false,
+    }
+}
+
+fn ready(external_tokens: u32) -> Probe {
+    Probe::Ready {
+        external_tokens,
+        load_async: external_tokens > 0,
+    }
+}
+
+#[test]
+fn s1_prefetch_then_two_probes_one_rpc_and_allocation_discards() {
+    let mut h = Harness::prefetch(2);
+    let r = req(1, 64, &[1, 2, 3, 4]);
+    h.arrive(&r);
+    assert_eq!(h.wire_ids(), vec![RpcId(1)]);
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.sent.len(), 1, "the probe reuses the prefetch");
+    h.answer_hit(RpcId(1), 48);
+    assert_eq!(h.lookups.slots_in_use(), 0);
+    assert_eq!(h.probe(&r, 0), ready(48));
+    assert_eq!(h.probe(&r, 16), ready(32));
+    assert_eq!(h.sent.len(), 1);
+    h.lookups.on_allocated(r.request_id);
+    assert_eq!(h.lookups.waiting_requests(), 0);
+    // A reschedule after a failed load looks up again.
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.sent.len(), 2);
+    let s = h.lookups.stats();
+    assert_eq!((s.lookups_arrival, s.lookups_probe), (1, 1));
+    assert_eq!((s.first_probes_pending, s.first_probes_ready), (1, 0));
+    assert_eq!((s.probes_pending, s.probes_ready), (2, 2));
+}
+
+#[test]
+fn s2_cap_two_third_arrival_looked_up_at_probe_and_slot_reused() {
+    let mut h = Harness::prefetch(2);
+    let (a, b, c, d) = (
+        req(1, 32, &[1, 2]),
+        req(2, 32, &[3, 4]),
+        req(3, 32, &[5, 6]),
+        req(4, 32, &[7, 8]),
+    );
+    h.arrive(&a);
+    h.arrive(&b);
+    h.arrive(&c);
+    assert_eq!(h.wire_ids(), vec![RpcId(1), RpcId(2)]);
+    assert_eq!(h.lookups.slots_in_use(), 2);
+    assert_eq!(h.lookups.stats().prefetch_cap_full, 1);
+    // The third is looked up at its first probe, uncapped.
+    assert_eq!(h.probe(&c, 0), Probe::Pending);
+    assert_eq!(h.wire_ids(), vec![RpcId(1), RpcId(2), RpcId(3)]);
+    assert_eq!(h.lookups.slots_in_use(), 2);
+    // A completed prefetch frees its slot for the next arrival.
+    h.answer_hit(RpcId(1), 16);
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    h.arrive(&d);
+    assert_eq!(h.wire_ids(), vec![RpcId(2), RpcId(3), RpcId(4)]);
+    assert_eq!(h.lookups.slots_in_use(), 2);
+}
+
+#[test]
+fn s3_probe_lookup_submitted_while_cap_full() {
+    let mut h = Harness::prefetch(1);
+    h.arrive(&req(1, 32, &[1, 2]));
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    let other = req(2, 32, &[3, 4]);
+    assert_eq!(h.probe(&other, 0), Probe::Pending);
+    assert_eq!(h.wire_ids(), vec![RpcId(1), RpcId(2)]);
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    h.answer_hit(RpcId(2), 16);
+    assert_eq!(h.probe(&other, 0), ready(16));
+}
+
+#[test]
+fn s4_changed_token_count_or_chain_refreshes_and_stale_reply_is_ignored() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 32, &[1, 2]);
+    h.arrive(&r);
+    // The prompt grew: new RPC.
+    let grown = req(1, 48, &[1, 2, 3]);
+    assert_eq!(h.probe(&grown, 0), Probe::Pending);
+    assert_eq!(h.wire_ids(), vec![RpcId(1), RpcId(2)]);
+    // Same length, other chain: new RPC again.
+    let other = req(1, 48, &[1, 2, 9]);
+    assert_eq!(h.probe(&other, 0), Probe::Pending);
+    assert_eq!(h.wire_ids(), vec![RpcId(1), RpcId(2), RpcId(3)]);
+    assert_eq!(h.lookups.stats().chain_refreshes, 2);
+    // Stale replies, arriving later, are not applied.
+    h.answer_hit(RpcId(1), 32);
+    h.answer_hit(RpcId(2), 32);
+    assert_eq!(h.probe(&other, 0), Probe::Pending);
+    h.answer_hit(RpcId(3), 16);
+    assert_eq!(h.probe(&other, 0), ready(16));
+    assert_eq!(h.lookups.stats().replies_stale, 2);
+    // The arrival slot was held by RPC 1 until it completed.
+    assert_eq!(h.lookups.slots_in_use(), 0);
+}
+
+#[test]
+fn s5_ttl_expiry_looks_up_again_but_in_flight_never_expires() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 48, &[1, 2, 3]);
+    h.arrive(&r);
+    h.answer_hit(RpcId(1), 32);
+    h.advance(Duration::from_millis(2_500));
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)]);
+    assert_eq!(h.lookups.stats().ttl_refreshes, 1);
+    // In flight for 10 s (timeout raised above that): no new RPC.
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.lookup_timeout_s = 60.0;
+    let mut h = Harness::new(c);
+    h.arrive(&r);
+    h.advance(Duration::from_secs(10));
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.sent.len(), 1);
+    assert_eq!(h.lookups.stats().ttl_refreshes, 0);
+}
+
+#[test]
+fn s6_ineligible_requests_are_not_prefetched() {
+    let mut h = Harness::prefetch(4);
+    let mut skip = req(1, 32, &[1, 2]);
+    skip.skip_reading_external_kv = true;
+    h.arrive(&skip);
+    h.arrive(&req(2, 15, &[1]));
+    h.arrive(&req(3, 32, &[]));
+    assert!(h.sent.is_empty());
+    assert_eq!(h.lookups.stats().prefetch_ineligible, 3);
+    // The probe still works for them, and none of them can have external tokens.
+    assert_eq!(h.probe(&skip, 0), ready(0));
+    assert_eq!(h.probe(&req(3, 32, &[]), 0), ready(0));
+    assert!(h.sent.is_empty());
+}
+
+#[test]
+fn s7_finish_while_queued_never_sent_and_while_in_flight_slot_freed_on_completion() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.max_in_flight = 1;
+    let mut h = Harness::new(c);
+    let (a, b) = (req(1, 32, &[1, 2]), req(2, 32, &[3, 4]));
+    h.arrive(&a); // on the wire
+    h.arrive(&b); // queued behind it
+    assert_eq!(h.wire_ids(), vec![RpcId(1)]);
+    assert_eq!(h.lookups.slots_in_use(), 2);
+    h.lookups.on_finished(b.request_id);
+    h.pump();
+    assert_eq!(h.lookups.slots_in_use(), 1, "queued: slot freed at once");
+    assert_eq!(h.lookups.stats().rpcs_cancelled, 1);
+    h.lookups.on_finished(a.request_id);
+    h.pump();
+    assert_eq!(
+        h.lookups.slots_in_use(),
+        1,
+        "in flight: slot held until it completes"
+    );
+    h.answer_hit(RpcId(1), 32);
+    assert_eq!(h.lookups.slots_in_use(), 0);
+    assert_eq!(h.lookups.stats().replies_stale, 1);
+    assert_eq!(h.sent.len(), 1, "the cancelled lookup never went out");
+    assert_eq!(h.lookups.tracked_requests(), 0);
+    assert_eq!(h.lookups.open_rpcs(), 0);
+}
+
+#[test]
+fn s8_preempt_reset_close_drop_state_and_reset_sends_one_rpc() {
+    let mut h = Harness::prefetch(4);
+    let (a, b) = (req(1, 32, &[1, 2]), req(2, 32, &[3, 4]));
+    h.arrive(&a);
+    h.answer_hit(RpcId(1), 16);
+    h.lookups.on_preempted(a.request_id);
+    assert_eq!(
+        h.probe(&a, 0),
+        Probe::Pending,
+        "preemption dropped the result"
+    );
+    assert_eq!(h.wire_ids(), vec![RpcId(2)]);
+
+    h.arrive(&b);
+    let reset = h.lookups.reset(h.now).unwrap();
+    h.pump();
+    let resets: Vec<_> = h
+        .sent
+        .iter()
+        .filter(|(_, b)| *b == RpcBody::Reset)
+        .collect();
+    assert_eq!(resets.len(), 1);
+    assert_eq!(h.lookups.waiting_requests(), 0);
+    h.answer(reset, Reply::Reset { ok: true });
+    assert!(h.events.contains(&Event::ResetDone {
+        rpc_id: reset,
+        outcome: ResetOutcome::Ok
+    }));
+    // In-flight replies after the reset are ignored.
+    h.answer_hit(RpcId(2), 16);
+    assert_eq!(h.lookups.waiting_requests(), 0);
+
+    h.arrive(&req(3, 32, &[5, 6]));
+    h.lookups.close();
+    assert_eq!(h.lookups.slots_in_use(), 0);
+    assert_eq!(h.lookups.tracked_requests(), 0);
+    assert_eq!(h.lookups.open_rpcs(), 0);
+    let sent_before = h.sent.len();
+    h.arrive(&req(4, 32, &[7, 8]));
+    assert_eq!(h.probe(&req(4, 32, &[7, 8]), 0), ready(0));
+    assert_eq!(h.lookups.reset(h.now), None);
+    h.pump();
+    assert_eq!(h.sent.len(), sent_before, "nothing is sent after close");
+}
+
+#[test]
+fn s9_full_prompt_hit_keeps_the_last_block_for_recompute() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 32, &[1, 2]);
+    h.arrive(&r);
+    h.answer_hit(RpcId(1), 32);
+    assert_eq!(h.probe(&r, 0), ready(16));
+}
+
+#[test]
+fn s10_local_hit_is_subtracted() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 48, &[1, 2, 3]);
+    h.arrive(&r);
+    h.answer_hit(RpcId(1), 32);
+    assert_eq!(h.probe(&r, 32), ready(0));
+    let r = req(2, 64, &[4, 5, 6, 7]);
+    h.arrive(&r);
+    h.answer_hit(RpcId(2), 48);
+    assert_eq!(h.probe(&r, 16), ready(32));
+}
+
+#[test]
+fn s11_lookup_disabled_answers_zero_without_rpc() {
+    let mut c = Config::new(16);
+    c.enable_lookup = false;
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    let mut h = Harness::new(c);
+    let r = req(1, 64, &[1, 2, 3, 4]);
+    h.arrive(&r);
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert!(h.sent.is_empty());
+    assert_eq!(h.lookups.stats().rpcs_created, 0);
+}
+
+#[test]
+fn s12_silent_server_times_out_then_next_lookup_succeeds_and_late_reply_is_stale() {
+    let mut h = Harness::prefetch(4);
+    let a = req(1, 32, &[1, 2]);
+    h.arrive(&a);
+    assert_eq!(
+        h.lookups.poll_timeout(),
+        Some(h.now + Duration::from_secs(5))
+    );
+    h.advance(Duration::from_millis(4_999));
+    assert_eq!(h.probe(&a, 0), Probe::Pending);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.lookups.slots_in_use(), 0);
+    assert_eq!(h.probe(&a, 0), ready(0));
+    assert_eq!(h.lookups.stats().failed_timed_out, 1);
+    assert!(h.events.iter().any(|e| matches!(
+        e,
+        Event::LookupDone {
+            rpc_id: RpcId(1),
+            outcome: LookupOutcome::Failed(RpcFailure::TimedOut),
+            requests: 1,
+            ..
+        }
+    )));
+    // The server answers again.
+    let b = req(2, 32, &[3, 4]);
+    h.arrive(&b);
+    h.answer_hit(RpcId(2), 16);
+    assert_eq!(h.probe(&b, 0), ready(16));
+    // The late reply to the timed-out RPC is recognised and dropped.
+    h.lookups
+        .handle_reply(RpcId(1), Reply::Lookup { hit_tokens: 16 }, h.now);
+    assert_eq!(h.lookups.stats().replies_unknown, 1);
+    assert_eq!(h.probe(&a, 0), ready(0));
+}
+
+#[test]
+fn s13_reply_above_num_tokens_or_malformed_counts_as_failure() {
+    let mut h = Harness::prefetch(4);
+    let a = req(1, 40, &[1, 2]);
+    h.arrive(&a);
+    h.answer_hit(RpcId(1), 48);
+    assert_eq!(h.probe(&a, 0), ready(0));
+    let b = req(2, 40, &[3, 4]);
+    h.arrive(&b);
+    h.answer(RpcId(2), Reply::Malformed);
+    assert_eq!(h.probe(&b, 0), ready(0));
+    let c = req(3, 40, &[5, 6]);
+    h.arrive(&c);
+    h.answer_hit(RpcId(3), 17); // not a block multiple
+    assert_eq!(h.probe(&c, 0), ready(0));
+    assert_eq!(h.lookups.stats().failed_malformed, 3);
+}
+
+#[test]
+fn s14_identical_prompts_arriving_together_share_one_rpc() {
+    let mut h = Harness::prefetch(4);
+    let reqs: Vec<Request> = (1..=3).map(|i| req(i, 48, &[7, 8, 9])).collect();
+    for r in &reqs {
+        h.arrive(r);
+    }
+    assert_eq!(h.sent.len(), 1);
+    assert_eq!(h.lookups.stats().rpcs_shared, 2);
+    assert_eq!(
+        h.lookups.slots_in_use(),
+        3,
+        "each request keeps its own slot"
+    );
+    h.answer_hit(RpcId(1), 32);
+    assert_eq!(h.lookups.slots_in_use(), 0);
+    for r in &reqs {
+        assert_eq!(h.probe(r, 0), ready(32));
+    }
+    assert!(h.events.iter().any(|e| matches!(
+        e,
+        Event::LookupDone {
+            rpc_id: RpcId(1),
+            requests: 3,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn r15_probe_promotes_its_queued_prefetch_ahead_of_others() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 8;
+    c.max_in_flight = 1;
+    let mut h = Harness::new(c);
+    let reqs: Vec<Request> = (1..=4).map(|i| req(i, 32, &[i * 10, i * 10 + 1])).collect();
+    for r in &reqs {
+        h.arrive(r);
+    }
+    assert_eq!(h.wire_ids(), vec![RpcId(1)]);
+    // The scheduler reaches request 4 first: its prefetch jumps the queue.
+    assert_eq!(h.probe(&reqs[3], 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().promotions, 1);
+    h.answer_hit(RpcId(1), 0);
+    assert_eq!(h.wire_ids(), vec![RpcId(4)]);
+    h.answer_hit(RpcId(4), 16);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)]);
+    assert_eq!(h.probe(&reqs[3], 0), ready(16));
+}
+
+#[test]
+fn r15_without_priority_the_queue_is_fifo() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 8;
+    c.max_in_flight = 1;
+    c.lookup_priority = false;
+    c.lookup_share = false;
+    let mut h = Harness::new(c);
+    let reqs: Vec<Request> = (1..=3).map(|i| req(i, 32, &[i * 10, i * 10 + 1])).collect();
+    for r in &reqs {
+        h.arrive(r);
+    }
+    assert_eq!(h.probe(&reqs[2], 0), Probe::Pending);
+    h.answer_hit(RpcId(1), 0);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)]);
+    assert_eq!(h.lookups.stats().promotions, 0);
+}
+
+#[test]
+fn r16_without_sharing_identical_prompts_send_one_rpc_each() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 8;
+    c.max_in_flight = 8;
+    c.lookup_share = false;
+    let mut h = Harness::new(c);
+    for i in 1..=3 {
+        h.arrive(&req(i, 48, &[7, 8, 9]));
+    }
+    assert_eq!(h.sent.len(), 3);
+}
+
+#[test]
+fn r16_shared_rpc_survives_one_asker_finishing() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 8;
+    c.max_in_flight = 1;
+    let mut h = Harness::new(c);
+    h.arrive(&req(1, 32, &[1, 2])); // on the wire
+    let (a, b) = (req(2, 48, &[3, 4, 5]), req(3, 48, &[3, 4, 5]));
+    h.arrive(&a); // queued
+    h.arrive(&b); // shares a's queued RPC
+    assert_eq!(h.lookups.slots_in_use(), 3);
+    h.lookups.on_finished(a.request_id);
+    h.pump();
+    assert_eq!(h.lookups.slots_in_use(), 2, "a's queued lookup ended");
+    h.answer_hit(RpcId(1), 0);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)], "b still needs the shared RPC");
+    h.answer_hit(RpcId(2), 32);
+    assert_eq!(h.probe(&b, 0), ready(32));
+    assert_eq!(h.lookups.slots_in_use(), 0);
+}
+
+#[test]
+fn r10_sync_mode_never_prefetches() {
+    let mut c = Config::new(16);
+    c.lookup_prefetch_limit = 8; // ignored: lookup_async is false
+    let mut h = Harness::new(c);
+    let r = req(1, 32, &[1, 2]);
+    h.arrive(&r);
+    assert!(h.sent.is_empty());
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.sent.len(), 1);
+}
+
+#[test]
+fn r13_reset_timeout_is_reported() {
+    let mut h = Harness::prefetch(4);
+    let reset = h.lookups.reset(h.now).unwrap();
+    h.pump();
+    h.advance(Duration::from_secs(5));
+    assert!(h.events.contains(&Event::ResetDone {
+        rpc_id: reset,
+        outcome: ResetOutcome::TimedOut
+    }));
+    assert_eq!(h.lookups.open_rpcs(), 0);
+}
+
+#[test]
+fn r17_transport_failure_is_a_miss() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 32, &[1, 2]);
+    h.arrive(&r);
+    h.take(RpcId(1));
+    h.lookups
+        .handle_rpc_error(RpcId(1), RpcFailure::Transport, h.now);
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert_eq!(h.lookups.stats().failed_transport, 1);
+    assert_eq!(h.lookups.slots_in_use(), 0);
+}
+
+#[test]
+fn config_rejects_nonsense() {
+    let mut c = Config::new(0);
+    assert!(
+        Lookups::new(c.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("block_size")
+    );
+    c.block_size = 16;
+    c.lookup_prefetch_ttl_s = f64::NAN;
+    assert!(
+        Lookups::new(c.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("lookup_prefetch_ttl_s")
+    );
+    c.lookup_prefetch_ttl_s = -1.0;
+    assert!(Lookups::new(c.clone()).is_err());
+    c.lookup_prefetch_ttl_s = 2.0;
+    c.lookup_timeout_s = 0.0;
+    assert!(
+        Lookups::new(c.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("lookup_timeout_s")
+    );
+    c.lookup_timeout_s = 5.0;
+    c.max_in_flight = 0;
+    assert!(
+        Lookups::new(c)
+            .unwrap_err()
+            .to_string()
+            .contains("max_in_flight")
+    );
+}
+
+#[test]
+fn backlog_limit_refuses_prefetch_but_never_probes() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 100;
+    c.max_in_flight = 1;
+    c.max_queued = 2;
+    let mut h = Harness::new(c);
+    for i in 1..=4 {
+        h.arrive(&req(i, 32, &[i * 10, i * 10 + 1]));
+    }
+    // RPC 1 on the wire, 2 and 3 queued, 4 refused.
+    assert_eq!(h.lookups.stats().prefetch_backlog_full, 1);
+    assert_eq!(h.lookups.stats().lookups_arrival, 3);
+    assert_eq!(h.probe(&req(4, 32, &[40, 41]), 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().lookups_probe, 1);
+}
