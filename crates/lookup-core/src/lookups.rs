@@ -75,7 +75,8 @@ impl LookupState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FirstProbe {
     NotYet,
-    Done,
+    Ready,
+    Pending,
 }
 
 #[derive(Debug)]
@@ -283,7 +284,7 @@ impl Lookups {
                     req.request_id,
                     RequestEntry {
                         eligible,
-                        first_probe: FirstProbe::Done,
+                        first_probe: FirstProbe::Ready,
                         lookup: None,
                     },
                 );
@@ -340,7 +341,11 @@ impl Lookups {
 
     fn note_first_probe(stats: &mut Stats, entry: &mut RequestEntry, ready: bool) {
         if entry.first_probe == FirstProbe::NotYet {
-            entry.first_probe = FirstProbe::Done;
+            entry.first_probe = if ready {
+                FirstProbe::Ready
+            } else {
+                FirstProbe::Pending
+            };
             if entry.eligible {
                 if ready {
                     stats.first_probes_ready += 1;
@@ -561,6 +566,18 @@ impl Lookups {
             .values()
             .filter(|e| matches!(e.lookup, Some(LookupState::Waiting { .. })))
             .count()
+    }
+
+    /// Whether the request's first probe was answered `Ready` (its lookup, if any, had
+    /// completed in time): `None` for a request not tracked or not probed yet. Kept
+    /// until the request finishes (allocation and preemption keep it).
+    #[must_use]
+    pub fn ready_at_first_probe(&self, request_id: RequestId) -> Option<bool> {
+        match self.requests.get(&request_id)?.first_probe {
+            FirstProbe::NotYet => None,
+            FirstProbe::Ready => Some(true),
+            FirstProbe::Pending => Some(false),
+        }
     }
 
     /// True after [`close`](Self::close).

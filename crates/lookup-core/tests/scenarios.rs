@@ -136,7 +136,9 @@ fn s1_prefetch_then_two_probes_one_rpc_and_allocation_discards() {
     h.arrive(&r);
     assert_eq!(h.wire_ids(), vec![RpcId(1)]);
     assert_eq!(h.lookups.slots_in_use(), 1);
+    assert_eq!(h.lookups.ready_at_first_probe(r.request_id), None);
     assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.lookups.ready_at_first_probe(r.request_id), Some(false));
     assert_eq!(h.sent.len(), 1, "the probe reuses the prefetch");
     h.answer_hit(RpcId(1), 48);
     assert_eq!(h.lookups.slots_in_use(), 0);
@@ -192,6 +194,12 @@ fn s3_probe_lookup_submitted_while_cap_full() {
     assert_eq!(h.lookups.slots_in_use(), 1);
     h.answer_hit(RpcId(2), 16);
     assert_eq!(h.probe(&other, 0), ready(16));
+    // Request 1's prefetch completed before its first probe.
+    h.answer_hit(RpcId(1), 16);
+    assert_eq!(h.probe(&req(1, 32, &[1, 2]), 0), ready(16));
+    assert_eq!(h.lookups.ready_at_first_probe(RequestId(1)), Some(true));
+    assert_eq!(h.lookups.ready_at_first_probe(RequestId(2)), Some(false));
+    assert_eq!(h.lookups.stats().first_probes_ready, 1);
 }
 
 #[test]
