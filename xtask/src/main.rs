@@ -1,4 +1,25 @@
-//! Project tasks, reached as `cargo xtask <task>`.
-fn main() {
-    println!("cargo xtask simulate: not built yet");
+//! Project tasks, reached as `cargo xtask <task>`. Each subcommand lives in its own
+//! module of the `xtask` library; this file only parses and dispatches.
+
+use clap::{Parser, Subcommand};
+
+/// Project tasks.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "Project tasks", version)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Replay a Mooncake trace through a model of a vLLM-like engine and compare the
+    /// lookup modes sync, async, prefetch and prefetch+ (TTFT, queue wait, RPCs).
+    Simulate(Box<xtask::simulate::Args>),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Simulate(args) => xtask::simulate::run(&args),
+    }
 }

@@ -25,4 +25,29 @@ pub enum Error {
     /// The client was closed, or its I/O task ended.
     #[error("the lookup client is closed")]
     Closed,
+    /// Caller misuse: `LookupClient::connect` was called outside a tokio runtime
+    /// (use `LookupClient::connect_with_handle`).
+    #[error("LookupClient::connect needs a tokio runtime; use connect_with_handle")]
+    NoRuntime,
+    /// Caller misuse: `LookupClient::probe_blocking` was called on a thread of a
+    /// current-thread tokio runtime, where blocking would stop the I/O task.
+    #[error("probe_blocking called on a current-thread runtime's thread; use probe_wait")]
+    BlockingInRuntime,
+    /// Caller misuse: a server TCP bind to an address that is not loopback without
+    /// `allow_remote`. ZeroMQ has no authentication: anyone who reaches the socket can
+    /// ask about and wipe the store, so it stays on loopback or ipc unless asked.
+    #[error("refusing to bind `{endpoint}`: not a loopback address (set allow_remote to bind it)")]
+    RemoteBind {
+        /// The endpoint asked for.
+        endpoint: String,
+    },
+    /// Caller misuse: an invalid server setting (block size 0, no rank namespace, an
+    /// ipc path that exists and is not a socket).
+    #[error("invalid server configuration `{key}`: {why}")]
+    InvalidServerConfig {
+        /// The setting's name.
+        key: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
 }

@@ -4,8 +4,20 @@
 //! The core's state lives with the client handle on the scheduler's thread; one tokio
 //! task owns the socket (DESIGN.md, "lookup-tokio").
 
+mod actor;
+mod client;
 mod endpoint;
 mod error;
+mod index;
+mod server;
 
+pub use client::{ClientConfig, ClientStats, LookupClient};
 pub use endpoint::Endpoint;
 pub use error::Error;
+pub use index::{
+    BlockIndex, DelayedIndex, InMemoryIndex, IndexError, IndexFuture, KeyLayout, RankNamespace,
+};
+pub use server::{
+    DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, LookupServer, ServerConfig, ServerStats,
+    blocks_to_check, hit_tokens, leading_run,
+};

@@ -1,0 +1,30 @@
+//! A Rust client for the Mooncake master's existence RPC, without Mooncake's C++
+//! library (`spec/mooncake-master-rpc.md`).
+//!
+//! Mooncake Store's master answers "which of these keys exist" for every client
+//! (`BatchExistKey`, what vLLM's worker asks through the C++ client's
+//! `batch_is_exist`). This crate speaks that RPC directly: coro_rpc framing and the
+//! subset of struct_pack the call needs.
+//!
+//! - [`codec`]: the pure wire format (no I/O): request and reply headers, the
+//!   struct_pack subset, encoders and decoders for `BatchExistKey`, `ExistKey` and
+//!   `ServiceReady`, checked against bytes captured from the real client and master.
+//! - [`MasterClient`]: the tokio client: one pipelined TCP connection shared by every
+//!   clone, per-call timeouts, reconnect with backoff, the `tenant_id` signature with a
+//!   fall-back for pre-0.3.12 masters, key lists chunked with an early stop for
+//!   leading-run queries.
+//! - [`key`]: store keys of KV blocks as vLLM writes them (`spec/wire.md`).
+//!
+//! Every positive answer grants the object a read lease on the master (10 s by
+//! default), exactly as the C++ client's `batch_is_exist` does: probe once per lookup,
+//! not in a loop.
+#![forbid(unsafe_code)]
+
+mod client;
+pub mod codec;
+mod error;
+pub mod key;
+
+pub use client::{MasterClient, MasterConfig, MasterStats};
+pub use codec::{ExistResult, FunctionId, TypeLiteral};
+pub use error::{MasterError, StoreErrorCode};

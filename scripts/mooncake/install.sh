@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the real Mooncake master and Python client for the tests, idempotently:
+# Debian's libibverbs1 (the wheel's only missing shared library; no RDMA hardware is
+# used with protocol "tcp") and the pinned PyPI wheel into the project-local venv
+# `.venv`. Prints the path of `mooncake_master` on its last line.
+#
+# Environment: PYTHON (default python3, must be CPython 3.11 for the wheel),
+# MOONCAKE_VENV (default <repo>/.venv).
+set -euo pipefail
+
+WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+VENV="${MOONCAKE_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+
+STATUS="$(dpkg-query -W -f='${Status}' libibverbs1 2>/dev/null || true)"
+if [ "$STATUS" != "install ok installed" ]; then
+    echo "== installing libibverbs1 (Debian)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -q libibverbs1 >/dev/null 2>&1; then
+        # The package lists may be missing or stale: refresh only when needed.
+        apt-get update -q >/dev/null
+        apt-get install -y -q libibverbs1 >/dev/null
+    fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "== creating venv $VENV" >&2
+    "$PYTHON" -m venv "$VENV"
+fi
+
+# Read the whole output first: `grep -q` closing the pipe early fails `pip` under pipefail.
+SHOWN="$("$VENV/bin/python" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null || true)"
+if ! grep -q '^Version: 0\.3\.13\.post1$' <<<"$SHOWN"; then
+    echo "== installing $WHEEL into $VENV (~46 MB)" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WHEEL"
+fi
+
+MASTER="$VENV/bin/mooncake_master"
+if [ ! -x "$MASTER" ]; then
+    echo "error: $MASTER not found after installing $WHEEL" >&2
+    exit 1
+fi
+# The import is the check that the shared libraries resolve.
+"$VENV/bin/python" -c "from mooncake.store import MooncakeDistributedStore" >&2
+echo "$MASTER"

@@ -1,0 +1,99 @@
+//! The four lookup modes compared, as `lookup_core::Config`s.
+
+use std::fmt;
+
+use lookup_core::Config;
+
+use super::trace::TRACE_BLOCK_TOKENS;
+
+/// How the connector looks requests up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+pub enum Mode {
+    /// vLLM's default (`lookup_async = false`): the probe blocks the engine thread
+    /// until the RPC answers (`spec/behaviour.md` rule 10).
+    #[value(name = "sync")]
+    #[serde(rename = "sync")]
+    Sync,
+    /// vLLM #45659: the lookup starts at the first probe, which answers `Pending`; the
+    /// request is retried on a later step. No prefetch, no priority, no sharing.
+    #[value(name = "async")]
+    #[serde(rename = "async")]
+    Async,
+    /// The prefetch follow-up (the seed behaviour): lookups start at arrival, bounded
+    /// by `lookup_prefetch_limit`, results kept for `lookup_prefetch_ttl_s`.
+    #[value(name = "prefetch")]
+    #[serde(rename = "prefetch")]
+    Prefetch,
+    /// Prefetch plus this project's priority (rule 15) and shared lookups (rule 16).
+    #[value(name = "prefetch+")]
+    #[serde(rename = "prefetch+")]
+    PrefetchPlus,
+}
+
+impl Mode {
+    /// All modes, in report order.
+    pub const ALL: [Self; 4] = [Self::Sync, Self::Async, Self::Prefetch, Self::PrefetchPlus];
+
+    /// The name used on the command line and in reports.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sync => "sync",
+            Self::Async => "async",
+            Self::Prefetch => "prefetch",
+            Self::PrefetchPlus => "prefetch+",
+        }
+    }
+
+    /// The lookup configuration of this mode: block size 512 (the trace's), the given
+    /// prefetch limit (prefetch modes only), TTL and timeout (seconds), and
+    /// `max_in_flight` = the server's concurrency (1 for vLLM's REQ/REP socket).
+    #[must_use]
+    pub fn config(self, lookup: &LookupParams, max_in_flight: u32) -> Config {
+        let mut c = Config::new(TRACE_BLOCK_TOKENS);
+        c.lookup_prefetch_ttl_s = lookup.prefetch_ttl_s;
+        c.lookup_timeout_s = lookup.timeout_s;
+        c.max_in_flight = max_in_flight;
+        let (lookup_async, limit, ours) = match self {
+            Self::Sync => (false, 0, false),
+            Self::Async => (true, 0, false),
+            Self::Prefetch => (true, lookup.prefetch_limit, false),
+            Self::PrefetchPlus => (true, lookup.prefetch_limit, true),
+        };
+        c.lookup_async = lookup_async;
+        c.lookup_prefetch_limit = limit;
+        c.lookup_priority = ours;
+        c.lookup_share = ours;
+        c
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Lookup settings shared by the modes (`spec/behaviour.md`, configuration).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LookupParams {
+    /// `lookup_prefetch_limit` of the prefetch modes: arrival-time lookups in flight
+    /// at once. Default 32: bursts in the conversation trace reach 28 arrivals at one
+    /// timestamp, and 32 lookups of ~1.3 ms keep the REP server's backlog under
+    /// ~45 ms, well below one prefill step of a loaded engine.
+    pub prefetch_limit: u32,
+    /// `lookup_prefetch_ttl_s` (seconds). Default 2.0, the spec's default.
+    pub prefetch_ttl_s: f64,
+    /// `lookup_timeout_s` (seconds). Default 5.0, the spec's default.
+    pub timeout_s: f64,
+}
+
+impl Default for LookupParams {
+    fn default() -> Self {
+        Self {
+            prefetch_limit: 32,
+            prefetch_ttl_s: 2.0,
+            timeout_s: 5.0,
+        }
+    }
+}
