@@ -334,7 +334,10 @@ async fn silent_server_then_second_server() {
     );
     // The handle may see the deadline pass before the actor does; the actor then
     // reopens its socket a moment later.
-    until_client(&mut client, "socket reopened", |c| c.stats().socket_reopens == 1).await;
+    until_client(&mut client, "socket reopened", |c| {
+        c.stats().socket_reopens == 1
+    })
+    .await;
     let stats = client.stats();
     assert_eq!(stats.core.failed_timed_out, 2);
     assert_eq!(stats.slots_in_use, 0);
@@ -453,11 +456,14 @@ async fn identical_prompts_share_one_rpc() {
     let dir = TempDir::new("s14");
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1, 2, 3]);
+    // Held, so that a fast reply cannot end the RPC between the arrivals.
+    server.pause();
     let mut client = LookupClient::connect(async_config(&endpoint, 8, 1)).expect("connect");
     let reqs: Vec<Request> = (0..3).map(|i| request(i, 64, &[1, 2, 3, 4])).collect();
     for req in &reqs {
         client.on_new_request(req);
     }
+    server.release(false);
     for req in &reqs {
         assert_eq!(probe_ready(&mut client, req, 0).await, ready(48));
     }
@@ -465,7 +471,7 @@ async fn identical_prompts_share_one_rpc() {
     assert_eq!(server.lookups(), 1);
     assert_eq!(stats.core.rpcs_shared, 2);
     assert_eq!(stats.slots_in_use, 0);
-    client.close();
+    client.shutdown().await;
     server.stop().await;
 }
 

@@ -275,11 +275,22 @@ impl Lookups {
         let eligible = self.is_eligible(req);
         if req.skip_reading_external_kv || req.block_hashes.is_empty() || cap <= num_computed_tokens
         {
-            // Nothing to load whatever the store holds: no RPC.
+            // Nothing to load whatever the store holds: no RPC. A lookup of another
+            // prompt is dropped all the same (rule 7).
             if let Some(entry) = self.requests.get_mut(&req.request_id) {
                 Self::note_first_probe(&mut self.stats, entry, true);
-            } else if eligible {
-                self.stats.first_probes_ready += 1;
+                if entry
+                    .lookup
+                    .as_ref()
+                    .is_some_and(|l| !l.asks(req.num_tokens, &req.block_hashes))
+                {
+                    self.stats.chain_refreshes += 1;
+                    self.discard_lookup(req.request_id);
+                }
+            } else {
+                if eligible {
+                    self.stats.first_probes_ready += 1;
+                }
                 self.requests.insert(
                     req.request_id,
                     RequestEntry {
@@ -378,7 +389,11 @@ impl Lookups {
 
     /// Rule 13: drops every request's lookup (queued ones cancelled, in-flight replies
     /// ignored), then queues one reset RPC; its outcome comes as
-    /// [`Event::ResetDone`]. Returns the reset's id, or `None` after close.
+    /// [`Event::ResetDone`]. Returns the reset's id, or `None` after close or with
+    /// `enable_lookup = false` (no RPC ever: then only the lookups are dropped).
+    ///
+    /// RPCs already on the wire keep their slots until they end, but no later lookup
+    /// joins them (rule 16): they were asked before the wipe.
     pub fn reset(&mut self, now: Instant) -> Option<RpcId> {
         if self.closed {
             return None;
@@ -386,6 +401,10 @@ impl Lookups {
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
             self.discard_lookup(id);
+        }
+        self.shared.clear();
+        if !self.config.enable_lookup {
+            return None;
         }
         let rpc_id = self.new_rpc_id();
         let ticket = Ticket::new();

@@ -165,6 +165,9 @@ pub(crate) struct Actor {
     backoff: Duration,
     commands: UnboundedReceiver<Command>,
     completions: UnboundedSender<Completion>,
+    /// [`Completion::Sent`] only: the handle drains it without ever waiting on it, so
+    /// a send does not wake a probe that waits for the reply.
+    sends: UnboundedSender<Completion>,
     cancel: CancellationToken,
     counters: Arc<TransportCounters>,
     sleep: Pin<Box<Sleep>>,
@@ -184,6 +187,7 @@ impl Actor {
         socket: tmq::dealer::Dealer,
         commands: UnboundedReceiver<Command>,
         completions: UnboundedSender<Completion>,
+        sends: UnboundedSender<Completion>,
         cancel: CancellationToken,
         counters: Arc<TransportCounters>,
     ) -> Self {
@@ -200,6 +204,7 @@ impl Actor {
             backoff,
             commands,
             completions,
+            sends,
             cancel,
             counters,
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -608,8 +613,12 @@ impl Actor {
     }
 
     fn report(&self, completion: Completion) {
+        let channel = match completion {
+            Completion::Sent { .. } => &self.sends,
+            _ => &self.completions,
+        };
         // The handle is gone only when the client was dropped; the token then ends us.
-        let _ = self.completions.send(completion);
+        let _ = channel.send(completion);
     }
 }
 

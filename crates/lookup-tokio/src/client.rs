@@ -110,7 +110,8 @@ pub struct ClientStats {
 /// non-blocking except the explicit waits ([`probe_wait`](Self::probe_wait),
 /// [`probe_blocking`](Self::probe_blocking), [`reset_and_wait`](Self::reset_and_wait)):
 /// it drains what the actor reported, applies due timeouts, applies the call, hands
-/// new RPCs to the actor and queues events. The clock is read once per call.
+/// new RPCs to the actor and queues events. The clock is read once per call (and once
+/// per wake-up while waiting).
 ///
 /// Modes (`spec/behaviour.md`, configuration): with `lookup_async = true`,
 /// [`probe`](Self::probe) answers [`Probe::Pending`] until the reply is in, and
@@ -119,11 +120,45 @@ pub struct ClientStats {
 /// [`probe_blocking`](Self::probe_blocking), which never answer `Pending` (rule 10).
 ///
 /// Dropping the client closes it.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lookup_core::{BlockHashes, Probe, Request, RequestId};
+/// use lookup_tokio::{ClientConfig, InMemoryIndex, KeyLayout, LookupClient, LookupServer, ServerConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lookup_tokio::Error> {
+/// // A reference server on a free TCP port, storing the first two 16-token blocks.
+/// let layout = KeyLayout::default();
+/// let index = Arc::new(InMemoryIndex::new());
+/// let block_hashes = BlockHashes::from_u64s(&[1, 2, 3]);
+/// index.insert_chain(&layout, &block_hashes, 2);
+/// let server = LookupServer::bind(&"tcp://127.0.0.1:0".parse()?, ServerConfig::new(16, layout), index)?;
+///
+/// // Sync mode (vLLM's default): the probe waits for the answer.
+/// let mut client = LookupClient::connect(ClientConfig::new(server.local_endpoint().clone(), 16))?;
+/// let req = Request {
+///     request_id: RequestId(7),
+///     num_tokens: 50,
+///     block_hashes,
+///     skip_reading_external_kv: false,
+/// };
+/// let probe = client.probe_wait(&req, 0).await;
+/// assert_eq!(probe, Probe::Ready { external_tokens: 32, load_async: true });
+/// client.on_allocated(req.request_id);
+/// client.shutdown().await;
+/// server.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct LookupClient {
     core: Lookups,
     commands: UnboundedSender<Command>,
+    /// Replies and failures: what a waiting probe waits for.
     completions: UnboundedReceiver<Completion>,
+    /// Sends only (`Completion::Sent`): drained, never waited on.
+    sends: UnboundedReceiver<Completion>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
     runtime: Handle,
@@ -176,6 +211,7 @@ impl LookupClient {
         let socket = open_dealer(&context, &url)?;
         let (commands, command_rx) = tokio::sync::mpsc::unbounded_channel();
         let (completion_tx, completions) = tokio::sync::mpsc::unbounded_channel();
+        let (sent_tx, sends) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let counters = Arc::new(TransportCounters::default());
         let timeout = config.core.timeout();
@@ -193,6 +229,7 @@ impl LookupClient {
             socket,
             command_rx,
             completion_tx,
+            sent_tx,
             cancel.clone(),
             Arc::clone(&counters),
         );
@@ -201,6 +238,7 @@ impl LookupClient {
             core,
             commands,
             completions,
+            sends,
             cancel,
             task,
             runtime: runtime.clone(),
@@ -414,6 +452,15 @@ impl LookupClient {
         self.task.is_finished()
     }
 
+    /// [`close`](Self::close), then waits until the I/O actor has ended and dropped
+    /// its socket.
+    pub async fn shutdown(mut self) {
+        self.close();
+        if let Err(error) = (&mut self.task).await {
+            tracing::warn!(%error, "lookup I/O task ended abnormally");
+        }
+    }
+
     /// The next event (lookup and reset outcomes), oldest first. Drains reports first.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.drive();
@@ -454,7 +501,10 @@ impl LookupClient {
             match self.completions.try_recv() {
                 // After close the core forgets every RPC: late reports are moot.
                 Ok(_) if self.core.is_closed() => {}
-                Ok(completion) => self.apply(completion),
+                Ok(completion) => {
+                    self.drain_sends();
+                    self.apply(completion);
+                }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     self.actor_gone();
@@ -462,6 +512,7 @@ impl LookupClient {
                 }
             }
         }
+        self.drain_sends();
         if self.core.poll_timeout().is_some_and(|t| t <= now) {
             // Events so far came from the actor's reports; those after this call are
             // the core's own expiries, whose actor reports are still to come.
@@ -542,9 +593,24 @@ impl LookupClient {
         }
     }
 
+    /// Applies every send reported so far. Called before each reply or failure, so
+    /// an RPC's send is applied before its end: the actor reports the send first, and
+    /// receiving the end makes the earlier send visible.
+    fn drain_sends(&mut self) {
+        while let Ok(completion) = self.sends.try_recv() {
+            if !self.core.is_closed() {
+                self.apply(completion);
+            }
+        }
+    }
+
     fn after_wait(&mut self, got: Option<Option<Completion>>) {
         match got {
-            Some(Some(completion)) => self.apply(completion),
+            Some(Some(_)) if self.core.is_closed() => {}
+            Some(Some(completion)) => {
+                self.drain_sends();
+                self.apply(completion);
+            }
             Some(None) => self.actor_gone(),
             None => {}
         }
@@ -587,6 +653,10 @@ impl LookupClient {
                     }
                     _ => {}
                 }
+            }
+            if self.event_capacity == 0 {
+                self.events_dropped += 1;
+                continue;
             }
             if self.events.len() >= self.event_capacity {
                 self.events.pop_front();

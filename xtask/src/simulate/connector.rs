@@ -8,7 +8,8 @@ use std::collections::{BinaryHeap, HashSet};
 use std::time::{Duration, Instant};
 
 use lookup_core::{
-    Command, Config, Dispatcher, Event, Lookups, Probe, Reply, Request, RequestId, RpcBody, RpcId, Stats,
+    Command, Config, Dispatcher, Event, Lookups, Probe, Reply, Request, RequestId, RpcBody, RpcId,
+    Stats,
 };
 
 use super::server::LookupServer;
@@ -70,14 +71,25 @@ impl Connector {
 
     /// A request arrived (vLLM `on_new_request`). Returns the RPC its prefetch created,
     /// if it created one (not when it joined another request's RPC).
-    pub(crate) fn on_new_request(&mut self, req: &Request, now: u64, store: &ExternalStore) -> Option<RpcId> {
+    pub(crate) fn on_new_request(
+        &mut self,
+        req: &Request,
+        now: u64,
+        store: &ExternalStore,
+    ) -> Option<RpcId> {
         self.lookups.on_new_request(req, self.at(now));
         self.pump(now, store)
     }
 
     /// The scheduler reached `req` in the waiting queue with a local hit of
     /// `num_computed_tokens` (vLLM `get_num_new_matched_tokens`).
-    pub(crate) fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: u64, store: &ExternalStore) -> Probe {
+    pub(crate) fn probe(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        now: u64,
+        store: &ExternalStore,
+    ) -> Probe {
         let answer = self.lookups.probe(req, num_computed_tokens, self.at(now));
         self.pump(now, store);
         answer
@@ -98,7 +110,10 @@ impl Connector {
     ) -> anyhow::Result<(Probe, u64)> {
         loop {
             let Some(t) = self.next_event() else {
-                anyhow::bail!("sync probe of {} at {now} ns has nothing to wait for", req.request_id);
+                anyhow::bail!(
+                    "sync probe of {} at {now} ns has nothing to wait for",
+                    req.request_id
+                );
             };
             now = now.max(t);
             self.advance_to(now, store);
@@ -152,7 +167,10 @@ impl Connector {
             if next > t {
                 break;
             }
-            let reply_due = self.replies.peek().is_some_and(|Reverse((rt, _, _))| *rt == next);
+            let reply_due = self
+                .replies
+                .peek()
+                .is_some_and(|Reverse((rt, _, _))| *rt == next);
             if reply_due {
                 let Reverse((rt, rpc_id, hit_tokens)) = self.replies.pop().expect("peeked");
                 self.dispatcher.on_done(rpc_id);

@@ -1,36 +1,44 @@
-//! A discrete-event model of a vLLM-V1-like engine on a virtual clock.
+//! A discrete-event model of vLLM-V1-like engines on a virtual clock.
 //!
 //! # What is modelled
 //!
+//! - **A deployment of `engines` data-parallel engines** behind a router (round
+//!   robin by default, or prefix affinity), sharing one external store. Each engine has
+//!   its own GPU, KV cache, scheduler, connector and lookup server (vLLM runs the
+//!   lookup server in each engine's worker). Engines interact only through the store;
+//!   their actions are interleaved in virtual-time order.
 //! - **Engine loop with async scheduling** (vLLM `EngineCore.step_with_batch_queue`,
 //!   batch queue of 2): the engine thread schedules step n+1 and hands it to the GPU
 //!   while step n runs, then waits for step n's output and processes it. The GPU runs
-//!   steps back to back; scheduler time beyond a step's GPU time is GPU idle time.
+//!   steps back to back; engine-thread time beyond a step's GPU time is GPU idle time.
 //! - **Scheduler** (vLLM `Scheduler.schedule`, FCFS): a token budget
 //!   (`max_num_batched_tokens`) and `max_num_seqs`; running requests first (chunked
 //!   prefill, one token per decode), preempting the last running request when KV
 //!   blocks run out (recompute); then the waiting queue, probed only while budget is
-//!   left. A waiting request's local prefix-cache hit is computed, then the connector
-//!   is probed. A `Pending` probe skips the request and the scheduler **continues with
-//!   the next waiting request** (vLLM's `ext_tokens is None` branch pops the request
-//!   into `skipped_waiting_requests` and `continue`s; skipped requests go back to the
-//!   head of the queue, in order, after the loop). A request with external tokens
-//!   allocates its blocks and waits for the load (`WAITING_FOR_REMOTE_KVS`, the
-//!   default `load_async = true`), keeping its place; once loaded it is scheduled
-//!   without a new probe. An allocation failure ends the waiting loop (`break`).
-//! - **GPU KV cache** ([`store::LocalCache`](super::store)): 512-token blocks with a
-//!   prefix cache of full prompt blocks.
+//!   left and no request was preempted in the step. A waiting request's local
+//!   prefix-cache hit is computed, then the connector is probed. A `Pending` probe
+//!   skips the request and the scheduler **continues with the next waiting request**:
+//!   vLLM's `ext_tokens is None` branch pops the request into
+//!   `skipped_waiting_requests` and `continue`s, and skipped requests go back to the
+//!   head of the queue, in order, after the loop. So a deferred request does not block
+//!   those behind it, which may overtake it. A request with external tokens allocates
+//!   its blocks and waits for the load (`WAITING_FOR_REMOTE_KVS`, the default
+//!   `load_async = true`), keeping its place; once loaded it is scheduled without a
+//!   new probe. An allocation failure ends the waiting loop (`break`).
+//! - **GPU KV cache** (`store::LocalCache`): 512-token blocks with a prefix cache of
+//!   full prompt blocks.
 //! - **Step cost** ([`EngineParams`]): fixed + per prefill token + per attended
 //!   (query, context) pair of prefill + per decode sequence + per context token read
 //!   by decode.
 //! - **New requests** are handled while the engine thread waits for a step's output
-//!   (vLLM #65466, the default) or only between steps. `on_new_request` runs when the
-//!   request is handled, so with prefetch the lookup starts then.
-//! - **External store** ([`store::ExternalStore`](super::store)): full prompt blocks
-//!   written when a request's prefill ends (at the output of its last prefill chunk);
-//!   loads serialised on one link at a cost per block.
+//!   (vLLM #65466, the default) or only between steps; an idle engine handles them at
+//!   once. `on_new_request` runs when the request is handled, so with prefetch the
+//!   lookup starts then.
+//! - **External store** (`store::ExternalStore`): full prompt blocks written when a
+//!   request's prefill ends (at the output of its last prefill chunk); loads
+//!   serialised on each engine's link at a cost per block.
 //! - **Lookup server** ([`server`](super::server)) and the **real connector**
-//!   (`lookup_core::Lookups` + `Dispatcher`, [`connector`](super::connector)).
+//!   (`lookup_core::Lookups` + `Dispatcher`, `connector`).
 //!
 //! # Measured
 //!
@@ -44,7 +52,7 @@ use anyhow::{Context, bail};
 use lookup_core::{BlockHashes, Probe, Request, RequestId, RpcId, Stats};
 use serde::Serialize;
 
-use super::connector::{Connector, ConnectorCounts};
+use super::connector::Connector;
 use super::mode::{LookupParams, Mode};
 use super::server::{LookupServer, ServerParams, nanos};
 use super::store::{ExternalStore, LocalCache};
@@ -62,19 +70,55 @@ pub enum ArrivalHandling {
     BetweenSteps,
 }
 
-/// The engine and its cost model. Defaults: one H100 SXM 80 GB serving an 8B dense
-/// model (Llama-3.1-8B: 32 layers, hidden 4096, 8 KV heads of 128, BF16 weights and
-/// KV cache, 128 KiB of KV per token, 64 MiB per 512-token block).
+/// Which engine a request goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Router {
+    /// Request i goes to engine i mod N, whatever its prompt (a plain load balancer).
+    /// Turns of one conversation land on different engines, so their shared prefix
+    /// is found in the external store rather than in a GPU's cache. The default.
+    RoundRobin,
+    /// Requests of one conversation (same second block id, the first after the shared
+    /// system prompt) go to the same engine; single-block prompts round robin.
+    Prefix,
+}
+
+/// What the scheduler does with a waiting request whose probe answers `Pending`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PendingPolicy {
+    /// vLLM V1: skip it for this step and continue with the next waiting request
+    /// (`skipped_waiting_requests`); it keeps its place at the head of the queue but
+    /// requests behind it may be scheduled first. The default.
+    Skip,
+    /// Strict FCFS: stop the waiting loop; nobody behind it is scheduled this step.
+    Wait,
+}
+
+/// The engines and their cost model. Defaults: four engines, each one H100 SXM 80 GB
+/// serving an 8B dense model (Llama-3.1-8B: 32 layers, hidden 4096, 8 KV heads of
+/// 128, BF16 weights and KV cache: 128 KiB of KV per token, 64 MiB per 512-token
+/// block).
+///
+/// Why four: the conversation trace is one hour of a production cluster's traffic
+/// (3.4 requests/s, 12k-token prompts on average, ~41k prompt tokens/s); one such
+/// engine prefills ~30k tokens/s at best, so a single one would be overloaded about
+/// twofold and every mode would measure an ever-growing queue. Four keep each engine
+/// busy most of the time without an unbounded backlog.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EngineParams {
+    /// Engines (data-parallel replicas) sharing the external store. Default 4.
+    pub engines: u32,
+    /// How requests are spread over the engines.
+    pub router: Router,
     /// Token budget of one step (`max_num_batched_tokens`). Default 8192, vLLM V1's
     /// default for the OpenAI server with chunked prefill.
     pub max_num_batched_tokens: u32,
     /// Most running requests (`max_num_seqs`). Default 256, vLLM's default.
     pub max_num_seqs: u32,
-    /// GPU KV-cache capacity in 512-token blocks. Default 832: (80 GiB × 0.9
-    /// `gpu_memory_utilization` − 15 GiB of weights − ~5 GiB of activations and CUDA
-    /// graphs) / 64 MiB per block.
+    /// GPU KV-cache capacity per engine, in 512-token blocks. Default 832: (80 GiB ×
+    /// 0.9 `gpu_memory_utilization` − 15 GiB of weights − ~5 GiB of activations and
+    /// CUDA graphs) / 64 MiB per block.
     pub gpu_kv_blocks: u64,
     /// Fixed cost of a step (seconds). Default 0.005: one forward pass reads all 16 GB
     /// of weights, 4.8 ms at the H100's 3.35 TB/s (the decode floor).
@@ -98,11 +142,15 @@ pub struct EngineParams {
     pub scheduler_s: f64,
     /// When new requests are handled.
     pub arrivals: ArrivalHandling,
+    /// What a `Pending` probe does to the waiting loop.
+    pub on_pending: PendingPolicy,
 }
 
 impl Default for EngineParams {
     fn default() -> Self {
         Self {
+            engines: 4,
+            router: Router::RoundRobin,
             max_num_batched_tokens: 8192,
             max_num_seqs: 256,
             gpu_kv_blocks: 832,
@@ -113,15 +161,17 @@ impl Default for EngineParams {
             decode_ctx_token_s: 39e-9,
             scheduler_s: 0.002,
             arrivals: ArrivalHandling::WhileWaiting,
+            on_pending: PendingPolicy::Skip,
         }
     }
 }
 
-/// The external store. Defaults: 512 GiB of DRAM in Mooncake Store (8192 blocks of
-/// 64 MiB), loads over one 200 Gb/s RDMA NIC (~25 GB/s: 2.7 ms per block).
+/// The external store, shared by the engines. Defaults: 1 TiB of DRAM in Mooncake
+/// Store (16,384 blocks of 64 MiB), loads over one 200 Gb/s RDMA NIC per engine
+/// (~25 GB/s: 2.7 ms per block).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StoreParams {
-    /// Capacity in 512-token blocks; least recently used evicted first. Default 8192.
+    /// Capacity in 512-token blocks; least recently used evicted first. Default 16,384.
     pub capacity_blocks: u64,
     /// Fixed cost of one load (seconds). Default 0.
     pub load_fixed_s: f64,
@@ -132,7 +182,7 @@ pub struct StoreParams {
 impl Default for StoreParams {
     fn default() -> Self {
         Self {
-            capacity_blocks: 8192,
+            capacity_blocks: 16_384,
             load_fixed_s: 0.0,
             load_block_s: 0.0027,
         }
@@ -140,34 +190,51 @@ impl Default for StoreParams {
 }
 
 /// Everything a run needs besides the trace and the mode.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SimParams {
-    /// Engine and cost model.
+    /// Engines and cost model.
     pub engine: EngineParams,
     /// External store.
     pub store: StoreParams,
-    /// Lookup server.
+    /// Lookup server (one per engine).
     pub server: ServerParams,
     /// Lookup settings.
     pub lookup: LookupParams,
     /// Arrival rate multiplier: timestamps are divided by it (2.0 = twice the rate).
+    /// Default 1.
     pub rate_scale: f64,
-    /// Seed of the server's jitter.
+    /// Seed of the servers' jitter.
     pub seed: u64,
 }
 
-/// What one mode's run measured. Times in nanoseconds of virtual time.
+impl Default for SimParams {
+    fn default() -> Self {
+        Self {
+            engine: EngineParams::default(),
+            store: StoreParams::default(),
+            server: ServerParams::default(),
+            lookup: LookupParams::default(),
+            rate_scale: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// What one mode's run measured, summed over the engines. Times in nanoseconds of
+/// virtual time.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModeResult {
     /// The mode.
     pub mode: Mode,
+    /// Engines.
+    pub engines: u32,
     /// TTFT of each request, in trace order (ns).
     pub ttft_ns: Vec<u64>,
     /// Queue wait of each request (arrival to first scheduling), in trace order (ns).
     pub queue_wait_ns: Vec<u64>,
     /// Engine-thread time blocked on lookups (sync probes), ns.
     pub blocked_ns: u64,
-    /// GPU busy time, ns.
+    /// GPU busy time, all engines, ns.
     pub gpu_busy_ns: u64,
     /// Time the last request finished, ns from the trace start.
     pub makespan_ns: u64,
@@ -177,20 +244,41 @@ pub struct ModeResult {
     pub deferred: u64,
     /// Preemptions.
     pub preemptions: u64,
-    /// Tokens served from the GPU prefix cache at scheduling.
+    /// Tokens served from the GPU prefix caches at scheduling.
     pub local_hit_tokens: u64,
     /// Tokens loaded from the external store.
     pub external_hit_tokens: u64,
-    /// The core's counters.
+    /// The core's counters, summed over the engines' connectors.
     pub stats: Stats,
-    /// RPCs sent whose answer was of no use (see the connector).
+    /// RPCs sent whose answer was of no use (see `ModeSummary::rpcs_wasted`).
     pub rpcs_wasted: u64,
+    /// Why first probes answered `Pending`.
+    pub first_pending: FirstPending,
     /// Blocks in the external store at the end.
     pub store_blocks: u64,
 }
 
+/// Why first probes answered `Pending` (each eligible request's first probe at most
+/// once). In sync mode these are the probes that blocked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FirstPending {
+    /// Not prefetched (a mode without prefetch, every slot taken, backlog full): the
+    /// probe started the lookup.
+    pub not_prefetched: u64,
+    /// Prefetched, but its lookup was still queued or on the wire: the probe came
+    /// sooner after arrival than the lookup took.
+    pub on_the_wire: u64,
+    /// Of `on_the_wire`: the engine had nothing running and no step in flight, so it
+    /// scheduled at once on arrival.
+    pub on_the_wire_idle: u64,
+    /// Prefetched and answered, but older than `lookup_prefetch_ttl_s` by the first
+    /// probe: looked up again (rule 6).
+    pub expired: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    NotArrived,
     Waiting,
     Loading { done_at: u64, tokens: u32 },
     Running,
@@ -202,6 +290,7 @@ struct Req {
     core: Request,
     hashes: Vec<u64>,
     arrival: u64,
+    input: u32,
     /// Positions to compute in all: prompt + outputs − 1.
     target: u32,
     /// Prompt to (re)compute: the input, plus outputs already produced after a preemption.
@@ -216,6 +305,8 @@ struct Req {
     held_hashed: Vec<u64>,
     held_anonymous: u64,
     prefetch_rpc: Option<RpcId>,
+    /// A lookup was started at arrival (its own RPC or a shared one).
+    prefetched: bool,
     probed: bool,
     first_scheduled: Option<u64>,
     ttft: Option<u64>,
@@ -240,97 +331,153 @@ fn blocks_for(tokens: u32) -> u64 {
     u64::from(tokens.div_ceil(TRACE_BLOCK_TOKENS))
 }
 
-/// Runs `trace` through the engine in `mode`. `on_finished` is called once per
+/// A stable 64-bit mix (SplitMix64's finaliser) for prefix routing.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The engine each request goes to.
+fn route(trace: &[TraceRequest], engines: u32, router: Router) -> Vec<usize> {
+    let n = engines as usize;
+    trace
+        .iter()
+        .enumerate()
+        .map(|(i, r)| match (router, r.hash_ids.get(1)) {
+            (Router::Prefix, Some(&id)) => (mix(id) % engines as u64) as usize,
+            _ => i % n,
+        })
+        .collect()
+}
+
+/// Runs `trace` through the engines in `mode`. `on_finished` is called once per
 /// finished request (for a progress bar).
 ///
 /// # Errors
-/// A request that cannot fit the GPU KV cache even alone (naming its 1-based index,
+/// A request that cannot fit a GPU's KV cache even alone (naming its 1-based index,
 /// the trace line); an invalid lookup configuration; a rate scale that is not a
-/// finite positive number; a stalled simulation (a bug, reported rather than hung).
+/// finite positive number; no engine; a stalled simulation (a bug, reported rather
+/// than hung).
 pub fn simulate(
     trace: &[TraceRequest],
     mode: Mode,
     params: &SimParams,
     on_finished: &dyn Fn(),
 ) -> anyhow::Result<ModeResult> {
+    let e = &params.engine;
     if !(params.rate_scale.is_finite() && params.rate_scale > 0.0) {
-        bail!("--rate-scale must be a finite number > 0, got {}", params.rate_scale);
+        bail!(
+            "--rate-scale must be a finite number > 0, got {}",
+            params.rate_scale
+        );
     }
-    if params.engine.max_num_batched_tokens == 0 || params.engine.max_num_seqs == 0 {
-        bail!("--max-num-batched-tokens and --max-num-seqs must be at least 1");
+    if e.engines == 0 || e.max_num_batched_tokens == 0 || e.max_num_seqs == 0 {
+        bail!("--engines, --max-num-batched-tokens and --max-num-seqs must be at least 1");
     }
     for (i, r) in trace.iter().enumerate() {
         let need = blocks_for(r.input_length + r.output_length - 1);
-        if need > params.engine.gpu_kv_blocks {
+        if need > e.gpu_kv_blocks {
             bail!(
                 "request {} ({} input + {} output tokens) needs {need} KV blocks of {TRACE_BLOCK_TOKENS} tokens; \
-                 the GPU has {} (--gpu-kv-blocks)",
+                 a GPU has {} (--gpu-kv-blocks)",
                 i + 1,
                 r.input_length,
                 r.output_length,
-                params.engine.gpu_kv_blocks
+                e.gpu_kv_blocks
             );
         }
     }
-    let config = mode.config(&params.lookup, params.server.concurrency.max(1));
-    let server = LookupServer::new(params.server.clone(), params.seed);
-    let conn = Connector::new(config, server).context("lookup configuration")?;
-    let mut sim = Sim::new(trace, mode, params, conn);
-    sim.run(on_finished)?;
-    Ok(sim.result())
+    let routes = route(trace, e.engines, e.router);
+    let mut engines = Vec::with_capacity(e.engines as usize);
+    for id in 0..e.engines as usize {
+        let config = mode.config(&params.lookup, params.server.concurrency.max(1));
+        let server = LookupServer::new(params.server.clone(), mix(params.seed ^ mix(id as u64)));
+        let conn = Connector::new(config, server).context("lookup configuration")?;
+        let arrivals: VecDeque<usize> = (0..trace.len()).filter(|&i| routes[i] == id).collect();
+        engines.push(Engine::new(arrivals, conn, e.gpu_kv_blocks));
+    }
+    let mut world = World::new(trace, mode, params);
+    loop {
+        let next = engines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, en)| en.next_time(&world).map(|t| (t, i)))
+            .min();
+        let Some((t, i)) = next else { break };
+        engines[i].act(t, &mut world, on_finished)?;
+    }
+    Ok(world.result(mode, &engines))
 }
 
-struct Sim<'a> {
+/// What the engines share: the trace, the requests' states, the external store.
+struct World<'a> {
     trace: &'a [TraceRequest],
-    mode: Mode,
     p: &'a SimParams,
+    mode: Mode,
     arrival_ns: Vec<u64>,
-    next_arrival: usize,
     reqs: Vec<Req>,
-    waiting: VecDeque<usize>,
-    running: Vec<usize>,
-    in_flight: VecDeque<Step>,
-    local: LocalCache,
     store: ExternalStore,
-    conn: Connector,
-    /// Engine-thread clock (ns).
-    t: u64,
-    gpu_free: u64,
-    load_free: u64,
-    finished: usize,
-    blocked_ns: u64,
-    gpu_busy_ns: u64,
-    makespan_ns: u64,
-    steps: u64,
-    deferred: u64,
-    preemptions: u64,
-    local_hit_tokens: u64,
-    external_hit_tokens: u64,
 }
 
-impl<'a> Sim<'a> {
-    fn new(trace: &'a [TraceRequest], mode: Mode, p: &'a SimParams, conn: Connector) -> Self {
-        let arrival_ns = trace
+impl<'a> World<'a> {
+    fn new(trace: &'a [TraceRequest], mode: Mode, p: &'a SimParams) -> Self {
+        let arrival_ns: Vec<u64> = trace
             .iter()
             .map(|r| (r.timestamp as f64 * 1e6 / p.rate_scale).round() as u64)
             .collect();
+        let reqs = trace
+            .iter()
+            .enumerate()
+            .map(|(i, tr)| {
+                let hashes = tr.hash_ids[..tr.full_blocks()].to_vec();
+                Req {
+                    core: Request {
+                        request_id: RequestId(i as u64),
+                        num_tokens: tr.input_length,
+                        block_hashes: BlockHashes::from_u64s(&hashes),
+                        skip_reading_external_kv: false,
+                    },
+                    hashes,
+                    arrival: arrival_ns[i],
+                    input: tr.input_length,
+                    target: tr.input_length + tr.output_length - 1,
+                    prefill_len: tr.input_length,
+                    num_computed: 0,
+                    outputs: 0,
+                    epoch: 0,
+                    phase: Phase::NotArrived,
+                    held_hashed: Vec::new(),
+                    held_anonymous: 0,
+                    prefetch_rpc: None,
+                    prefetched: false,
+                    probed: false,
+                    first_scheduled: None,
+                    ttft: None,
+                }
+            })
+            .collect();
         Self {
             trace,
-            mode,
             p,
+            mode,
             arrival_ns,
-            next_arrival: 0,
-            reqs: Vec::with_capacity(trace.len()),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            in_flight: VecDeque::new(),
-            local: LocalCache::new(p.engine.gpu_kv_blocks),
+            reqs,
             store: ExternalStore::new(p.store.capacity_blocks),
-            conn,
-            t: 0,
-            gpu_free: 0,
-            load_free: 0,
-            finished: 0,
+        }
+    }
+
+    fn result(self, mode: Mode, engines: &[Engine]) -> ModeResult {
+        let mut stats = Stats::default();
+        let mut r = ModeResult {
+            mode,
+            engines: engines.len() as u32,
+            ttft_ns: self.reqs.iter().map(|r| r.ttft.unwrap_or(0)).collect(),
+            queue_wait_ns: self
+                .reqs
+                .iter()
+                .map(|r| r.first_scheduled.map_or(0, |s| s - r.arrival))
+                .collect(),
             blocked_ns: 0,
             gpu_busy_ns: 0,
             makespan_ns: 0,
@@ -339,156 +486,270 @@ impl<'a> Sim<'a> {
             preemptions: 0,
             local_hit_tokens: 0,
             external_hit_tokens: 0,
-        }
-    }
-
-    fn result(self) -> ModeResult {
-        let ttft_ns = self.reqs.iter().map(|r| r.ttft.unwrap_or(0)).collect();
-        let queue_wait_ns = self
-            .reqs
-            .iter()
-            .map(|r| r.first_scheduled.map_or(0, |s| s - r.arrival))
-            .collect();
-        ModeResult {
-            mode: self.mode,
-            ttft_ns,
-            queue_wait_ns,
-            blocked_ns: self.blocked_ns,
-            gpu_busy_ns: self.gpu_busy_ns,
-            makespan_ns: self.makespan_ns,
-            steps: self.steps,
-            deferred: self.deferred,
-            preemptions: self.preemptions,
-            local_hit_tokens: self.local_hit_tokens,
-            external_hit_tokens: self.external_hit_tokens,
-            stats: self.conn.stats().clone(),
-            rpcs_wasted: ConnectorCounts::clone(self.conn.counts()).rpcs_wasted,
+            stats: Stats::default(),
+            rpcs_wasted: 0,
+            first_pending: FirstPending::default(),
             store_blocks: self.store.len() as u64,
+        };
+        for e in engines {
+            r.blocked_ns += e.blocked_ns;
+            r.gpu_busy_ns += e.gpu_busy_ns;
+            r.makespan_ns = r.makespan_ns.max(e.makespan_ns);
+            r.steps += e.steps;
+            r.deferred += e.deferred;
+            r.preemptions += e.preemptions;
+            r.local_hit_tokens += e.local_hit_tokens;
+            r.external_hit_tokens += e.external_hit_tokens;
+            r.rpcs_wasted += e.conn.counts().rpcs_wasted;
+            r.first_pending.expired += e.first_pending.expired;
+            r.first_pending.on_the_wire += e.first_pending.on_the_wire;
+            r.first_pending.on_the_wire_idle += e.first_pending.on_the_wire_idle;
+            r.first_pending.not_prefetched += e.first_pending.not_prefetched;
+            add_stats(&mut stats, e.conn.stats());
+        }
+        r.stats = stats;
+        r
+    }
+}
+
+/// Field-wise sum of the core's counters.
+fn add_stats(to: &mut Stats, s: &Stats) {
+    to.lookups_arrival += s.lookups_arrival;
+    to.lookups_probe += s.lookups_probe;
+    to.prefetch_ineligible += s.prefetch_ineligible;
+    to.prefetch_cap_full += s.prefetch_cap_full;
+    to.prefetch_backlog_full += s.prefetch_backlog_full;
+    to.rpcs_created += s.rpcs_created;
+    to.rpcs_sent += s.rpcs_sent;
+    to.rpcs_shared += s.rpcs_shared;
+    to.rpcs_cancelled += s.rpcs_cancelled;
+    to.replies_stale += s.replies_stale;
+    to.replies_unknown += s.replies_unknown;
+    to.hits += s.hits;
+    to.misses += s.misses;
+    to.failed_timed_out += s.failed_timed_out;
+    to.failed_malformed += s.failed_malformed;
+    to.failed_transport += s.failed_transport;
+    to.ttl_refreshes += s.ttl_refreshes;
+    to.chain_refreshes += s.chain_refreshes;
+    to.promotions += s.promotions;
+    to.probes_pending += s.probes_pending;
+    to.probes_ready += s.probes_ready;
+    to.first_probes_ready += s.first_probes_ready;
+    to.first_probes_pending += s.first_probes_pending;
+    to.resets += s.resets;
+}
+
+/// Where an engine's thread is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// About to run its loop (handle new requests, schedule) at its clock.
+    Top,
+    /// Waiting until `until` for the output of `awaiting` (or, idle, for something to
+    /// happen); lookup replies and, by default, new requests are handled meanwhile.
+    Wait { until: u64 },
+    /// Every request routed here finished.
+    Done,
+}
+
+struct Engine {
+    conn: Connector,
+    local: LocalCache,
+    arrivals: VecDeque<usize>,
+    unfinished: usize,
+    waiting: VecDeque<usize>,
+    running: Vec<usize>,
+    in_flight: VecDeque<Step>,
+    awaiting: Option<Step>,
+    state: State,
+    /// Engine-thread clock (ns).
+    t: u64,
+    gpu_free: u64,
+    load_free: u64,
+    blocked_ns: u64,
+    gpu_busy_ns: u64,
+    makespan_ns: u64,
+    steps: u64,
+    deferred: u64,
+    preemptions: u64,
+    local_hit_tokens: u64,
+    external_hit_tokens: u64,
+    first_pending: FirstPending,
+}
+
+impl Engine {
+    fn new(arrivals: VecDeque<usize>, conn: Connector, gpu_kv_blocks: u64) -> Self {
+        Self {
+            conn,
+            local: LocalCache::new(gpu_kv_blocks),
+            unfinished: arrivals.len(),
+            state: if arrivals.is_empty() {
+                State::Done
+            } else {
+                State::Top
+            },
+            arrivals,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            in_flight: VecDeque::new(),
+            awaiting: None,
+            t: 0,
+            gpu_free: 0,
+            load_free: 0,
+            blocked_ns: 0,
+            gpu_busy_ns: 0,
+            makespan_ns: 0,
+            steps: 0,
+            deferred: 0,
+            preemptions: 0,
+            local_hit_tokens: 0,
+            external_hit_tokens: 0,
+            first_pending: FirstPending::default(),
         }
     }
 
-    fn run(&mut self, on_finished: &dyn Fn()) -> anyhow::Result<()> {
-        let total = self.trace.len();
-        while self.finished < total {
-            self.handle_arrivals_until(self.t);
-            self.conn.advance_to(self.t, &self.store);
-            let mut scheduled = false;
-            if self.in_flight.len() < 2 && !(self.running.is_empty() && self.waiting.is_empty()) {
-                if let Some(step) = self.schedule()? {
-                    self.launch(step);
-                    scheduled = true;
+    fn next_arrival(&self, w: &World<'_>) -> Option<u64> {
+        self.arrivals.front().map(|&i| w.arrival_ns[i])
+    }
+
+    /// When this engine next does something, if ever.
+    fn next_time(&self, w: &World<'_>) -> Option<u64> {
+        match self.state {
+            State::Done => None,
+            State::Top => Some(self.t),
+            State::Wait { until } => {
+                let mut next = until;
+                if let Some(c) = self.conn.next_event() {
+                    next = next.min(c.max(self.t));
+                }
+                if self.awaiting.is_none() || w.p.engine.arrivals == ArrivalHandling::WhileWaiting {
+                    if let Some(a) = self.next_arrival(w) {
+                        next = next.min(a.max(self.t));
+                    }
+                }
+                Some(next)
+            }
+        }
+    }
+
+    /// Does what is due at `now` (= [`next_time`](Self::next_time)).
+    fn act(&mut self, now: u64, w: &mut World<'_>, on_finished: &dyn Fn()) -> anyhow::Result<()> {
+        match self.state {
+            State::Done => Ok(()),
+            State::Top => self.top(w, on_finished),
+            State::Wait { until } if now < until => {
+                // Something happens while the thread waits: a reply, or a new request
+                // (handled at once while waiting for output, by default, or when idle).
+                self.conn.advance_to(now, &w.store);
+                let handles_arrivals =
+                    self.awaiting.is_none() || w.p.engine.arrivals == ArrivalHandling::WhileWaiting;
+                if handles_arrivals {
+                    while self.next_arrival(w).is_some_and(|a| a <= now) {
+                        self.handle_arrival(now.max(self.t), w);
+                    }
+                }
+                if self.awaiting.is_none() {
+                    // Idle: anything new is a reason to schedule.
+                    self.t = self.t.max(now);
+                    self.state = State::Top;
+                }
+                Ok(())
+            }
+            State::Wait { until } => {
+                self.conn.advance_to(until, &w.store);
+                self.t = self.t.max(until);
+                self.state = State::Top;
+                if let Some(step) = self.awaiting.take() {
+                    self.process_output(step, w, on_finished);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// One turn of the engine loop at the engine's clock.
+    fn top(&mut self, w: &mut World<'_>, on_finished: &dyn Fn()) -> anyhow::Result<()> {
+        if self.unfinished == 0 {
+            self.state = State::Done;
+            return Ok(());
+        }
+        while self.next_arrival(w).is_some_and(|a| a <= self.t) {
+            self.handle_arrival(self.t, w);
+        }
+        self.conn.advance_to(self.t, &w.store);
+        if self.in_flight.len() < 2 && !(self.running.is_empty() && self.waiting.is_empty()) {
+            if let Some(step) = self.schedule(w)? {
+                self.launch(step);
+                if self.in_flight.len() < 2 {
+                    // Async scheduling: prepare the next step while this one runs.
+                    return Ok(());
                 }
             }
-            if scheduled && self.in_flight.len() < 2 {
-                // Async scheduling: prepare the next step while this one runs.
-                continue;
+        }
+        if let Some(step) = self.in_flight.pop_front() {
+            self.state = State::Wait { until: step.end };
+            self.awaiting = Some(step);
+            return Ok(());
+        }
+        // Idle: nothing on the GPU and nothing schedulable now.
+        let lookup_event = self.conn.next_event();
+        if lookup_event.is_some_and(|n| n <= self.t) {
+            // A reply due now (a zero-latency server): deliver it and schedule again.
+            return Ok(());
+        }
+        // A load already done can only be waiting behind a request that does not fit;
+        // it changes nothing until something else happens.
+        let load_done = self.next_load_done(w).filter(|&n| n > self.t);
+        let next = [self.next_arrival(w), lookup_event, load_done]
+            .into_iter()
+            .flatten()
+            .min();
+        match next {
+            Some(until) => {
+                self.state = State::Wait { until };
+                Ok(())
             }
-            if let Some(step) = self.in_flight.pop_front() {
-                self.wait_until(step.end);
-                self.process_output(step, on_finished);
-                continue;
-            }
-            // Idle: nothing on the GPU and nothing schedulable now.
-            let lookup_event = self.conn.next_event();
-            if lookup_event.is_some_and(|n| n <= self.t) {
-                // A reply due now (a zero-latency server): deliver it and schedule again.
-                continue;
-            }
-            // A load already done can only be waiting behind a request that does not
-            // fit; it changes nothing until something else happens.
-            let load_done = self.next_load_done().filter(|&n| n > self.t);
-            let next = [self.arrival_ns.get(self.next_arrival).copied(), lookup_event, load_done]
-                .into_iter()
-                .flatten()
-                .min();
-            match next {
-                Some(n) => self.wait_until(n),
-                None => bail!(
+            None => {
+                let _ = on_finished;
+                bail!(
                     "{} mode stalled at {:.3} s with {} requests waiting and {} running \
                      (KV cache held by requests that cannot proceed)",
-                    self.mode,
+                    w.mode,
                     self.t as f64 / 1e9,
                     self.waiting.len(),
                     self.running.len()
-                ),
+                )
             }
         }
-        Ok(())
     }
 
-    fn next_load_done(&self) -> Option<u64> {
+    fn next_load_done(&self, w: &World<'_>) -> Option<u64> {
         self.waiting
             .iter()
-            .filter_map(|&i| match self.reqs[i].phase {
+            .filter_map(|&i| match w.reqs[i].phase {
                 Phase::Loading { done_at, .. } => Some(done_at),
                 _ => None,
             })
             .min()
     }
 
-    /// The engine thread waits (for a step's output, or idle) until `until`; lookup
-    /// replies arrive meanwhile, and new requests too when they are handled while
-    /// waiting.
-    fn wait_until(&mut self, until: u64) {
-        if self.p.engine.arrivals == ArrivalHandling::WhileWaiting {
-            while let Some(&a) = self.arrival_ns.get(self.next_arrival) {
-                if a > until {
-                    break;
-                }
-                let a = a.max(self.t);
-                self.conn.advance_to(a, &self.store);
-                self.handle_arrival(a);
-            }
-        }
-        self.conn.advance_to(until, &self.store);
-        self.t = self.t.max(until);
-    }
-
-    fn handle_arrivals_until(&mut self, now: u64) {
-        while self.arrival_ns.get(self.next_arrival).is_some_and(|&a| a <= now) {
-            self.handle_arrival(now);
-        }
-    }
-
     /// vLLM `add_request`: into the waiting queue, and the connector's `on_new_request`.
-    fn handle_arrival(&mut self, now: u64) {
-        let idx = self.next_arrival;
-        self.next_arrival += 1;
-        let tr = &self.trace[idx];
-        let hashes = tr.hash_ids[..tr.full_blocks()].to_vec();
-        let core = Request {
-            request_id: RequestId(idx as u64),
-            num_tokens: tr.input_length,
-            block_hashes: BlockHashes::from_u64s(&hashes),
-            skip_reading_external_kv: false,
-        };
-        let prefetch_rpc = self.conn.on_new_request(&core, now, &self.store);
-        self.reqs.push(Req {
-            core,
-            hashes,
-            arrival: self.arrival_ns[idx],
-            target: tr.input_length + tr.output_length - 1,
-            prefill_len: tr.input_length,
-            num_computed: 0,
-            outputs: 0,
-            epoch: 0,
-            phase: Phase::Waiting,
-            held_hashed: Vec::new(),
-            held_anonymous: 0,
-            prefetch_rpc,
-            probed: false,
-            first_scheduled: None,
-            ttft: None,
-        });
+    fn handle_arrival(&mut self, now: u64, w: &mut World<'_>) {
+        let idx = self.arrivals.pop_front().expect("an arrival is due");
+        let submitted = self.conn.stats().lookups_arrival;
+        let rpc = self.conn.on_new_request(&w.reqs[idx].core, now, &w.store);
+        let r = &mut w.reqs[idx];
+        r.prefetch_rpc = rpc;
+        r.prefetched = self.conn.stats().lookups_arrival > submitted;
+        r.phase = Phase::Waiting;
         self.waiting.push_back(idx);
     }
 
-    /// Makes `req` hold blocks for its first `end` positions, reusing the local hit
-    /// `hits` (only when it holds nothing yet). Full prompt blocks join the prefix
+    /// Makes request `idx` hold blocks for its first `end` positions, reusing the local
+    /// hit `hits` (only when it holds nothing yet). Full prompt blocks join the prefix
     /// cache unless `promote` is false (blocks still being loaded). False, with nothing
     /// changed, when the blocks do not fit.
-    fn allocate(&mut self, idx: usize, hits: &[u64], end: u32, promote: bool) -> bool {
-        let r = &mut self.reqs[idx];
+    fn allocate(&mut self, r: &mut Req, hits: &[u64], end: u32, promote: bool) -> bool {
         let held = r.held_hashed.len() as u64 + r.held_anonymous;
         let new = blocks_for(end).saturating_sub(held + hits.len() as u64);
         if !self.local.can_allocate(hits, new) {
@@ -497,7 +758,7 @@ impl<'a> Sim<'a> {
         self.local.reference(hits);
         r.held_hashed.extend_from_slice(hits);
         let ok = self.local.allocate(new);
-        debug_assert!(ok);
+        debug_assert!(ok, "can_allocate said it fits");
         r.held_anonymous += new;
         if promote {
             Self::promote_full(&mut self.local, r, end);
@@ -516,34 +777,33 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn release(&mut self, idx: usize) {
-        let r = &mut self.reqs[idx];
-        self.local.release(&r.held_hashed, r.held_anonymous);
+    fn release(local: &mut LocalCache, r: &mut Req) {
+        local.release(&r.held_hashed, r.held_anonymous);
         r.held_hashed.clear();
         r.held_anonymous = 0;
     }
 
     /// Recompute preemption (vLLM `_preempt_request`): blocks freed, back to the head
-    /// of the waiting queue, its prompt now includes the outputs produced so far.
-    fn preempt(&mut self, idx: usize, now: u64) {
-        self.release(idx);
-        let r = &mut self.reqs[idx];
+    /// of the waiting queue; its prompt now includes the outputs produced so far.
+    fn preempt(&mut self, idx: usize, now: u64, w: &mut World<'_>) {
+        let r = &mut w.reqs[idx];
+        Self::release(&mut self.local, r);
         r.num_computed = 0;
-        r.prefill_len = r.core.num_tokens.max(self.trace[idx].input_length + r.outputs);
+        r.prefill_len = r.input + r.outputs;
         r.core.num_tokens = r.prefill_len;
         r.epoch += 1;
         r.phase = Phase::Waiting;
         self.preemptions += 1;
         self.waiting.push_front(idx);
-        self.conn.on_preempted(RequestId(idx as u64), now, &self.store);
+        self.conn.on_preempted(RequestId(idx as u64), now, &w.store);
     }
 
     /// One call of vLLM's `Scheduler.schedule` at the engine thread's time. Advances
     /// the engine clock by the time blocked on sync lookups and, when a step is built,
     /// by the scheduler's cost.
-    fn schedule(&mut self) -> anyhow::Result<Option<Step>> {
+    fn schedule(&mut self, w: &mut World<'_>) -> anyhow::Result<Option<Step>> {
         let mut now = self.t;
-        let mut budget = self.p.engine.max_num_batched_tokens;
+        let mut budget = w.p.engine.max_num_batched_tokens;
         let mut entries = Vec::new();
         let mut preempted = false;
 
@@ -551,7 +811,7 @@ impl<'a> Sim<'a> {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let idx = self.running[i];
-            let r = &self.reqs[idx];
+            let r = &w.reqs[idx];
             if r.num_computed >= r.target {
                 // Its last token is computing; it ends with that step's output.
                 i += 1;
@@ -564,9 +824,9 @@ impl<'a> Sim<'a> {
             };
             let end = r.num_computed + new;
             let mut fits = true;
-            while !self.allocate(idx, &[], end, true) {
+            while !self.allocate(&mut w.reqs[idx], &[], end, true) {
                 let victim = self.running.pop().expect("the request itself is running");
-                self.preempt(victim, now);
+                self.preempt(victim, now, w);
                 preempted = true;
                 if victim == idx {
                     fits = false;
@@ -576,7 +836,7 @@ impl<'a> Sim<'a> {
             if !fits {
                 break;
             }
-            let r = &mut self.reqs[idx];
+            let r = &mut w.reqs[idx];
             entries.push(Entry {
                 req: idx,
                 epoch: r.epoch,
@@ -592,22 +852,22 @@ impl<'a> Sim<'a> {
         if !preempted {
             let mut skipped = Vec::new();
             while budget > 0 && !self.waiting.is_empty() {
-                if self.running.len() >= self.p.engine.max_num_seqs as usize {
+                if self.running.len() >= w.p.engine.max_num_seqs as usize {
                     break;
                 }
                 let idx = *self.waiting.front().expect("non-empty");
-                let mut computed = self.reqs[idx].num_computed;
+                let mut computed = w.reqs[idx].num_computed;
                 let mut hits: Vec<u64> = Vec::new();
                 let mut local_tokens = 0;
                 let mut external_tokens = 0;
-                match self.reqs[idx].phase {
+                match w.reqs[idx].phase {
                     Phase::Loading { done_at, .. } if done_at > now => {
                         self.waiting.pop_front();
                         skipped.push(idx);
                         continue;
                     }
                     Phase::Loading { tokens, .. } => {
-                        let r = &mut self.reqs[idx];
+                        let r = &mut w.reqs[idx];
                         Self::promote_full(&mut self.local, r, tokens);
                         r.num_computed = tokens;
                         r.phase = Phase::Waiting;
@@ -616,7 +876,7 @@ impl<'a> Sim<'a> {
                     _ => {}
                 }
                 if computed == 0 {
-                    let r = &mut self.reqs[idx];
+                    let r = &mut w.reqs[idx];
                     let cap_blocks = ((r.prefill_len - 1) / TRACE_BLOCK_TOKENS) as usize;
                     let hit_blocks = self.local.hit_blocks(&r.hashes, cap_blocks);
                     local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
@@ -629,17 +889,39 @@ impl<'a> Sim<'a> {
                     {
                         self.conn.prefetch_useless(rpc);
                     }
-                    let mut answer = self.conn.probe(&self.reqs[idx].core, local_tokens, now, &self.store);
+                    let refreshes = self.conn.stats().ttl_refreshes;
+                    let mut answer =
+                        self.conn
+                            .probe(&w.reqs[idx].core, local_tokens, now, &w.store);
+                    if first_probe && answer == Probe::Pending {
+                        let why = &mut self.first_pending;
+                        if self.conn.stats().ttl_refreshes > refreshes {
+                            why.expired += 1;
+                        } else if w.reqs[idx].prefetched {
+                            why.on_the_wire += 1;
+                            if self.running.is_empty() && self.in_flight.is_empty() {
+                                why.on_the_wire_idle += 1;
+                            }
+                        } else {
+                            why.not_prefetched += 1;
+                        }
+                    }
                     if answer == Probe::Pending {
-                        if self.mode == Mode::Sync {
-                            let (ready, at) =
-                                self.conn
-                                    .wait_ready(&self.reqs[idx].core, local_tokens, now, &self.store)?;
+                        if w.mode == Mode::Sync {
+                            let (ready, at) = self.conn.wait_ready(
+                                &w.reqs[idx].core,
+                                local_tokens,
+                                now,
+                                &w.store,
+                            )?;
                             self.blocked_ns += at - now;
                             now = at;
                             answer = ready;
                         } else {
                             self.deferred += 1;
+                            if w.p.engine.on_pending == PendingPolicy::Wait {
+                                break;
+                            }
                             self.waiting.pop_front();
                             skipped.push(idx);
                             continue;
@@ -658,19 +940,23 @@ impl<'a> Sim<'a> {
                 if external_tokens > 0 {
                     // Load asynchronously: blocks now, compute once loaded.
                     let end = local_tokens + external_tokens;
-                    if !self.allocate(idx, &hits, end, false) {
+                    if !self.allocate(&mut w.reqs[idx], &hits, end, false) {
                         break;
                     }
-                    self.conn.on_allocated(id, now, &self.store);
+                    self.conn.on_allocated(id, now, &w.store);
                     let blocks = u64::from(external_tokens / TRACE_BLOCK_TOKENS);
                     let start = now.max(self.load_free);
-                    let done_at =
-                        start + nanos(self.p.store.load_fixed_s) + blocks * nanos(self.p.store.load_block_s);
+                    let done_at = start
+                        + nanos(w.p.store.load_fixed_s)
+                        + blocks * nanos(w.p.store.load_block_s);
                     self.load_free = done_at;
-                    let r = &mut self.reqs[idx];
+                    let r = &mut w.reqs[idx];
                     let first = hits.len();
-                    self.store.touch(&r.hashes[first..first + blocks as usize]);
-                    r.phase = Phase::Loading { done_at, tokens: end };
+                    w.store.touch(&r.hashes[first..first + blocks as usize]);
+                    r.phase = Phase::Loading {
+                        done_at,
+                        tokens: end,
+                    };
                     r.first_scheduled.get_or_insert(now);
                     self.local_hit_tokens += u64::from(local_tokens);
                     self.external_hit_tokens += u64::from(external_tokens);
@@ -678,15 +964,15 @@ impl<'a> Sim<'a> {
                     skipped.push(idx);
                     continue;
                 }
-                let r = &self.reqs[idx];
+                let r = &w.reqs[idx];
                 let new = (r.prefill_len - computed).min(budget);
                 let end = computed + new;
-                if !self.allocate(idx, &hits, end, true) {
+                if !self.allocate(&mut w.reqs[idx], &hits, end, true) {
                     break;
                 }
-                self.conn.on_allocated(id, now, &self.store);
+                self.conn.on_allocated(id, now, &w.store);
                 self.local_hit_tokens += u64::from(local_tokens);
-                let r = &mut self.reqs[idx];
+                let r = &mut w.reqs[idx];
                 r.first_scheduled.get_or_insert(now);
                 r.phase = Phase::Running;
                 entries.push(Entry {
@@ -709,8 +995,8 @@ impl<'a> Sim<'a> {
         if entries.is_empty() {
             return Ok(None);
         }
-        self.t += nanos(self.p.engine.scheduler_s);
-        let cost = self.step_cost(&entries);
+        self.t += nanos(w.p.engine.scheduler_s);
+        let cost = Self::step_cost(&entries, w);
         let start = self.t.max(self.gpu_free);
         Ok(Some(Step {
             end: start + cost,
@@ -718,11 +1004,11 @@ impl<'a> Sim<'a> {
         }))
     }
 
-    fn step_cost(&self, entries: &[Entry]) -> u64 {
-        let e = &self.p.engine;
+    fn step_cost(entries: &[Entry], w: &World<'_>) -> u64 {
+        let e = &w.p.engine;
         let mut s = e.step_fixed_s;
         for en in entries {
-            let r = &self.reqs[en.req];
+            let r = &w.reqs[en.req];
             let n = f64::from(en.new);
             let c = f64::from(en.before);
             if en.before < r.prefill_len {
@@ -744,10 +1030,10 @@ impl<'a> Sim<'a> {
 
     /// vLLM `update_from_output` at the engine thread's time: first tokens, prefill
     /// ends (blocks written to the store), finished requests.
-    fn process_output(&mut self, step: Step, on_finished: &dyn Fn()) {
+    fn process_output(&mut self, step: Step, w: &mut World<'_>, on_finished: &dyn Fn()) {
         let now = self.t;
         for en in step.entries {
-            let r = &mut self.reqs[en.req];
+            let r = &mut w.reqs[en.req];
             if r.epoch != en.epoch || r.phase != Phase::Running {
                 continue;
             }
@@ -762,19 +1048,21 @@ impl<'a> Sim<'a> {
                 if r.ttft.is_none() {
                     r.ttft = Some(now - r.arrival);
                 }
-                self.store.put(&r.hashes);
+                w.store.put(&r.hashes);
             }
             if after >= r.target {
                 r.phase = Phase::Finished;
-                self.release(en.req);
+                Self::release(&mut self.local, r);
                 if let Some(pos) = self.running.iter().position(|&x| x == en.req) {
                     self.running.remove(pos);
                 }
-                self.conn.on_finished(RequestId(en.req as u64), now, &self.store);
-                self.finished += 1;
+                self.conn
+                    .on_finished(RequestId(en.req as u64), now, &w.store);
+                self.unfinished -= 1;
                 self.makespan_ns = self.makespan_ns.max(now);
                 on_finished();
             }
         }
+        let _ = w.trace;
     }
 }

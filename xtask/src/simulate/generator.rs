@@ -8,9 +8,10 @@
 //!   2,997-3,003 ms apart) of Poisson size with mean 10.2 (observed: 2 to 28);
 //! - every request starts with block id 0 (a shared system prompt);
 //! - 38.7 % of requests continue an earlier request (share more than that first
-//!   block): they reuse a leading part of an earlier chain (median 92 % of it) picked
-//!   by how long ago it arrived (median 147 s), and that reused prefix is most of the
-//!   new prompt (median 80 %);
+//!   block): the earlier request is picked by how long ago it arrived (median 147 s),
+//!   the follow-up's length has its own distribution (median 20 blocks, 90th
+//!   percentile 57), and the reused leading part of the earlier chain is most of the
+//!   new prompt (median 80 %, at most the earlier chain);
 //! - the others are new conversations (median 11 blocks, 90th percentile 50, max 247);
 //! - output lengths: median 350 tokens, 99th percentile 1,120, max 2,000.
 
@@ -23,8 +24,6 @@ use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
 const BATCH_INTERVAL_MS: u64 = 3_000;
 /// Mean requests per batch.
 const BATCH_MEAN: f64 = 10.2;
-/// Longest prompt of the trace, in blocks (126,195 tokens).
-const MAX_BLOCKS: usize = 247;
 /// Share of requests that continue an earlier one.
 const FOLLOW_UP: f64 = 0.387;
 /// Quantile points `(p, value)`.
@@ -51,16 +50,16 @@ const FOLLOW_UP_AGE_S: Quantiles = [
     (0.99, 1_791.0),
     (1.0, 3_210.0),
 ];
-/// Reused blocks / blocks of the continued request.
-const REUSED_OF_SOURCE: Quantiles = [
-    (0.0, 0.01),
-    (0.1, 0.37),
-    (0.25, 0.75),
-    (0.5, 0.92),
-    (0.75, 0.96),
-    (0.9, 0.98),
-    (0.99, 1.0),
-    (1.0, 1.0),
+/// Blocks of a follow-up's prompt.
+const FOLLOW_UP_BLOCKS: Quantiles = [
+    (0.0, 2.0),
+    (0.1, 5.0),
+    (0.25, 9.0),
+    (0.5, 20.0),
+    (0.75, 35.0),
+    (0.9, 57.0),
+    (0.99, 155.0),
+    (1.0, 241.0),
 ];
 /// Reused blocks / blocks of the follow-up.
 const REUSED_OF_NEW: Quantiles = [
@@ -89,7 +88,11 @@ const OUTPUT_TOKENS: Quantiles = [
 /// the logarithm when `log`, for values spanning orders of magnitude).
 fn sample(rng: &mut ChaCha8Rng, q: &Quantiles, log: bool) -> f64 {
     let u: f64 = rng.random();
-    let i = q.iter().rposition(|(p, _)| *p <= u).unwrap_or(0).min(q.len() - 2);
+    let i = q
+        .iter()
+        .rposition(|(p, _)| *p <= u)
+        .unwrap_or(0)
+        .min(q.len() - 2);
     let ((p0, v0), (p1, v1)) = (q[i], q[i + 1]);
     let w = if p1 > p0 { (u - p0) / (p1 - p0) } else { 0.0 };
     if log {
@@ -134,10 +137,10 @@ pub fn generate(seed: u64, num_requests: usize) -> Vec<TraceRequest> {
                     let idx = out.partition_point(|r| r.timestamp <= target);
                     if idx > 0 {
                         let src = &out[idx - 1].hash_ids;
-                        let f = sample(&mut rng, &REUSED_OF_SOURCE, false);
-                        let k = ((src.len() as f64 * f).round() as usize).clamp(2.min(src.len()), src.len());
-                        let r = sample(&mut rng, &REUSED_OF_NEW, false).max(0.01);
-                        let n = ((k as f64 / r).ceil() as usize).clamp(k.max(2), MAX_BLOCKS.max(k));
+                        let n = sample(&mut rng, &FOLLOW_UP_BLOCKS, true).round().max(2.0) as usize;
+                        let r = sample(&mut rng, &REUSED_OF_NEW, false);
+                        let k = ((n as f64 * r).round() as usize)
+                            .clamp(2.min(src.len()), src.len().min(n));
                         let mut ids = src[..k].to_vec();
                         while ids.len() < n {
                             ids.push(next_id);
@@ -184,7 +187,10 @@ mod tests {
         assert_eq!(a.len(), 3_000);
         assert!(a.iter().all(|r| r.hash_ids[0] == 0));
         assert!(a.windows(2).all(|w| w[0].timestamp <= w[1].timestamp));
-        assert!(a.iter().all(|r| r.hash_ids.len() as u32 == r.input_length.div_ceil(512)));
+        assert!(
+            a.iter()
+                .all(|r| r.hash_ids.len() as u32 == r.input_length.div_ceil(512))
+        );
         // Roughly the trace's rate: ~10.2 requests per 3 s.
         let span_s = a.last().unwrap().timestamp as f64 / 1_000.0;
         let rate = a.len() as f64 / span_s;

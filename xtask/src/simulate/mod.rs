@@ -24,7 +24,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use engine::{ArrivalHandling, EngineParams, SimParams, StoreParams};
+use engine::{ArrivalHandling, EngineParams, PendingPolicy, Router, SimParams, StoreParams};
 use mode::{LookupParams, Mode};
 use server::ServerParams;
 
@@ -38,7 +38,11 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
     /// Modes to compare, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "sync,async,prefetch,prefetch+")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sync,async,prefetch,prefetch+"
+    )]
     pub modes: Vec<Mode>,
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
@@ -91,6 +95,12 @@ pub struct Args {
     #[arg(long, default_value_t = LookupParams::default().timeout_s)]
     pub lookup_timeout_s: f64,
 
+    /// Engines (data-parallel replicas, one GPU each) sharing the external store.
+    #[arg(long, default_value_t = EngineParams::default().engines)]
+    pub engines: u32,
+    /// How requests are spread over the engines.
+    #[arg(long, value_enum, default_value_t = Router::RoundRobin)]
+    pub router: Router,
     /// Engine: token budget per step.
     #[arg(long, default_value_t = EngineParams::default().max_num_batched_tokens)]
     pub max_num_batched_tokens: u32,
@@ -122,6 +132,10 @@ pub struct Args {
     /// or between steps.
     #[arg(long, value_enum, default_value_t = ArrivalHandling::WhileWaiting)]
     pub arrivals: ArrivalHandling,
+    /// What a `Pending` probe does: skip the request and continue down the waiting
+    /// queue (vLLM V1), or wait, scheduling nobody behind it (strict FCFS).
+    #[arg(long, value_enum, default_value_t = PendingPolicy::Skip)]
+    pub on_pending: PendingPolicy,
 
     /// External store capacity in 512-token blocks.
     #[arg(long, default_value_t = StoreParams::default().capacity_blocks)]
@@ -162,16 +176,24 @@ impl Args {
             }
         }
         if !(self.rate_scale.is_finite() && self.rate_scale > 0.0) {
-            bail!("--rate-scale must be a finite number > 0, got {}", self.rate_scale);
+            bail!(
+                "--rate-scale must be a finite number > 0, got {}",
+                self.rate_scale
+            );
         }
         if self.modes.is_empty() {
             bail!("--modes names no mode");
+        }
+        if self.engines == 0 {
+            bail!("--engines must be at least 1");
         }
         if self.server_concurrency == 0 {
             bail!("--server-concurrency must be at least 1");
         }
         Ok(SimParams {
             engine: EngineParams {
+                engines: self.engines,
+                router: self.router,
                 max_num_batched_tokens: self.max_num_batched_tokens,
                 max_num_seqs: self.max_num_seqs,
                 gpu_kv_blocks: self.gpu_kv_blocks,
@@ -182,6 +204,7 @@ impl Args {
                 decode_ctx_token_s: self.decode_ctx_ns / 1e9,
                 scheduler_s: self.scheduler_ms / 1e3,
                 arrivals: self.arrivals,
+                on_pending: self.on_pending,
             },
             store: StoreParams {
                 capacity_blocks: self.store_blocks,
@@ -223,7 +246,10 @@ pub fn run_modes(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?)
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?
+            })
             .collect()
     })
 }
@@ -248,10 +274,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut modes = args.modes.clone();
     modes.dedup();
     let (mut requests, source) = match &args.trace {
-        Some(path) => (
-            trace::load(path)?,
-            path.display().to_string(),
-        ),
+        Some(path) => (trace::load(path)?, path.display().to_string()),
         None => (
             generator::generate(args.seed, args.gen_requests),
             format!(
@@ -279,9 +302,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let total = (requests.len() * modes.len()) as u64;
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
     bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} requests ({eta} left)")
-            .context("progress template")?
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} requests ({eta} left)",
+        )
+        .context("progress template")?
+        .progress_chars("=> "),
     );
     let shown = AtomicBool::new(false);
     let on_finished = || {
@@ -300,13 +325,20 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .iter()
         .map(report::summarise)
         .collect::<anyhow::Result<Vec<_>>>()?;
-    println!("trace: {source}, {} requests, rate scale {}", requests.len(), params.rate_scale);
     println!(
-        "engine: budget {} tokens, {} seqs, {} GPU blocks; lookup server {:.2} ms + {:.1} µs/key, \
+        "trace: {source}, {} requests, rate scale {}",
+        requests.len(),
+        params.rate_scale
+    );
+    println!(
+        "{} engines ({:?}): budget {} tokens, {} seqs, {} GPU blocks each; store {} blocks; lookup server {:.2} ms + {:.1} µs/key, \
          concurrency {}; prefetch limit {}, TTL {} s; arrivals {:?}",
+        params.engine.engines,
+        params.engine.router,
         params.engine.max_num_batched_tokens,
         params.engine.max_num_seqs,
         params.engine.gpu_kv_blocks,
+        params.store.capacity_blocks,
         params.server.fixed_s * 1e3,
         params.server.per_key_s * 1e6,
         params.server.concurrency,

@@ -7,7 +7,9 @@ use lookup_core::Config;
 use super::trace::TRACE_BLOCK_TOKENS;
 
 /// How the connector looks requests up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, serde::Serialize,
+)]
 pub enum Mode {
     /// vLLM's default (`lookup_async = false`): the probe blocks the engine thread
     /// until the RPC answers (`spec/behaviour.md` rule 10).

@@ -7,7 +7,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::engine::{ModeResult, SimParams};
+use super::engine::{FirstPending, ModeResult, SimParams};
 use super::mode::Mode;
 
 /// Percentiles of a latency, milliseconds.
@@ -43,6 +43,8 @@ pub struct ModeSummary {
     /// first_probes_pending)`); `None` when none was probed. In sync mode a probe that
     /// had to block counts as not ready.
     pub ready_at_first_probe: Option<f64>,
+    /// Why first probes were not ready.
+    pub first_probes_pending: FirstPending,
     /// Probes answered `Pending` that deferred a request to a later step.
     pub lookups_deferred: u64,
     /// Lookup RPCs put on the wire.
@@ -67,7 +69,7 @@ pub struct ModeSummary {
     pub preemptions: u64,
     /// Steps run.
     pub steps: u64,
-    /// GPU busy time over the run's span (fraction).
+    /// GPU busy time over the run's span, averaged over the engines (fraction).
     pub gpu_utilisation: f64,
     /// Time the last request finished (seconds from the trace start).
     pub makespan_s: f64,
@@ -97,7 +99,8 @@ fn ms(ns: u64) -> f64 {
 pub fn summarise(r: &ModeResult) -> anyhow::Result<ModeSummary> {
     let mut h = Histogram::<u64>::new(3).context("histogram")?;
     for &t in &r.ttft_ns {
-        h.record(t / 1_000).context("TTFT out of the histogram's range")?;
+        h.record(t / 1_000)
+            .context("TTFT out of the histogram's range")?;
     }
     let q = |p: f64| h.value_at_quantile(p) as f64 / 1e3;
     let n = r.ttft_ns.len() as u64;
@@ -105,12 +108,16 @@ pub fn summarise(r: &ModeResult) -> anyhow::Result<ModeSummary> {
         p50: q(0.5),
         p90: q(0.9),
         p99: q(0.99),
-        mean: if n == 0 { 0.0 } else { ms(r.ttft_ns.iter().sum::<u64>()) / n as f64 },
+        mean: if n == 0 {
+            0.0
+        } else {
+            ms(r.ttft_ns.iter().sum::<u64>()) / n as f64
+        },
         max: ms(r.ttft_ns.iter().copied().max().unwrap_or(0)),
     };
     let s = &r.stats;
     let probed = s.first_probes_ready + s.first_probes_pending;
-    let first_arrival_span = r.makespan_ns.max(1);
+    let span = r.makespan_ns.max(1) as f64 * f64::from(r.engines.max(1));
     Ok(ModeSummary {
         mode: r.mode,
         requests: n,
@@ -122,6 +129,7 @@ pub fn summarise(r: &ModeResult) -> anyhow::Result<ModeSummary> {
         },
         engine_blocked_s: r.blocked_ns as f64 / 1e9,
         ready_at_first_probe: (probed > 0).then(|| s.first_probes_ready as f64 / probed as f64),
+        first_probes_pending: r.first_pending,
         lookups_deferred: r.deferred,
         rpcs_sent: s.rpcs_sent,
         rpcs_shared: s.rpcs_shared,
@@ -133,7 +141,7 @@ pub fn summarise(r: &ModeResult) -> anyhow::Result<ModeSummary> {
         prefetch_cap_full: s.prefetch_cap_full,
         preemptions: r.preemptions,
         steps: r.steps,
-        gpu_utilisation: r.gpu_busy_ns as f64 / first_arrival_span as f64,
+        gpu_utilisation: r.gpu_busy_ns as f64 / span,
         makespan_s: r.makespan_ns as f64 / 1e9,
     })
 }
@@ -143,17 +151,31 @@ pub fn summarise(r: &ModeResult) -> anyhow::Result<ModeSummary> {
 #[must_use]
 pub fn table(summaries: &[ModeSummary]) -> String {
     type Row = (&'static str, fn(&ModeSummary) -> String);
-    let rows: [Row; 18] = [
+    let rows: [Row; 21] = [
         ("requests", |s| s.requests.to_string()),
         ("TTFT p50 (ms)", |s| format!("{:.1}", s.ttft_ms.p50)),
         ("TTFT p90 (ms)", |s| format!("{:.1}", s.ttft_ms.p90)),
         ("TTFT p99 (ms)", |s| format!("{:.1}", s.ttft_ms.p99)),
         ("TTFT mean (ms)", |s| format!("{:.1}", s.ttft_ms.mean)),
-        ("queue wait mean (ms)", |s| format!("{:.1}", s.queue_wait_mean_ms)),
-        ("engine blocked on lookups (s)", |s| format!("{:.3}", s.engine_blocked_s)),
+        ("queue wait mean (ms)", |s| {
+            format!("{:.1}", s.queue_wait_mean_ms)
+        }),
+        ("engine blocked on lookups (s)", |s| {
+            format!("{:.3}", s.engine_blocked_s)
+        }),
         ("ready at first probe", |s| {
             s.ready_at_first_probe
                 .map_or_else(|| "-".into(), |f| format!("{:.1}%", f * 100.0))
+        }),
+        ("  not ready: lookup on the wire", |s| {
+            let p = &s.first_probes_pending;
+            format!("{} ({} idle)", p.on_the_wire, p.on_the_wire_idle)
+        }),
+        ("  not ready: result expired (TTL)", |s| {
+            s.first_probes_pending.expired.to_string()
+        }),
+        ("  not ready: not prefetched", |s| {
+            s.first_probes_pending.not_prefetched.to_string()
         }),
         ("lookups deferred", |s| s.lookups_deferred.to_string()),
         ("RPCs sent", |s| s.rpcs_sent.to_string()),
@@ -163,7 +185,9 @@ pub fn table(summaries: &[ModeSummary]) -> String {
         ("local hit tokens", |s| s.local_hit_tokens.to_string()),
         ("TTL refreshes", |s| s.ttl_refreshes.to_string()),
         ("preemptions", |s| s.preemptions.to_string()),
-        ("GPU utilisation", |s| format!("{:.1}%", s.gpu_utilisation * 100.0)),
+        ("GPU utilisation", |s| {
+            format!("{:.1}%", s.gpu_utilisation * 100.0)
+        }),
         ("makespan (s)", |s| format!("{:.1}", s.makespan_s)),
     ];
     let label_w = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
@@ -211,7 +235,11 @@ pub fn plot_cdf(results: &[ModeResult], path: &Path) -> anyhow::Result<()> {
     let curves: Vec<(Mode, Vec<(f64, f64)>)> = results
         .iter()
         .map(|r| {
-            let mut v: Vec<f64> = r.ttft_ns.iter().map(|&t| (t as f64 / 1e9).max(1e-3)).collect();
+            let mut v: Vec<f64> = r
+                .ttft_ns
+                .iter()
+                .map(|&t| (t as f64 / 1e9).max(1e-3))
+                .collect();
             v.sort_by(f64::total_cmp);
             let n = v.len().max(1);
             let stride = (n / 2_000).max(1);
@@ -255,7 +283,9 @@ pub fn plot_cdf(results: &[ModeResult], path: &Path) -> anyhow::Result<()> {
             chart
                 .draw_series(LineSeries::new(pts.iter().copied(), colour.stroke_width(2)))?
                 .label(mode.name())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()

@@ -1,8 +1,6 @@
 //! The modelled lookup server: the process that owns the store client and answers
 //! the scheduler's lookups (vLLM's `LookupKeyServer` in the worker).
 
-use std::time::Duration;
-
 use lookup_core::BlockHashes;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -50,9 +48,10 @@ pub(crate) struct LookupServer {
     rng: ChaCha8Rng,
 }
 
-/// Nanoseconds of a duration in seconds (rounded to the nanosecond).
+/// Nanoseconds of a duration in seconds, rounded to the nearest nanosecond (so that
+/// decimal parameters such as 0.01 s give exact integers). Negative or NaN: 0.
 pub(crate) fn nanos(seconds: f64) -> u64 {
-    Duration::from_secs_f64(seconds).as_nanos() as u64
+    (seconds * 1e9).round().max(0.0) as u64
 }
 
 impl LookupServer {
@@ -97,7 +96,11 @@ impl LookupServer {
 /// 512)`, times 512; on a full hit (`hit >= num_tokens`) the same with
 /// `num_tokens - 1`, so the last prompt token is always recomputed. Returns
 /// `(hit_tokens, keys checked)`.
-pub(crate) fn hit_tokens(num_tokens: u32, block_hashes: &BlockHashes, store: &ExternalStore) -> (u32, usize) {
+pub(crate) fn hit_tokens(
+    num_tokens: u32,
+    block_hashes: &BlockHashes,
+    store: &ExternalStore,
+) -> (u32, usize) {
     let ids = || {
         block_hashes.iter().map(|h| {
             let mut b = [0u8; 8];
@@ -136,7 +139,10 @@ mod tests {
         // 1025 tokens: 1024.
         assert_eq!(hit_tokens(1025, &h, &store), (1024, 2));
         // A missing first block ends the run.
-        assert_eq!(hit_tokens(2000, &BlockHashes::from_u64s(&[3, 1, 2]), &store), (0, 3));
+        assert_eq!(
+            hit_tokens(2000, &BlockHashes::from_u64s(&[3, 1, 2]), &store),
+            (0, 3)
+        );
         assert_eq!(hit_tokens(511, &h, &store), (0, 0));
         assert_eq!(hit_tokens(2000, &BlockHashes::empty(), &store), (0, 0));
     }

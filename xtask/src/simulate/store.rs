@@ -102,7 +102,13 @@ impl LocalCache {
             }
             e.refs += 1;
         } else {
-            self.entries.insert(hash, Entry { refs: 1, freed_at: 0 });
+            self.entries.insert(
+                hash,
+                Entry {
+                    refs: 1,
+                    freed_at: 0,
+                },
+            );
         }
     }
 

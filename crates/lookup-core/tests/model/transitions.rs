@@ -1,7 +1,7 @@
 //! The inputs the model-based test drives: scheduler lifecycle calls, clock jumps and
 //! what the fake server does with the RPCs on the wire.
 
-use crate::server::Prompt;
+use crate::server::{CHAINS, MAX_TOKENS, Prompt};
 
 /// Index of a request in the test's small pool (`POOL` ids, reused after a finish so
 /// that stale state of an earlier request with the same id would show).
@@ -15,7 +15,11 @@ pub(crate) enum Transition {
     Arrive { slot: Slot, prompt: Prompt },
     /// `probe` of a live request, after its prompt changed (or not), with a local hit
     /// of `local_blocks` blocks clamped to the rule 12 cap.
-    Probe { slot: Slot, change: PromptChange, local_blocks: u32 },
+    Probe {
+        slot: Slot,
+        change: PromptChange,
+        local_blocks: u32,
+    },
     /// `on_allocated` (any slot: unknown requests are a no-op, rule 8).
     Allocated { slot: Slot },
     /// `on_preempted` (any slot).
@@ -32,14 +36,21 @@ pub(crate) enum Transition {
     FireTimeout,
     /// The server answers the RPC at `wire_index`. With `duplicate` the RPC stays on the
     /// wire, so it can be answered again.
-    Answer { wire_index: usize, value: ReplyValue, duplicate: bool },
+    Answer {
+        wire_index: usize,
+        value: ReplyValue,
+        duplicate: bool,
+    },
     /// The transport fails the RPC at `wire_index`.
     TransportError { wire_index: usize },
     /// The server drops the RPC at `wire_index` silently: only its timeout ends it.
     Lose { wire_index: usize },
     /// A reply (or a transport error when `value` is `None`) for an id that is no
     /// longer open: an ended or cancelled RPC, or one never created.
-    DeadReply { target: DeadTarget, value: Option<ReplyValue> },
+    DeadReply {
+        target: DeadTarget,
+        value: Option<ReplyValue>,
+    },
     /// The driver reopens its socket: every RPC on the wire fails (transport) and none
     /// of their replies will come (rule 17).
     Reopen,
@@ -54,6 +65,23 @@ pub(crate) enum PromptChange {
     Grow { tokens: u32 },
     /// Another chain at the same token count (`shift` picks it among the others).
     Rechain { shift: u8 },
+}
+
+impl PromptChange {
+    /// The prompt after this change.
+    pub(crate) fn apply(self, prompt: Prompt) -> Prompt {
+        match self {
+            Self::Same => prompt,
+            Self::Grow { tokens } => Prompt {
+                num_tokens: (prompt.num_tokens + tokens).min(MAX_TOKENS),
+                ..prompt
+            },
+            Self::Rechain { shift } => Prompt {
+                chain: (prompt.chain + shift) % CHAINS,
+                ..prompt
+            },
+        }
+    }
 }
 
 /// What the fake server puts in a reply.
