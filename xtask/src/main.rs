@@ -14,12 +14,16 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Replay a Mooncake trace through a model of a vLLM-like engine and compare the
-    /// lookup modes sync, async, prefetch and prefetch+ (TTFT, queue wait, RPCs).
+    /// lookup modes sync, async, prefetch, prefetch+ and prefetch+wait (TTFT, queue wait,
+    /// RPCs).
     Simulate(Box<xtask::simulate::Args>),
+    /// Install the real test peers (Mooncake master, pyzmq) and run every test.
+    Test(xtask::test::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Simulate(args) => xtask::simulate::run(&args),
+        Task::Test(args) => xtask::test::run_tests(&args),
     }
 }

@@ -30,6 +30,8 @@ pub(crate) struct Connector {
     lookups: Lookups,
     dispatcher: Dispatcher,
     server: LookupServer,
+    /// Origin of the virtual clock: the core takes `Instant`s, so virtual nanoseconds
+    /// are offsets from this one reading (the simulator's only clock read).
     base: Instant,
     /// Replies the server will deliver: (time, rpc, hit tokens).
     replies: BinaryHeap<Reverse<(u64, RpcId, u32)>>,
@@ -122,6 +124,29 @@ impl Connector {
                 return Ok((answer, now));
             }
         }
+    }
+
+    /// `prefetch+wait`: the engine thread waits for `req`'s lookup until `deadline`
+    /// (ns) at the latest. Returns the answer and the time the wait ended: `Ready` at
+    /// the reply that made it ready, or `Pending` at `deadline` (a real driver cannot
+    /// know the reply will be late, so the whole budget is spent).
+    pub(crate) fn wait_ready_until(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        mut now: u64,
+        deadline: u64,
+        store: &ExternalStore,
+    ) -> (Probe, u64) {
+        while let Some(t) = self.next_event().filter(|&t| t <= deadline) {
+            now = now.max(t);
+            self.advance_to(now, store);
+            let answer = self.probe(req, num_computed_tokens, now, store);
+            if let Probe::Ready { .. } = answer {
+                return (answer, now);
+            }
+        }
+        (Probe::Pending, deadline.max(now))
     }
 
     /// Marks a request's own prefetch RPC as useless (its local hit reached the cap).

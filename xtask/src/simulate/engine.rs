@@ -355,8 +355,8 @@ fn route(trace: &[TraceRequest], engines: u32, router: Router) -> Vec<usize> {
 /// finished request (for a progress bar).
 ///
 /// # Errors
-/// A request that cannot fit a GPU's KV cache even alone (naming its 1-based index,
-/// the trace line); an invalid lookup configuration; a rate scale that is not a
+/// A request that cannot fit a GPU's KV cache even alone, or arrives later than 10^18
+/// ns (naming its 1-based position in the trace); an invalid lookup configuration; a rate scale that is not a
 /// finite positive number; no engine; a stalled simulation (a bug, reported rather
 /// than hung).
 pub fn simulate(
@@ -376,8 +376,9 @@ pub fn simulate(
         bail!("--engines, --max-num-batched-tokens and --max-num-seqs must be at least 1");
     }
     for (i, r) in trace.iter().enumerate() {
-        let need = blocks_for(r.input_length + r.output_length - 1);
-        if need > e.gpu_kv_blocks {
+        let positions = u64::from(r.input_length) + u64::from(r.output_length) - 1;
+        let need = positions.div_ceil(u64::from(TRACE_BLOCK_TOKENS));
+        if need > e.gpu_kv_blocks || positions > u64::from(u32::MAX) {
             bail!(
                 "request {} ({} input + {} output tokens) needs {need} KV blocks of {TRACE_BLOCK_TOKENS} tokens; \
                  a GPU has {} (--gpu-kv-blocks)",
@@ -385,6 +386,15 @@ pub fn simulate(
                 r.input_length,
                 r.output_length,
                 e.gpu_kv_blocks
+            );
+        }
+        // Virtual time is u64 nanoseconds: keep arrivals far from overflowing it.
+        if r.timestamp as f64 * 1e6 / params.rate_scale > 1e18 {
+            bail!(
+                "request {} arrives at {} ms, beyond what the simulator's clock holds at rate scale {}",
+                i + 1,
+                r.timestamp,
+                params.rate_scale
             );
         }
     }
@@ -412,7 +422,6 @@ pub fn simulate(
 
 /// What the engines share: the trace, the requests' states, the external store.
 struct World<'a> {
-    trace: &'a [TraceRequest],
     p: &'a SimParams,
     mode: Mode,
     arrival_ns: Vec<u64>,
@@ -458,7 +467,6 @@ impl<'a> World<'a> {
             })
             .collect();
         Self {
-            trace,
             p,
             mode,
             arrival_ns,
@@ -636,7 +644,7 @@ impl Engine {
     fn act(&mut self, now: u64, w: &mut World<'_>, on_finished: &dyn Fn()) -> anyhow::Result<()> {
         match self.state {
             State::Done => Ok(()),
-            State::Top => self.top(w, on_finished),
+            State::Top => self.top(w),
             State::Wait { until } if now < until => {
                 // Something happens while the thread waits: a reply, or a new request
                 // (handled at once while waiting for output, by default, or when idle).
@@ -668,7 +676,7 @@ impl Engine {
     }
 
     /// One turn of the engine loop at the engine's clock.
-    fn top(&mut self, w: &mut World<'_>, on_finished: &dyn Fn()) -> anyhow::Result<()> {
+    fn top(&mut self, w: &mut World<'_>) -> anyhow::Result<()> {
         if self.unfinished == 0 {
             self.state = State::Done;
             return Ok(());
@@ -710,7 +718,6 @@ impl Engine {
                 Ok(())
             }
             None => {
-                let _ = on_finished;
                 bail!(
                     "{} mode stalled at {:.3} s with {} requests waiting and {} running \
                      (KV cache held by requests that cannot proceed)",
@@ -906,6 +913,21 @@ impl Engine {
                             why.not_prefetched += 1;
                         }
                     }
+                    if answer == Probe::Pending && w.mode == Mode::PrefetchWait {
+                        // Its lookup is queued or on the wire (a Pending probe always
+                        // leaves one): a short wait beats deferring a whole step.
+                        let deadline = now + nanos(w.p.lookup.wait_budget_s);
+                        let (ready, at) = self.conn.wait_ready_until(
+                            &w.reqs[idx].core,
+                            local_tokens,
+                            now,
+                            deadline,
+                            &w.store,
+                        );
+                        self.blocked_ns += at - now;
+                        now = at;
+                        answer = ready;
+                    }
                     if answer == Probe::Pending {
                         if w.mode == Mode::Sync {
                             let (ready, at) = self.conn.wait_ready(
@@ -1063,6 +1085,5 @@ impl Engine {
                 on_finished();
             }
         }
-        let _ = w.trace;
     }
 }

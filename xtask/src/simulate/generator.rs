@@ -9,9 +9,8 @@
 //! - every request starts with block id 0 (a shared system prompt);
 //! - 38.7 % of requests continue an earlier request (share more than that first
 //!   block): the earlier request is picked by how long ago it arrived (median 147 s),
-//!   the follow-up's length has its own distribution (median 20 blocks, 90th
-//!   percentile 57), and the reused leading part of the earlier chain is most of the
-//!   new prompt (median 80 %, at most the earlier chain);
+//!   the follow-up reuses a leading part of its chain (median 92 % of it) and adds a
+//!   few new blocks (median 2, 90th percentile 20);
 //! - the others are new conversations (median 11 blocks, 90th percentile 50, max 247);
 //! - output lengths: median 350 tokens, 99th percentile 1,120, max 2,000.
 
@@ -24,6 +23,8 @@ use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
 const BATCH_INTERVAL_MS: u64 = 3_000;
 /// Mean requests per batch.
 const BATCH_MEAN: f64 = 10.2;
+/// Longest prompt of the trace, in blocks (126,195 tokens).
+const MAX_BLOCKS: usize = 247;
 /// Share of requests that continue an earlier one.
 const FOLLOW_UP: f64 = 0.387;
 /// Quantile points `(p, value)`.
@@ -50,27 +51,27 @@ const FOLLOW_UP_AGE_S: Quantiles = [
     (0.99, 1_791.0),
     (1.0, 3_210.0),
 ];
-/// Blocks of a follow-up's prompt.
-const FOLLOW_UP_BLOCKS: Quantiles = [
-    (0.0, 2.0),
-    (0.1, 5.0),
-    (0.25, 9.0),
-    (0.5, 20.0),
-    (0.75, 35.0),
-    (0.9, 57.0),
-    (0.99, 155.0),
-    (1.0, 241.0),
-];
-/// Reused blocks / blocks of the follow-up.
-const REUSED_OF_NEW: Quantiles = [
-    (0.0, 0.02),
-    (0.1, 0.29),
-    (0.25, 0.52),
-    (0.5, 0.80),
-    (0.75, 0.93),
-    (0.9, 0.97),
+/// Reused blocks / blocks of the continued request.
+const REUSED_OF_SOURCE: Quantiles = [
+    (0.0, 0.01),
+    (0.1, 0.37),
+    (0.25, 0.75),
+    (0.5, 0.92),
+    (0.75, 0.96),
+    (0.9, 0.98),
     (0.99, 1.0),
     (1.0, 1.0),
+];
+/// New blocks a follow-up adds after the reused part.
+const FOLLOW_UP_NEW_BLOCKS: Quantiles = [
+    (0.0, 0.0),
+    (0.1, 1.0),
+    (0.25, 2.0),
+    (0.5, 2.0),
+    (0.75, 7.0),
+    (0.9, 20.0),
+    (0.99, 53.0),
+    (1.0, 186.0),
 ];
 /// Output tokens.
 const OUTPUT_TOKENS: Quantiles = [
@@ -137,10 +138,11 @@ pub fn generate(seed: u64, num_requests: usize) -> Vec<TraceRequest> {
                     let idx = out.partition_point(|r| r.timestamp <= target);
                     if idx > 0 {
                         let src = &out[idx - 1].hash_ids;
-                        let n = sample(&mut rng, &FOLLOW_UP_BLOCKS, true).round().max(2.0) as usize;
-                        let r = sample(&mut rng, &REUSED_OF_NEW, false);
-                        let k = ((n as f64 * r).round() as usize)
-                            .clamp(2.min(src.len()), src.len().min(n));
+                        let f = sample(&mut rng, &REUSED_OF_SOURCE, false);
+                        let k = ((src.len() as f64 * f).round() as usize)
+                            .clamp(2.min(src.len()), src.len());
+                        let extra = sample(&mut rng, &FOLLOW_UP_NEW_BLOCKS, false).round() as usize;
+                        let n = (k + extra).clamp(2, MAX_BLOCKS.max(k));
                         let mut ids = src[..k].to_vec();
                         while ids.len() < n {
                             ids.push(next_id);

@@ -1,6 +1,8 @@
-//! `cargo xtask simulate`: replays a Mooncake trace through a model of a vLLM-like
-//! engine with the real `lookup-core` connector on a virtual clock, in the lookup
-//! modes `sync`, `async`, `prefetch` and `prefetch+`, side by side.
+//! `cargo xtask simulate`: replays a Mooncake trace through a model of vLLM-like
+//! engines (four data-parallel replicas by default, sharing one external store), each
+//! with the real `lookup-core` connector on a virtual clock, in the lookup modes
+//! `sync`, `async`, `prefetch` and `prefetch+`, side by side. `xtask/SIMULATE.md`
+//! explains the output.
 //!
 //! Modules: [`trace`] (JSONL input), [`generator`] (the embedded default trace),
 //! [`engine`] (the discrete-event engine model and its cost model), `store` (GPU
@@ -41,7 +43,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "sync,async,prefetch,prefetch+"
+        default_value = "sync,async,prefetch,prefetch+,prefetch+wait"
     )]
     pub modes: Vec<Mode>,
     /// Replay only the first N requests.
@@ -94,6 +96,9 @@ pub struct Args {
     /// `lookup_timeout_s` (seconds).
     #[arg(long, default_value_t = LookupParams::default().timeout_s)]
     pub lookup_timeout_s: f64,
+    /// `prefetch+wait`: longest wait for a lookup already queued or on the wire (ms).
+    #[arg(long, default_value_t = LookupParams::default().wait_budget_s * 1e3)]
+    pub wait_budget_ms: f64,
 
     /// Engines (data-parallel replicas, one GPU each) sharing the external store.
     #[arg(long, default_value_t = EngineParams::default().engines)]
@@ -161,6 +166,7 @@ impl Args {
             ("--server-jitter-ms", self.server_jitter_ms),
             ("--prefetch-ttl-s", self.prefetch_ttl_s),
             ("--lookup-timeout-s", self.lookup_timeout_s),
+            ("--wait-budget-ms", self.wait_budget_ms),
             ("--step-fixed-ms", self.step_fixed_ms),
             ("--prefill-token-us", self.prefill_token_us),
             ("--prefill-pair-ns", self.prefill_pair_ns),
@@ -221,6 +227,7 @@ impl Args {
                 prefetch_limit: self.prefetch_limit,
                 prefetch_ttl_s: self.prefetch_ttl_s,
                 timeout_s: self.lookup_timeout_s,
+                wait_budget_s: self.wait_budget_ms / 1e3,
             },
             rate_scale: self.rate_scale,
             seed: self.seed,

@@ -30,11 +30,24 @@ pub enum Mode {
     #[value(name = "prefetch+")]
     #[serde(rename = "prefetch+")]
     PrefetchPlus,
+    /// `prefetch+`, and a probe answered `Pending` waits for its lookup (queued or on
+    /// the wire) up to `--wait-budget-ms` on the engine thread before the request is
+    /// deferred: a deferral costs a whole step (up to a 250 ms prefill chunk), the wait
+    /// at most the budget.
+    #[value(name = "prefetch+wait")]
+    #[serde(rename = "prefetch+wait")]
+    PrefetchWait,
 }
 
 impl Mode {
     /// All modes, in report order.
-    pub const ALL: [Self; 4] = [Self::Sync, Self::Async, Self::Prefetch, Self::PrefetchPlus];
+    pub const ALL: [Self; 5] = [
+        Self::Sync,
+        Self::Async,
+        Self::Prefetch,
+        Self::PrefetchPlus,
+        Self::PrefetchWait,
+    ];
 
     /// The name used on the command line and in reports.
     #[must_use]
@@ -44,6 +57,7 @@ impl Mode {
             Self::Async => "async",
             Self::Prefetch => "prefetch",
             Self::PrefetchPlus => "prefetch+",
+            Self::PrefetchWait => "prefetch+wait",
         }
     }
 
@@ -60,7 +74,7 @@ impl Mode {
             Self::Sync => (false, 0, false),
             Self::Async => (true, 0, false),
             Self::Prefetch => (true, lookup.prefetch_limit, false),
-            Self::PrefetchPlus => (true, lookup.prefetch_limit, true),
+            Self::PrefetchPlus | Self::PrefetchWait => (true, lookup.prefetch_limit, true),
         };
         c.lookup_async = lookup_async;
         c.lookup_prefetch_limit = limit;
@@ -88,6 +102,10 @@ pub struct LookupParams {
     pub prefetch_ttl_s: f64,
     /// `lookup_timeout_s` (seconds). Default 5.0, the spec's default.
     pub timeout_s: f64,
+    /// `prefetch+wait`: longest the engine thread waits for a probe's lookup already
+    /// queued or on the wire (seconds). Default 0.005: about four lookups of the
+    /// modelled server (1.3 ms each), well below one decode step (10-20 ms).
+    pub wait_budget_s: f64,
 }
 
 impl Default for LookupParams {
@@ -96,6 +114,7 @@ impl Default for LookupParams {
             prefetch_limit: 32,
             prefetch_ttl_s: 2.0,
             timeout_s: 5.0,
+            wait_budget_s: 0.005,
         }
     }
 }

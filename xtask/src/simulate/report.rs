@@ -280,12 +280,16 @@ pub fn plot_cdf(results: &[ModeResult], path: &Path) -> anyhow::Result<()> {
         let colours = [RED, BLUE, GREEN, MAGENTA];
         for (i, (mode, pts)) in curves.iter().enumerate() {
             let colour = colours[i % colours.len()];
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), colour.stroke_width(2)))?
+            let style = colour.stroke_width(2);
+            // prefetch+ often coincides with prefetch: dashed, so both stay visible.
+            let series = if *mode == Mode::PrefetchPlus {
+                chart.draw_series(DashedLineSeries::new(pts.iter().copied(), 8, 6, style))?
+            } else {
+                chart.draw_series(LineSeries::new(pts.iter().copied(), style))?
+            };
+            series
                 .label(mode.name())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         }
         chart
             .configure_series_labels()

@@ -40,7 +40,7 @@ impl TraceRequest {
 #[non_exhaustive]
 pub enum TraceError {
     /// I/O error reading the file (caller's environment).
-    #[error("cannot read trace {path}: {source}")]
+    #[error("cannot read trace {path}")]
     Io {
         /// The file.
         path: String,
@@ -49,10 +49,12 @@ pub enum TraceError {
     },
     /// The line is not a JSON object with the four fields of the expected types
     /// (bad input).
-    #[error("line {line}: not a trace record ({why})")]
+    #[error("line {line}, column {column}: not a trace record ({why})")]
     Json {
         /// 1-based line number.
         line: usize,
+        /// 1-based column where parsing failed (0 when unknown).
+        column: usize,
         /// The parser's message.
         why: String,
     },
@@ -104,9 +106,15 @@ pub fn parse_jsonl<R: BufRead>(reader: R) -> Result<Vec<TraceRequest>, TraceErro
         if text.trim().is_empty() {
             continue;
         }
-        let req: TraceRequest = serde_json::from_str(&text).map_err(|e| TraceError::Json {
-            line: line_no,
-            why: e.to_string(),
+        let req: TraceRequest = serde_json::from_str(&text).map_err(|e| {
+            // serde_json appends its own position within the line: drop it.
+            let full = e.to_string();
+            let suffix = format!(" at line {} column {}", e.line(), e.column());
+            TraceError::Json {
+                line: line_no,
+                column: e.column(),
+                why: full.strip_suffix(&suffix).unwrap_or(&full).to_string(),
+            }
         })?;
         let invalid = |why: String| TraceError::Invalid { line: line_no, why };
         if req.input_length == 0 {
