@@ -277,12 +277,19 @@ pub fn plot_cdf(results: &[ModeResult], path: &Path) -> anyhow::Result<()> {
             .x_desc("TTFT (s, log scale)")
             .y_desc("fraction of requests")
             .draw()?;
-        let colours = [RED, BLUE, GREEN, MAGENTA];
-        for (i, (mode, pts)) in curves.iter().enumerate() {
-            let colour = colours[i % colours.len()];
+        for (mode, pts) in curves {
+            // One colour per mode, whatever subset is drawn.
+            let colour = match mode {
+                Mode::Sync => RED,
+                Mode::Async => BLUE,
+                Mode::Prefetch => GREEN,
+                Mode::PrefetchPlus => MAGENTA,
+                Mode::PrefetchWait => BLACK,
+            };
             let style = colour.stroke_width(2);
-            // prefetch+ often coincides with prefetch: dashed, so both stay visible.
-            let series = if *mode == Mode::PrefetchPlus {
+            // prefetch+ often coincides with prefetch, and prefetch+wait with sync:
+            // dashed, so both stay visible.
+            let series = if matches!(mode, Mode::PrefetchPlus | Mode::PrefetchWait) {
                 chart.draw_series(DashedLineSeries::new(pts.iter().copied(), 8, 6, style))?
             } else {
                 chart.draw_series(LineSeries::new(pts.iter().copied(), style))?
