@@ -95,6 +95,15 @@ impl Dispatcher {
             }
             Command::Cancel { rpc_id } => {
                 self.queued.remove(&rpc_id);
+                // Cancelled ids stay in the queues until reached; compact once they
+                // outnumber live entries, so a hung wire cannot grow them unbounded.
+                let ids = self.resets.len() + self.awaited.len() + self.prefetch.len();
+                if ids > 2 * self.queued.len() + 64 {
+                    let queued = &self.queued;
+                    for q in [&mut self.resets, &mut self.awaited, &mut self.prefetch] {
+                        q.retain(|id| queued.contains_key(id));
+                    }
+                }
             }
         }
     }
@@ -155,6 +164,13 @@ impl Dispatcher {
     #[must_use]
     pub fn queued(&self) -> usize {
         self.queued.len()
+    }
+
+    /// Ids held in the send queues, cancelled ones not yet compacted included (bounded
+    /// by twice the live entries plus 64).
+    #[must_use]
+    pub fn queued_ids(&self) -> usize {
+        self.resets.len() + self.awaited.len() + self.prefetch.len()
     }
 
     /// True when an RPC is queued and the wire has room for it.

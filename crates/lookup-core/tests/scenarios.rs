@@ -631,3 +631,26 @@ fn backlog_limit_refuses_prefetch_but_never_probes() {
     assert_eq!(h.probe(&req(4, 32, &[40, 41]), 0), Probe::Pending);
     assert_eq!(h.lookups.stats().lookups_probe, 1);
 }
+
+#[test]
+fn dispatcher_queues_stay_bounded_while_the_wire_is_hung() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.max_in_flight = 1;
+    let mut h = Harness::new(c);
+    h.arrive(&req(1, 32, &[1, 2])); // on the wire, never answered
+    for i in 2..10_000 {
+        let r = req(i, 32, &[i * 10, i * 10 + 1]);
+        h.arrive(&r);
+        h.lookups.on_finished(r.request_id);
+        h.pump();
+    }
+    assert_eq!(h.dispatcher.queued(), 0);
+    assert!(
+        h.dispatcher.queued_ids() <= 64,
+        "{}",
+        h.dispatcher.queued_ids()
+    );
+    assert_eq!(h.lookups.stats().rpcs_cancelled, 9_998);
+}

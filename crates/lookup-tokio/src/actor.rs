@@ -7,6 +7,10 @@
 //! "Transport"), keeps one deadline per RPC on the wire in one ordered set with one
 //! re-armed [`Sleep`], and reports every outcome back as a [`Completion`]. It never
 //! touches the lifecycle state: that lives with the handle.
+//!
+//! Each command comes with the handle's tracing span of its lookup, so that the
+//! actor's `rpc` span and its warnings sit under the lookup's request id. It keeps
+//! the wire gauge and the reopen counters of [`crate::metrics`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -22,7 +26,10 @@ use lookup_core::{Command, Dispatcher, Outgoing, Reply, RpcBody, RpcFailure, Rpc
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
+use tracing::Span;
 use tracing::field::Empty;
+
+use crate::metrics::{ActorMetrics, ReopenReason};
 
 /// Bytes of the RPC-id envelope frame: the core's `RpcId`, u64 big-endian.
 const RPC_ID_BYTES: usize = 8;
@@ -30,6 +37,10 @@ const RPC_ID_BYTES: usize = 8;
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// Longest wait between two attempts to open a socket after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What the handle sends the actor: a command of the core, and the span of the lookup
+/// it belongs to ([`Span::none`] for others, or when debug tracing is off).
+pub(crate) type ToActor = (Command, Span);
 
 /// What the actor reports to the handle, in the order it happened.
 #[derive(Debug)]
@@ -114,31 +125,44 @@ struct OnWire {
     deadline: Instant,
     sent_at: Instant,
     is_reset: bool,
-    span: tracing::Span,
+    span: Span,
 }
 
-/// Logs a warning of each kind at most once per [`WARN_EVERY`], with the number of
-/// warnings of that kind suppressed since (STYLE.md rule 11).
-#[derive(Default)]
-struct WarnLimiter {
+/// Logs a warning of each kind at most once per [`WARN_EVERY`] (the first at once),
+/// with the number of warnings of that kind suppressed since, so that a dead server
+/// or a hostile peer cannot flood the log (STYLE.md rule 11; `spec/behaviour.md`
+/// rule 11: failures are logged once per kind).
+#[derive(Debug, Default)]
+pub(crate) struct WarnLimiter {
     last: HashMap<&'static str, (Instant, u64)>,
 }
 
 impl WarnLimiter {
-    fn warn(&mut self, kind: &'static str, now: Instant, message: fmt::Arguments<'_>) {
+    /// Whether a warning of `kind` is due at `now`: `Some(suppressed since the last
+    /// one)` when it is, `None` (and one more suppressed) when not.
+    fn admit(&mut self, kind: &'static str, now: Instant) -> Option<u64> {
         match self.last.get_mut(kind) {
             Some((at, suppressed)) if now.saturating_duration_since(*at) < WARN_EVERY => {
                 *suppressed += 1;
+                None
             }
             Some((at, suppressed)) => {
-                tracing::warn!(kind, suppressed = *suppressed, "{message}");
                 *at = now;
-                *suppressed = 0;
+                Some(std::mem::take(suppressed))
             }
             None => {
-                tracing::warn!(kind, "{message}");
                 self.last.insert(kind, (now, 0));
+                Some(0)
             }
+        }
+    }
+
+    /// Logs `message` as a warning of `kind` if one is due at `now`.
+    pub(crate) fn warn(&mut self, kind: &'static str, now: Instant, message: fmt::Arguments<'_>) {
+        match self.admit(kind, now) {
+            Some(0) => tracing::warn!(kind, "{message}"),
+            Some(suppressed) => tracing::warn!(kind, suppressed, "{message}"),
+            None => {}
         }
     }
 }
@@ -146,7 +170,7 @@ impl WarnLimiter {
 /// What woke the actor.
 enum Wake {
     Cancelled,
-    Command(Option<Command>),
+    Command(Option<ToActor>),
     Message(Option<tmq::Result<tmq::Multipart>>),
     Timer,
 }
@@ -163,7 +187,9 @@ pub(crate) struct Actor {
     /// Set while there is no socket: when to try opening one again.
     reopen_at: Option<Instant>,
     backoff: Duration,
-    commands: UnboundedReceiver<Command>,
+    commands: UnboundedReceiver<ToActor>,
+    /// Spans of lookups queued in the dispatcher (only those with tracing on).
+    spans: HashMap<RpcId, Span>,
     completions: UnboundedSender<Completion>,
     /// [`Completion::Sent`] only: the handle drains it without ever waiting on it, so
     /// a send does not wake a probe that waits for the reply.
@@ -174,6 +200,7 @@ pub(crate) struct Actor {
     /// The instant `sleep` is armed for; `None` when disarmed or after it fired.
     armed: Option<Instant>,
     warn: WarnLimiter,
+    metrics: ActorMetrics,
 }
 
 impl Actor {
@@ -185,7 +212,7 @@ impl Actor {
         dispatcher: Dispatcher,
         context: tmq::Context,
         socket: tmq::dealer::Dealer,
-        commands: UnboundedReceiver<Command>,
+        commands: UnboundedReceiver<ToActor>,
         completions: UnboundedSender<Completion>,
         sends: UnboundedSender<Completion>,
         cancel: CancellationToken,
@@ -203,6 +230,7 @@ impl Actor {
             reopen_at: None,
             backoff,
             commands,
+            spans: HashMap::new(),
             completions,
             sends,
             cancel,
@@ -210,6 +238,7 @@ impl Actor {
             sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
             armed: None,
             warn: WarnLimiter::default(),
+            metrics: ActorMetrics::new(),
         }
     }
 
@@ -230,10 +259,10 @@ impl Actor {
             match wake {
                 Wake::Cancelled | Wake::Command(None) => break,
                 Wake::Command(Some(command)) => {
-                    self.dispatcher.push(command);
+                    self.take(command);
                     // Take everything already queued, so one turn sends a whole batch.
                     while let Ok(command) = self.commands.try_recv() {
-                        self.dispatcher.push(command);
+                        self.take(command);
                     }
                 }
                 Wake::Message(Some(Ok(message))) => self.on_message(message, now),
@@ -266,6 +295,20 @@ impl Actor {
         // Linger 0: dropping the socket discards unsent and unanswered messages at once.
         drop(self.socket.take());
         tracing::debug!(on_wire = open, "lookup actor stopped");
+    }
+
+    /// Queues one command of the handle, keeping its span until the RPC is sent.
+    fn take(&mut self, (command, span): ToActor) {
+        match &command {
+            Command::Send { rpc_id, .. } if !span.is_disabled() => {
+                self.spans.insert(*rpc_id, span);
+            }
+            Command::Cancel { rpc_id } => {
+                self.spans.remove(rpc_id);
+            }
+            _ => {}
+        }
+        self.dispatcher.push(command);
     }
 
     /// Fails every RPC whose deadline passed and retries a failed socket open.
@@ -303,7 +346,7 @@ impl Actor {
             if k > 0 && self.consecutive_timeouts >= k {
                 // A serial (REP) server stuck on one request would be fed the backlog
                 // behind it; a fresh connection starts clean (rule 17).
-                self.reopen(now);
+                self.reopen_except(now, None, ReopenReason::Timeouts);
             }
         }
         if self.reopen_at.is_some_and(|at| at <= now) {
@@ -325,13 +368,17 @@ impl Actor {
     /// Writes one released RPC. False when cancelled mid-send.
     async fn send(&mut self, out: Outgoing, now: Instant) -> bool {
         let Outgoing { rpc_id, body } = out;
+        // The lookup's span (request id, origin, prompt) is the parent; without one
+        // (a reset, or tracing off) this span is a root.
+        let parent = self.spans.remove(&rpc_id).unwrap_or_else(Span::none);
         let (frames, span) = match &body {
             RpcBody::Lookup {
                 num_tokens,
                 block_hashes,
             } => {
                 let span = tracing::debug_span!(
-                    "lookup",
+                    parent: &parent,
+                    "rpc",
                     rpc_id = rpc_id.0,
                     num_tokens,
                     blocks = block_hashes.len(),
@@ -349,6 +396,7 @@ impl Actor {
             }
             RpcBody::Reset => {
                 let span = tracing::debug_span!(
+                    parent: &parent,
                     "reset",
                     rpc_id = rpc_id.0,
                     outcome = Empty,
@@ -358,7 +406,7 @@ impl Actor {
                     Ok(frames) => {
                         // Lookups on the wire were all discarded by the reset; a fresh
                         // socket keeps a serial server from answering them first.
-                        self.reopen_except(now, Some(rpc_id));
+                        self.reopen_except(now, Some(rpc_id), ReopenReason::Reset);
                         (frames, span)
                     }
                     Err(error) => {
@@ -412,6 +460,10 @@ impl Actor {
                         span,
                     },
                 );
+                if !is_reset {
+                    // Before the report, so a handle that sees the send sees the gauge.
+                    self.metrics.lookup_on_wire();
+                }
                 self.report(Completion::Sent { rpc_id, at: now });
             }
             Ok(Err(error)) => {
@@ -438,7 +490,7 @@ impl Actor {
         true
     }
 
-    fn fail_unsent(&mut self, rpc_id: RpcId, span: &tracing::Span, now: Instant) {
+    fn fail_unsent(&mut self, rpc_id: RpcId, span: &Span, now: Instant) {
         self.dispatcher.on_done(rpc_id);
         span.record("outcome", "send_failed");
         self.report(Completion::Failed {
@@ -465,6 +517,7 @@ impl Actor {
         let rpc_id = RpcId(u64::from_be_bytes(id));
         let Some(entry) = self.on_wire.remove(&rpc_id) else {
             // Late (after its timeout or a reopen) or duplicated: never applied (rule 17).
+            self.metrics.late_reply();
             TransportCounters::bump(&self.counters.late_replies);
             tracing::debug!(rpc_id = rpc_id.0, "late reply dropped");
             return;
@@ -524,8 +577,11 @@ impl Actor {
         );
     }
 
-    /// Closes the span of an RPC that ended.
-    fn finish(&self, rpc_id: RpcId, entry: &OnWire, outcome: &'static str, now: Instant) {
+    /// Closes the span of an RPC that left the wire, and takes it off the gauge.
+    fn finish(&mut self, rpc_id: RpcId, entry: &OnWire, outcome: &'static str, now: Instant) {
+        if !entry.is_reset {
+            self.metrics.lookup_off_wire();
+        }
         let latency = now.saturating_duration_since(entry.sent_at);
         let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         entry.span.record("outcome", outcome);
@@ -533,17 +589,12 @@ impl Actor {
         tracing::debug!(parent: &entry.span, rpc_id = rpc_id.0, outcome, latency_us, "rpc ended");
     }
 
-    /// Drops the socket and opens a new one at once; every RPC on the old one fails
-    /// with [`RpcFailure::Transport`] (their replies can no longer arrive); queued ones
-    /// stay queued.
-    fn reopen(&mut self, now: Instant) {
-        self.reopen_except(now, None);
-    }
-
-    /// As [`reopen`](Self::reopen), but the RPC `keep` (a reset about to be written to
-    /// the new socket) is not failed.
-    fn reopen_except(&mut self, now: Instant, keep: Option<RpcId>) {
-        self.drop_socket(now, keep);
+    /// Drops the socket and opens a new one at once; every RPC on the old one except
+    /// `keep` (a reset about to be written to the new socket) fails with
+    /// [`RpcFailure::Transport`] (their replies can no longer arrive); queued ones stay
+    /// queued.
+    fn reopen_except(&mut self, now: Instant, keep: Option<RpcId>, reason: ReopenReason) {
+        self.drop_socket(now, keep, reason);
         self.open(now);
     }
 
@@ -551,12 +602,14 @@ impl Actor {
     /// which doubles per error until a reply arrives, so a socket that keeps failing
     /// costs a retry per backoff, never a busy loop.
     fn reopen_after_error(&mut self, now: Instant) {
-        self.drop_socket(now, None);
+        self.drop_socket(now, None, ReopenReason::Error);
         self.reopen_at = Some(now + self.backoff);
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
     }
 
-    fn drop_socket(&mut self, now: Instant, keep: Option<RpcId>) {
+    fn drop_socket(&mut self, now: Instant, keep: Option<RpcId>, reason: ReopenReason) {
+        // The metric first: a reader who sees the count sees the metric too.
+        self.metrics.reopened(reason);
         TransportCounters::bump(&self.counters.reopens);
         self.consecutive_timeouts = 0;
         drop(self.socket.take());
@@ -629,5 +682,28 @@ async fn next_message(
     match socket {
         Some(socket) => socket.next().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first warning of a kind goes out at once; the next ones within
+    /// [`WARN_EVERY`] are counted and reported with the next one due.
+    #[test]
+    fn warnings_are_rate_limited_per_kind() {
+        let mut limiter = WarnLimiter::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(limiter.admit("timeout", t0), Some(0));
+        assert_eq!(limiter.admit("timeout", t0 + ms(1)), None);
+        assert_eq!(limiter.admit("timeout", t0 + ms(9_999)), None);
+        // Another kind has its own budget.
+        assert_eq!(limiter.admit("malformed", t0 + ms(2)), Some(0));
+        assert_eq!(limiter.admit("timeout", t0 + WARN_EVERY), Some(2));
+        assert_eq!(limiter.admit("timeout", t0 + WARN_EVERY + ms(1)), None);
+        assert_eq!(limiter.admit("timeout", t0 + WARN_EVERY * 3), Some(1));
+        assert_eq!(limiter.admit("malformed", t0 + WARN_EVERY * 3), Some(0));
     }
 }

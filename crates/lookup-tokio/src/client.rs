@@ -1,6 +1,6 @@
 //! [`LookupClient`]: the handle a scheduler keeps (DESIGN.md, "lookup-tokio").
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -15,8 +15,13 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Span;
+use tracing::field::Empty;
 
-use crate::actor::{Actor, ActorConfig, Completion, TransportCounters, open_dealer};
+use crate::actor::{
+    Actor, ActorConfig, Completion, ToActor, TransportCounters, WarnLimiter, open_dealer,
+};
+use crate::metrics::{ClientMetrics, LookupEnd};
 use crate::{Endpoint, Error};
 
 /// Answer of a probe that can know nothing: no external tokens to load.
@@ -121,6 +126,15 @@ pub struct ClientStats {
 ///
 /// Dropping the client closes it.
 ///
+/// # Observability
+///
+/// Each lookup RPC gets a `lookup` span at debug level with `request_id` (of the
+/// request whose call created it), `rpc_id`, `origin`, `num_tokens`, `blocks`, and
+/// when it ends `outcome`, `hit_tokens`, `requests` (live requests it answered),
+/// `queue_wait_us` and `latency_us`; the I/O task's `rpc` span is its child. Failures
+/// are warned about at most once per 10 s per kind. Metrics go to the [`metrics`]
+/// recorder installed when the client connects (see [`crate::metrics`]).
+///
 /// ```
 /// use std::sync::Arc;
 /// use lookup_core::{BlockHashes, Probe, Request, RequestId};
@@ -154,7 +168,7 @@ pub struct ClientStats {
 #[derive(Debug)]
 pub struct LookupClient {
     core: Lookups,
-    commands: UnboundedSender<Command>,
+    commands: UnboundedSender<ToActor>,
     /// Replies and failures: what a waiting probe waits for.
     completions: UnboundedReceiver<Completion>,
     /// Sends only (`Completion::Sent`): drained, never waited on.
@@ -176,6 +190,20 @@ pub struct LookupClient {
     late_replies: u64,
     events_dropped: u64,
     waits_gave_up: u64,
+    /// The clock read of the current call.
+    clock: Instant,
+    /// Lookup RPCs queued or in flight: when each was submitted, and its span.
+    /// Bounded by the core's open RPCs; emptied on close.
+    open: HashMap<RpcId, OpenLookup>,
+    metrics: ClientMetrics,
+    warn: WarnLimiter,
+}
+
+/// What the handle keeps about one lookup RPC until it ends.
+#[derive(Debug)]
+struct OpenLookup {
+    submitted_at: Instant,
+    span: Span,
 }
 
 impl LookupClient {
@@ -252,6 +280,10 @@ impl LookupClient {
             late_replies: 0,
             events_dropped: 0,
             waits_gave_up: 0,
+            clock: Instant::now(),
+            open: HashMap::new(),
+            metrics: ClientMetrics::new(),
+            warn: WarnLimiter::default(),
         })
     }
 
@@ -295,7 +327,7 @@ impl LookupClient {
             self.progressed = false;
             while !self.progressed {
                 if now >= give_up {
-                    self.waits_gave_up += 1;
+                    self.gave_up(now);
                     return READY_ZERO;
                 }
                 let until = self.wake_at(give_up);
@@ -317,6 +349,7 @@ impl LookupClient {
     /// # Errors
     /// [`Error::BlockingInRuntime`] when called on a thread of a current-thread
     /// runtime (caller misuse); nothing is probed then.
+    #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
     pub fn probe_blocking(
         &mut self,
         req: &Request,
@@ -338,7 +371,7 @@ impl LookupClient {
             self.progressed = false;
             while !self.progressed {
                 if now >= give_up {
-                    self.waits_gave_up += 1;
+                    self.gave_up(now);
                     return Ok(READY_ZERO);
                 }
                 let until = self.wake_at(give_up);
@@ -389,6 +422,7 @@ impl LookupClient {
     ///
     /// # Errors
     /// [`Error::Closed`] after close.
+    #[tracing::instrument(level = "debug", skip_all)]
     pub async fn reset_and_wait(&mut self) -> Result<ResetOutcome, Error> {
         let rpc_id = self.reset().ok_or(Error::Closed)?;
         let mut now = Instant::now();
@@ -434,8 +468,7 @@ impl LookupClient {
     /// probes answer `Ready(0)`. Idempotent.
     #[tracing::instrument(level = "debug", skip_all)]
     pub fn close(&mut self) {
-        self.core.close();
-        self.cancel.cancel();
+        self.close_core();
         self.events.clear();
         self.expired.clear();
     }
@@ -497,6 +530,7 @@ impl LookupClient {
     /// due timeouts (call-order contract of [`Lookups`]).
     fn begin(&mut self) -> Instant {
         let now = Instant::now();
+        self.clock = now;
         loop {
             match self.completions.try_recv() {
                 // After close the core forgets every RPC: late reports are moot.
@@ -530,12 +564,11 @@ impl LookupClient {
     }
 
     /// As [`end`](Self::end) after a call about `request_id`: a lookup RPC created
-    /// now is that request's, which the log records, since the I/O actor's span of
-    /// the RPC only knows its id (STYLE.md rule 11).
+    /// now is that request's, so its span carries the request id (the core's command
+    /// does not; STYLE.md rule 11). Then the metrics follow the core's counters.
     fn end_for(&mut self, request_id: Option<RequestId>) {
         while let Some(command) = self.core.poll_transmit() {
-            if let (
-                Some(request_id),
+            let span = match &command {
                 Command::Send {
                     rpc_id,
                     priority,
@@ -545,37 +578,115 @@ impl LookupClient {
                             block_hashes,
                         },
                     ..
-                },
-            ) = (request_id, &command)
-            {
-                let origin = match priority {
-                    Priority::Awaited => Origin::Probe,
-                    Priority::Prefetch => Origin::Arrival,
-                };
-                tracing::debug!(
-                    request_id = request_id.0,
-                    rpc_id = rpc_id.0,
-                    ?origin,
-                    num_tokens,
-                    blocks = block_hashes.len(),
-                    "lookup submitted"
-                );
-            }
-            if self.commands.send(command).is_err() {
+                } => {
+                    // The core gives probe lookups the awaited priority, prefetches
+                    // the other; a promotion comes later as its own command.
+                    let origin = match priority {
+                        Priority::Awaited => Origin::Probe,
+                        Priority::Prefetch => Origin::Arrival,
+                    };
+                    let span = tracing::debug_span!(
+                        "lookup",
+                        request_id = request_id.map(|r| r.0),
+                        rpc_id = rpc_id.0,
+                        origin = origin_label(origin),
+                        num_tokens,
+                        blocks = block_hashes.len(),
+                        outcome = Empty,
+                        hit_tokens = Empty,
+                        requests = Empty,
+                        queue_wait_us = Empty,
+                        latency_us = Empty,
+                    );
+                    tracing::debug!(parent: &span, "lookup submitted");
+                    self.open.insert(
+                        *rpc_id,
+                        OpenLookup {
+                            submitted_at: self.clock,
+                            span: span.clone(),
+                        },
+                    );
+                    span
+                }
+                Command::Cancel { rpc_id } => {
+                    self.lookup_cancelled(*rpc_id, self.clock);
+                    Span::none()
+                }
+                _ => Span::none(),
+            };
+            if self.commands.send((command, span)).is_err() {
                 self.actor_gone();
                 break;
             }
         }
         self.collect_events(false);
+        let joined = self
+            .metrics
+            .sync(self.core.stats(), self.core.slots_in_use());
+        if let (Some(request_id), 1..) = (request_id, joined) {
+            tracing::debug!(
+                request_id = request_id.0,
+                "lookup joined an identical RPC already queued or in flight"
+            );
+        }
+    }
+
+    /// A lookup RPC was cancelled before it was sent (rule 9).
+    fn lookup_cancelled(&mut self, rpc_id: RpcId, now: Instant) {
+        if let Some(open) = self.open.remove(&rpc_id) {
+            let latency = now.saturating_duration_since(open.submitted_at);
+            self.metrics.lookup_ended(LookupEnd::Cancelled, latency);
+            record_end(&open.span, LookupEnd::Cancelled, None, 0, latency);
+        }
+    }
+
+    /// A lookup RPC ended (the core's [`Event::LookupDone`]).
+    fn lookup_done(
+        &mut self,
+        rpc_id: RpcId,
+        outcome: LookupOutcome,
+        requests: u32,
+        total: Duration,
+    ) {
+        let end = LookupEnd::of(outcome, requests);
+        self.metrics.lookup_ended(end, total);
+        if let Some(open) = self.open.remove(&rpc_id) {
+            let hit_tokens = match outcome {
+                LookupOutcome::Hit { hit_tokens } => Some(hit_tokens),
+                _ => None,
+            };
+            record_end(&open.span, end, hit_tokens, requests, total);
+        }
+    }
+
+    /// Rules 10-11: a sync-mode wait gave up and answers 0 external tokens.
+    fn gave_up(&mut self, now: Instant) {
+        self.waits_gave_up += 1;
+        self.warn.warn(
+            "wait_gave_up",
+            now,
+            format_args!(
+                "a sync-mode probe waited {:?} without an answer and loads nothing",
+                self.timeout + self.wait_margin
+            ),
+        );
     }
 
     fn apply(&mut self, completion: Completion) {
         match completion {
-            Completion::Sent { rpc_id, at } => self.core.handle_sent(rpc_id, at),
+            Completion::Sent { rpc_id, at } => {
+                if let Some(open) = self.open.get(&rpc_id) {
+                    let wait = at.saturating_duration_since(open.submitted_at);
+                    self.metrics.lookup_sent(wait);
+                    open.span.record("queue_wait_us", micros(wait));
+                }
+                self.core.handle_sent(rpc_id, at);
+            }
             Completion::Reply { rpc_id, reply, at } => {
                 self.progressed = true;
                 if self.expired.remove(&rpc_id) {
                     self.late_replies += 1;
+                    self.metrics.late_reply();
                 } else {
                     self.core.handle_reply(rpc_id, reply, at);
                 }
@@ -638,6 +749,16 @@ impl LookupClient {
 
     fn collect_events(&mut self, core_expiries: bool) {
         while let Some(event) = self.core.poll_event() {
+            match event {
+                Event::LookupDone {
+                    rpc_id,
+                    outcome,
+                    requests,
+                    total,
+                    ..
+                } => self.lookup_done(rpc_id, outcome, requests, total),
+                Event::ResetDone { outcome, .. } => self.metrics.reset_ended(outcome),
+            }
             if core_expiries {
                 match event {
                     Event::LookupDone {
@@ -683,14 +804,173 @@ impl LookupClient {
         self.progressed = true;
         if !self.core.is_closed() {
             tracing::error!("lookup I/O task ended; the client answers 0 hits from now on");
-            self.core.close();
-            self.cancel.cancel();
+            self.close_core();
         }
+    }
+
+    /// Closes the core and stops the actor; lookup RPCs still open end as cancelled
+    /// (rule 14) and the gauges drop this client's share.
+    fn close_core(&mut self) {
+        self.core.close();
+        self.cancel.cancel();
+        if !self.open.is_empty() {
+            let now = Instant::now();
+            let ids: Vec<RpcId> = self.open.keys().copied().collect();
+            for rpc_id in ids {
+                self.lookup_cancelled(rpc_id, now);
+            }
+        }
+        self.metrics
+            .sync(self.core.stats(), self.core.slots_in_use());
     }
 }
 
 impl Drop for LookupClient {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        self.close_core();
+    }
+}
+
+/// The `origin` label and span field of a lookup.
+fn origin_label(origin: Origin) -> &'static str {
+    match origin {
+        Origin::Arrival => "arrival",
+        Origin::Probe => "probe",
+    }
+}
+
+/// Microseconds, saturating (for span fields).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Records how a lookup RPC ended on its span, and logs it there.
+fn record_end(
+    span: &Span,
+    end: LookupEnd,
+    hit_tokens: Option<u32>,
+    requests: u32,
+    latency: Duration,
+) {
+    if span.is_disabled() {
+        return;
+    }
+    let latency_us = micros(latency);
+    span.record("outcome", end.as_str());
+    if let Some(hit_tokens) = hit_tokens {
+        span.record("hit_tokens", hit_tokens);
+    }
+    span.record("requests", requests);
+    span.record("latency_us", latency_us);
+    tracing::debug!(parent: span, outcome = end.as_str(), latency_us, "lookup ended");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::{Arc, Mutex};
+
+    use lookup_core::BlockHashes;
+    use tracing_subscriber::fmt::format::FmtSpan;
+
+    use super::*;
+    use crate::{InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
+
+    /// A log sink the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().expect("log lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// STYLE.md rule 11: the lookup's span names the request, its origin and prompt,
+    /// and when it ends the outcome and hit; the I/O task's `rpc` span is its child.
+    #[tokio::test(flavor = "current_thread")]
+    async fn lookup_span_carries_request_and_outcome() {
+        let logs = Captured::default();
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_span_events(FmtSpan::CLOSE)
+            .with_writer(move || sink.clone())
+            .finish();
+        // This thread runs the test, the server and the I/O task.
+        let _default = tracing::subscriber::set_default(subscriber);
+
+        let layout = KeyLayout::default();
+        let index = Arc::new(InMemoryIndex::new());
+        let block_hashes = BlockHashes::from_u64s(&[1, 2, 3]);
+        index.insert_chain(&layout, &block_hashes, 2);
+        let server = LookupServer::bind(
+            &"tcp://127.0.0.1:0".parse().expect("endpoint"),
+            ServerConfig::new(16, layout),
+            index,
+        )
+        .expect("bind");
+        let mut config = ClientConfig::new(server.local_endpoint().clone(), 16);
+        config.core.lookup_async = true;
+        config.core.lookup_prefetch_limit = 4;
+        let mut client = LookupClient::connect(config).expect("connect");
+        let req = Request {
+            request_id: RequestId(7),
+            num_tokens: 50,
+            block_hashes,
+            skip_reading_external_kv: false,
+        };
+        client.on_new_request(&req);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let answer = loop {
+            match client.probe(&req, 0) {
+                Probe::Pending => {
+                    assert!(Instant::now() < deadline, "no answer");
+                    client.wait_progress(Duration::from_millis(20)).await;
+                }
+                answer => break answer,
+            }
+        };
+        assert_eq!(
+            answer,
+            Probe::Ready {
+                external_tokens: 32,
+                load_async: true
+            }
+        );
+        client.on_finished(req.request_id);
+        client.shutdown().await;
+        server.shutdown().await;
+
+        let text = String::from_utf8(logs.0.lock().expect("log lock").clone()).expect("utf-8");
+        let closed = text
+            .lines()
+            .find(|l| l.contains(" lookup{") && l.contains("}: lookup_tokio::client: close "))
+            .unwrap_or_else(|| panic!("no closed lookup span in:\n{text}"));
+        for field in [
+            "request_id=7",
+            "rpc_id=1",
+            "origin=\"arrival\"",
+            "num_tokens=50",
+            "blocks=3",
+            "outcome=\"hit\"",
+            "hit_tokens=32",
+            "requests=1",
+            "queue_wait_us=",
+            "latency_us=",
+        ] {
+            assert!(closed.contains(field), "{field} missing from: {closed}");
+        }
+        assert!(
+            text.lines()
+                .any(|l| l.contains("lookup{request_id=7") && l.contains("}:rpc{rpc_id=1")),
+            "no rpc span under the lookup span in:\n{text}"
+        );
     }
 }

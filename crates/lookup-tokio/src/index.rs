@@ -39,8 +39,18 @@ pub enum IndexError {
     /// The store was reached and answered with an error of its own.
     #[error("store error: {0}")]
     Store(String),
+    /// The store cannot do what was asked at all (for example a reset on a store
+    /// whose client has no way to remove every key); asking again will not help.
+    #[error("{operation} is not supported by this index: {why}")]
+    Unsupported {
+        /// The operation refused (`"reset"`).
+        operation: &'static str,
+        /// Why, for the log.
+        why: &'static str,
+    },
     /// Index protocol violation: an existence answer with a different number of flags
-    /// than keys asked about. Raised by the server when it checks an answer.
+    /// than keys asked about. Raised where an answer is checked (the default
+    /// [`BlockIndex::leading_blocks`]).
     #[error("the index answered {got} existence flags for {expected} keys")]
     AnswerCount {
         /// Keys asked about.
@@ -72,11 +82,51 @@ pub trait BlockIndex: Send + Sync {
     /// # Errors
     /// [`IndexError`] when the store could not be wiped; the server answers `0x00`.
     fn clear(&self) -> IndexFuture<'_, ()>;
+
+    /// The number of leading blocks whose every key exists, for `keys` laid out
+    /// block-major with `keys_per_block` keys per block (one per rank namespace, as
+    /// [`KeyLayout::chain_keys`] builds them): the first block with a missing key ends
+    /// the run (`spec/wire.md`, "What the server computes", steps 2-3). A trailing
+    /// partial block never counts; `keys_per_block == 0` gives 0. The server asks this
+    /// once per lookup.
+    ///
+    /// The default asks [`exists`](Self::exists) once for every key and counts the
+    /// run. An index that can stop asking once the run has ended (a store whose
+    /// existence answers have side effects or cost per key, such as Mooncake's read
+    /// leases) overrides it; it must still answer from one logical existence query.
+    ///
+    /// # Errors
+    /// As [`exists`](Self::exists), and [`IndexError::AnswerCount`] when `exists`
+    /// answers a different number of flags than keys.
+    fn leading_blocks<'a>(
+        &'a self,
+        keys_per_block: usize,
+        keys: &'a [String],
+    ) -> IndexFuture<'a, usize> {
+        Box::pin(async move {
+            let flags = self.exists(keys).await?;
+            if flags.len() != keys.len() {
+                return Err(IndexError::AnswerCount {
+                    expected: keys.len(),
+                    got: flags.len(),
+                });
+            }
+            Ok(crate::server::leading_run(&flags, keys_per_block))
+        })
+    }
 }
 
 impl<T: BlockIndex + ?Sized> BlockIndex for Arc<T> {
     fn exists<'a>(&'a self, keys: &'a [String]) -> IndexFuture<'a, Vec<bool>> {
         (**self).exists(keys)
+    }
+
+    fn leading_blocks<'a>(
+        &'a self,
+        keys_per_block: usize,
+        keys: &'a [String],
+    ) -> IndexFuture<'a, usize> {
+        (**self).leading_blocks(keys_per_block, keys)
     }
 
     fn clear(&self) -> IndexFuture<'_, ()> {
@@ -537,6 +587,17 @@ impl<I: BlockIndex> BlockIndex for DelayedIndex<I> {
             self.inner.clear().await
         })
     }
+
+    fn leading_blocks<'a>(
+        &'a self,
+        keys_per_block: usize,
+        keys: &'a [String],
+    ) -> IndexFuture<'a, usize> {
+        Box::pin(async move {
+            tokio::time::sleep(self.latency).await;
+            self.inner.leading_blocks(keys_per_block, keys).await
+        })
+    }
 }
 
 #[cfg(test)]
@@ -673,6 +734,23 @@ mod tests {
         index.insert("e");
         assert_eq!(index.len(), 2);
         assert_eq!(index.evictions(), 2);
+    }
+
+    #[tokio::test]
+    async fn default_leading_blocks_counts_whole_blocks_through_wrappers() {
+        let index = InMemoryIndex::new();
+        for key in ["a0", "a1", "b0", "c0", "c1"] {
+            index.insert(key);
+        }
+        let keys: Vec<String> = ["a0", "a1", "b0", "b1", "c0", "c1"]
+            .map(String::from)
+            .into();
+        assert_eq!(index.leading_blocks(2, &keys).await.unwrap(), 1);
+        assert_eq!(index.leading_blocks(1, &keys).await.unwrap(), 3);
+        assert_eq!(index.leading_blocks(0, &keys).await.unwrap(), 0);
+        let wrapped: Arc<dyn BlockIndex> =
+            Arc::new(DelayedIndex::new(index, Duration::from_millis(1)));
+        assert_eq!(wrapped.leading_blocks(2, &keys[..3]).await.unwrap(), 1);
     }
 
     #[tokio::test]

@@ -9,6 +9,8 @@ mod client;
 mod endpoint;
 mod error;
 mod index;
+pub mod metrics;
+mod mooncake;
 mod server;
 
 pub use client::{ClientConfig, ClientStats, LookupClient};
@@ -17,6 +19,9 @@ pub use error::Error;
 pub use index::{
     BlockIndex, DelayedIndex, InMemoryIndex, IndexError, IndexFuture, KeyLayout, RankNamespace,
 };
+pub use mooncake::{MooncakeIndex, MooncakeIndexStats};
+/// The Mooncake master client behind [`MooncakeIndex`] (its configuration and errors).
+pub use mooncake_master;
 pub use server::{
     DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, LookupServer, ServerConfig, ServerStats,
     blocks_to_check, hit_tokens, leading_run,

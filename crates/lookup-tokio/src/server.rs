@@ -179,7 +179,8 @@ pub struct ServerStats {
     pub requests: u64,
     /// Well-formed lookups, in either format.
     pub lookups: u64,
-    /// Keys asked about in index calls (blocks × namespaces, summed).
+    /// Keys asked about in index calls (blocks × namespaces, summed). An index that
+    /// stops once the leading run has ended may send fewer to its store.
     pub keys_checked: u64,
     /// Hit tokens answered, summed (tokens).
     pub hit_tokens: u64,
@@ -274,6 +275,8 @@ struct Shared {
     layout: KeyLayout,
     index: Arc<dyn BlockIndex>,
     counters: Arc<Counters>,
+    /// Handles of `crate::metrics` (no-ops without a recorder at bind).
+    metrics: crate::metrics::ServerMetrics,
 }
 
 impl LookupServer {
@@ -359,6 +362,7 @@ impl LookupServer {
             layout: config.layout,
             index,
             counters: Arc::clone(&counters),
+            metrics: crate::metrics::ServerMetrics::new(),
         });
         let (stop, stopped) = oneshot::channel();
         let task = runtime.spawn(serve(
@@ -501,6 +505,7 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
         .map(|i| i + 1)
     else {
         let n = bump(&counters.no_delimiter, 1);
+        shared.metrics.no_delimiter();
         if worth_a_warning(n) {
             tracing::warn!(
                 frames = frames.len(),
@@ -516,7 +521,9 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
         .collect();
     let mut routing = Multipart(frames);
 
-    match wire::decode_request(&body) {
+    let request = wire::decode_request(&body);
+    shared.metrics.request(&request);
+    match request {
         ServerRequest::Lookup {
             format,
             num_tokens,
@@ -593,8 +600,8 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
 }
 
 /// Hit tokens of one well-formed lookup (`spec/wire.md`, "What the server computes"):
-/// one batched index call for every namespace key of the blocks in question; any
-/// index failure is a miss.
+/// one [`BlockIndex::leading_blocks`] call over every namespace key of the blocks in
+/// question (by default one batched existence call); any index failure is a miss.
 async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHashes) -> u32 {
     let blocks = blocks_to_check(num_tokens, shared.block_size, block_hashes.len());
     if blocks == 0 {
@@ -611,24 +618,21 @@ async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHas
         &shared.counters.keys_checked,
         u64::try_from(keys.len()).unwrap_or(u64::MAX),
     );
-    let answer = match AssertUnwindSafe(async { shared.index.exists(&keys).await })
-        .catch_unwind()
-        .await
-    {
-        Ok(Ok(flags)) if flags.len() == keys.len() => Ok(flags),
-        Ok(Ok(flags)) => Err(IndexError::AnswerCount {
-            expected: keys.len(),
-            got: flags.len(),
-        }),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(IndexError::Store("the index panicked".to_owned())),
-    };
+    let namespaces = shared.layout.namespaces().len();
+    let started = std::time::Instant::now();
+    let answer =
+        match AssertUnwindSafe(async { shared.index.leading_blocks(namespaces, &keys).await })
+            .catch_unwind()
+            .await
+        {
+            Ok(answer) => answer,
+            Err(_) => Err(IndexError::Store("the index panicked".to_owned())),
+        };
+    shared.metrics.index_call(keys.len(), started.elapsed());
     let hit = match answer {
-        Ok(flags) => hit_tokens(
-            num_tokens,
-            shared.block_size,
-            leading_run(&flags, shared.layout.namespaces().len()),
-        ),
+        // An index never finds more blocks than it was asked about; capping keeps a
+        // faulty one from reaching past the chain.
+        Ok(run) => hit_tokens(num_tokens, shared.block_size, run.min(blocks)),
         Err(e) => {
             let n = bump(&shared.counters.index_errors, 1);
             if worth_a_warning(n) {

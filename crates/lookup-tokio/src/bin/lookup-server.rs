@@ -2,12 +2,20 @@
 //!
 //! Binds vLLM's lookup channel (`spec/wire.md`) over ipc or tcp and answers both wire
 //! formats from an in-memory index, optionally preloaded with the hashes of stored
-//! blocks, so that a demo or a test of a scheduler needs no code:
+//! blocks, so that a demo or a test of a scheduler needs no code; or, with
+//! `--mooncake-master`, from a real Mooncake master (`MooncakeIndex`):
 //!
 //! ```text
 //! lookup-server --bind ipc:///tmp/lookup.sock --block-size 16 --preload hashes.txt
 //! lookup-server --lookup-rpc-port 0 --hostname node1 --dp-rank 0   # vLLM's ipc path
+//! lookup-server --bind ipc:///tmp/lookup.sock --mooncake-master 127.0.0.1:50051 \
+//!     --model Qwen/Qwen3-8B --tp-size 2
 //! ```
+//!
+//! With `--mooncake-master`, the master must accept a connection at start-up (else the
+//! program exits with an error); afterwards a master that goes away costs lookups (0
+//! hit tokens), never the server, and is reconnected in the background. A reset
+//! request is answered `0x00` (failed): the master's existence RPC has no remove-all.
 //!
 //! Prints the bound endpoint (with the chosen port for `tcp://127.0.0.1:0`) as the
 //! first line on stdout, logs to stderr (`RUST_LOG`, default `info`), and stops
@@ -18,15 +26,16 @@
 
 use std::io::IsTerminal;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use lookup_tokio::mooncake_master::MasterConfig;
 use lookup_tokio::{
     BlockIndex, DEFAULT_MAX_CONCURRENCY, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout,
-    LookupServer, RankNamespace, ServerConfig,
+    LookupServer, MooncakeIndex, RankNamespace, ServerConfig,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -66,11 +75,39 @@ struct Args {
     pp_size: u32,
     /// File of hex block hashes of stored blocks, one a line ('#' comments and blank
     /// lines skipped); each is inserted in every namespace.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "mooncake_master")]
     preload: Option<PathBuf>,
     /// Keys held at most, least recently used evicted first (default: unbounded).
-    #[arg(long, value_name = "KEYS")]
+    #[arg(long, value_name = "KEYS", conflicts_with = "mooncake_master")]
     capacity: Option<NonZeroUsize>,
+    /// Answer from the Mooncake master at HOST:PORT (its --rpc_port, default 50051)
+    /// instead of the in-memory index. Every present key a lookup finds gets a read
+    /// lease on the master (10 s by default), as with vLLM's own worker.
+    #[arg(long, value_name = "HOST:PORT")]
+    mooncake_master: Option<String>,
+    /// Most keys per BatchExistKey call to the master; longer lookups are split, and
+    /// stop after the call that ends the leading run.
+    #[arg(
+        long,
+        value_name = "KEYS",
+        default_value_t = 1024,
+        requires = "mooncake_master"
+    )]
+    mooncake_chunk_keys: usize,
+    /// Longest wait for one master call (and for the connect), in milliseconds; a
+    /// lookup whose call times out answers 0 hit tokens.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 1000,
+        requires = "mooncake_master",
+        value_parser = clap::value_parser!(u64).range(1..=3_600_000)
+    )]
+    mooncake_timeout_ms: u64,
+    /// The tenant_id argument of the master's existence calls (masters >= 0.3.12;
+    /// older ones are detected and called without it).
+    #[arg(long, default_value = "default", requires = "mooncake_master")]
+    tenant_id: String,
     /// Added latency of every index call, in milliseconds (models a slow store).
     #[arg(long, value_name = "MS", default_value_t = 0.0, value_parser = parse_latency_ms)]
     index_latency_ms: f64,
@@ -80,6 +117,32 @@ struct Args {
     /// Allow a TCP bind to a non-loopback address (the channel has no authentication).
     #[arg(long)]
     allow_remote: bool,
+    /// Serve Prometheus metrics (`lookup_server_*`, see `lookup_tokio::metrics`) over
+    /// HTTP at this address, e.g. 127.0.0.1:9464. Needs a build with the `prometheus`
+    /// feature of lookup-tokio.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// Installs the Prometheus exporter when `--metrics-addr` is given; before the server
+/// binds, which takes its metric handles from the recorder installed then.
+fn install_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), String> {
+    let Some(addr) = addr else {
+        return Ok(());
+    };
+    #[cfg(feature = "prometheus")]
+    {
+        lookup_tokio::metrics::install_prometheus(addr)
+            .map(drop)
+            .map_err(|e| format!("--metrics-addr {addr}: {e}"))
+    }
+    #[cfg(not(feature = "prometheus"))]
+    {
+        Err(format!(
+            "--metrics-addr {addr}: built without the `prometheus` feature \
+             (cargo build -p lookup-tokio --features prometheus)"
+        ))
+    }
 }
 
 /// A latency in milliseconds: finite and not negative.
@@ -139,7 +202,58 @@ async fn stop_signal() {
     }
 }
 
+/// The in-memory index, bounded to `capacity` keys and preloaded from `preload`.
+fn in_memory(
+    layout: &KeyLayout,
+    capacity: Option<NonZeroUsize>,
+    preload: Option<&Path>,
+) -> Result<Arc<dyn BlockIndex>, String> {
+    let memory = Arc::new(match capacity {
+        Some(capacity) => InMemoryIndex::bounded(capacity),
+        None => InMemoryIndex::new(),
+    });
+    if let Some(path) = preload {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--preload {}: {e}", path.display()))?;
+        let hashes =
+            parse_preload(&text).map_err(|e| format!("--preload {}: {e}", path.display()))?;
+        for hash in &hashes {
+            for key in layout.block_keys(hash) {
+                memory.insert(&key);
+            }
+        }
+        tracing::info!(blocks = hashes.len(), keys = memory.len(), "preloaded");
+    }
+    Ok(memory)
+}
+
+/// Connects the Mooncake index and asks the master whether it serves (`ServiceReady`),
+/// logging its version.
+async fn connect_mooncake(
+    addr: &str,
+    chunk_keys: usize,
+    timeout_ms: u64,
+    tenant_id: String,
+) -> Result<MooncakeIndex, String> {
+    let mut config = MasterConfig::default();
+    config.chunk_keys = chunk_keys;
+    config.call_timeout = Duration::from_millis(timeout_ms);
+    config.connect_timeout = Duration::from_millis(timeout_ms);
+    config.tenant_id = tenant_id;
+    let index = MooncakeIndex::connect(addr, config)
+        .await
+        .map_err(|e| format!("--mooncake-master {addr}: {e}"))?;
+    // ServiceReady names the master's version and proves a master (the HA leader)
+    // answers; an older master may lack it, so a refusal is only a warning.
+    match index.master().service_ready().await {
+        Ok(version) => tracing::info!(%addr, %version, "Mooncake master ready"),
+        Err(e) => tracing::warn!(%addr, error = %e, "Mooncake master did not answer ServiceReady"),
+    }
+    Ok(index)
+}
+
 async fn run(args: Args) -> Result<(), String> {
+    install_metrics(args.metrics_addr)?;
     let endpoint = match (args.bind, args.hostname) {
         (Some(endpoint), _) => endpoint,
         (None, Some(hostname)) => Endpoint::vllm(
@@ -155,29 +269,29 @@ async fn run(args: Args) -> Result<(), String> {
         .with_namespaces(RankNamespace::grid(args.tp_size, args.pp_size))
         .map_err(|e| e.to_string())?;
 
-    let memory = Arc::new(match args.capacity {
-        Some(capacity) => InMemoryIndex::bounded(capacity),
-        None => InMemoryIndex::new(),
-    });
-    if let Some(path) = &args.preload {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--preload {}: {e}", path.display()))?;
-        let hashes =
-            parse_preload(&text).map_err(|e| format!("--preload {}: {e}", path.display()))?;
-        for hash in &hashes {
-            for key in layout.block_keys(hash) {
-                memory.insert(&key);
-            }
-        }
-        tracing::info!(blocks = hashes.len(), keys = memory.len(), "preloaded");
-    }
+    let mooncake = match &args.mooncake_master {
+        Some(addr) => Some(Arc::new(
+            connect_mooncake(
+                addr,
+                args.mooncake_chunk_keys,
+                args.mooncake_timeout_ms,
+                args.tenant_id,
+            )
+            .await?,
+        )),
+        None => None,
+    };
+    let store: Arc<dyn BlockIndex> = match &mooncake {
+        Some(index) => Arc::clone(index) as Arc<dyn BlockIndex>,
+        None => in_memory(&layout, args.capacity, args.preload.as_deref())?,
+    };
     let index: Arc<dyn BlockIndex> = if args.index_latency_ms > 0.0 {
         Arc::new(DelayedIndex::new(
-            memory,
+            store,
             Duration::from_secs_f64(args.index_latency_ms / 1000.0),
         ))
     } else {
-        memory
+        store
     };
 
     let mut config = ServerConfig::new(args.block_size, layout);
@@ -190,6 +304,9 @@ async fn run(args: Args) -> Result<(), String> {
     let stats = server.stats();
     server.shutdown().await;
     tracing::info!(?stats, "stopped");
+    if let Some(index) = mooncake {
+        tracing::info!(stats = ?index.stats(), "Mooncake index");
+    }
     Ok(())
 }
 
