@@ -114,10 +114,19 @@ pub(crate) struct ActorConfig {
     pub(crate) reopen_backoff: Duration,
 }
 
+/// Largest reply frame the client accepts (bytes): a lookup reply is 4 + 8k bytes,
+/// so 64 KiB leaves room for 8,191 tail-key boundaries. ZeroMQ hangs up on a peer
+/// that announces more, before reserving any memory for it.
+pub(crate) const MAX_REPLY_BYTES: i64 = 64 * 1024;
+
 /// Opens a DEALER socket connected to `url`, with linger 0 so that dropping it with
-/// unanswered requests never blocks (NOTES.md, STYLE.md rule 10).
+/// unanswered requests never blocks (NOTES.md, STYLE.md rule 10), and
+/// [`MAX_REPLY_BYTES`] so that a hostile peer's length claim is never allocated.
 pub(crate) fn open_dealer(context: &tmq::Context, url: &str) -> tmq::Result<tmq::dealer::Dealer> {
-    tmq::dealer(context).set_linger(0).connect(url)
+    tmq::dealer(context)
+        .set_linger(0)
+        .set_maxmsgsize(MAX_REPLY_BYTES)
+        .connect(url)
 }
 
 /// What one RPC on the wire carries until it ends.
