@@ -176,6 +176,19 @@ impl Lookups {
         })
     }
 
+    /// Reserves room for `additional` more tracked requests (and as many open RPCs),
+    /// so that no later input pays for growing the tables: the input that makes a
+    /// hash table double rehashes every entry (measured: one 4.7-8.4 ms arrival at
+    /// 57,344 tracked requests). Call it at start-up with the most requests the
+    /// scheduler holds at once.
+    pub fn reserve(&mut self, additional: usize) {
+        self.requests.reserve(additional);
+        self.rpcs.reserve(additional);
+        if self.config.lookup_share {
+            self.shared.reserve(additional);
+        }
+    }
+
     /// The configuration in force.
     #[must_use]
     pub fn config(&self) -> &Config {
