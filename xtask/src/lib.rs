@@ -1,10 +1,13 @@
 //! Project tasks, reached as `cargo xtask <task>` (an alias of `cargo run --release
 //! --package xtask --`). Each task is one module; `main.rs` only dispatches.
 //!
+//! - [`bench`](mod@bench): the lookup channel's performance next to a bare ZeroMQ
+//!   loop and the Python design of vLLM's async lookup.
 //! - [`simulate`]: replay a Mooncake trace through a model of a vLLM-like engine and
 //!   compare the lookup modes.
-//! - [`test`]: install the real test peers and run every test (the README's test
-//!   command).
+//! - [`test`](mod@test): install the real test peers and run every test (the
+//!   README's test command).
 
+pub mod bench;
 pub mod simulate;
 pub mod test;

@@ -17,6 +17,9 @@ enum Task {
     /// lookup modes sync, async, prefetch, prefetch+ and prefetch+wait (TTFT, queue wait,
     /// RPCs).
     Simulate(Box<xtask::simulate::Args>),
+    /// Measure the lookup channel: caller cost per probe and lookups per second, ours
+    /// next to a bare tmq REQ/REP loop and the Python design of vLLM's async lookup.
+    Bench(Box<xtask::bench::Args>),
     /// Install the real test peers (Mooncake master, pyzmq) and run every test.
     Test(xtask::test::Args),
 }
@@ -24,6 +27,7 @@ enum Task {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Simulate(args) => xtask::simulate::run(&args),
+        Task::Bench(args) => xtask::bench::run(&args),
         Task::Test(args) => xtask::test::run_tests(&args),
     }
 }
