@@ -144,11 +144,18 @@ async fn a_server_that_lost_its_path_leaves_the_new_file_alone() {
     let dir = TempDir::new().unwrap();
     let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
     let old = LookupServer::bind(&endpoint, config(), Arc::new(InMemoryIndex::new())).unwrap();
-    // A second server takes over the path while the first still runs (as vLLM's
-    // bind does: the file is removed and bound again).
+    // By default a second server refuses a path the first still listens on.
+    let err = LookupServer::bind(&endpoint, config(), Arc::new(InMemoryIndex::new()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("in use by a running server"), "{err}");
+    // With take_over it replaces it while the first still runs (as vLLM's bind
+    // does: the file is removed and bound again).
     let index = Arc::new(InMemoryIndex::new());
     store(&index, &KeyLayout::new("m"), &[5]);
-    let new = LookupServer::bind(&endpoint, config(), index).unwrap();
+    let mut take_over = config();
+    take_over.take_over = true;
+    let new = LookupServer::bind(&endpoint, take_over, index).unwrap();
     old.shutdown().await;
     assert!(
         endpoint.ipc_path().unwrap().exists(),
@@ -228,4 +235,25 @@ fn bind_outside_a_runtime_is_an_error_not_a_panic() {
     let err = LookupServer::bind(&endpoint, config(), Arc::new(InMemoryIndex::new())).unwrap_err();
     assert!(matches!(err, Error::Io(_)), "{err}");
     assert!(!endpoint.ipc_path().unwrap().exists());
+}
+
+#[tokio::test]
+async fn localhost_binds_the_loopback_address() {
+    let endpoint: Endpoint = "tcp://localhost:0".parse().unwrap();
+    let index = Arc::new(InMemoryIndex::new());
+    store(&index, &KeyLayout::new("m"), &[5]);
+    let server = LookupServer::bind(&endpoint, config(), index).unwrap();
+    let Endpoint::Tcp(addr) = server.local_endpoint().clone() else {
+        panic!("a tcp endpoint");
+    };
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    let mut req = Req::connect(&tmq::Context::new(), server.local_endpoint());
+    assert_eq!(
+        hit(
+            Format::TaggedBlob,
+            &req.call(&lookup(Format::TaggedBlob, 17, B, &[5])).await
+        ),
+        16
+    );
+    server.shutdown().await;
 }

@@ -16,6 +16,7 @@ enum Task {
     /// Replay a Mooncake trace through a model of a vLLM-like engine and compare the
     /// lookup modes sync, async, prefetch, prefetch+ and prefetch+wait (TTFT, queue wait,
     /// RPCs).
+    #[command(allow_negative_numbers = true)]
     Simulate(Box<xtask::simulate::Args>),
     /// Measure the lookup channel: caller cost per probe and lookups per second, ours
     /// next to a bare tmq REQ/REP loop and the Python design of vLLM's async lookup.

@@ -36,10 +36,30 @@ pub enum Error {
     /// Caller misuse: a server TCP bind to an address that is not loopback without
     /// `allow_remote`. ZeroMQ has no authentication: anyone who reaches the socket can
     /// ask about and wipe the store, so it stays on loopback or ipc unless asked.
-    #[error("refusing to bind `{endpoint}`: not a loopback address (set allow_remote to bind it)")]
+    #[error(
+        "refusing to bind `{endpoint}`: not a loopback address (set ServerConfig::allow_remote or --allow-remote to bind it)"
+    )]
     RemoteBind {
         /// The endpoint asked for.
         endpoint: String,
+    },
+    /// Caller misuse: a running server already listens on this ipc path (set
+    /// `ServerConfig::take_over` to replace it, as vLLM's worker does).
+    #[error(
+        "{endpoint} is in use by a running server (stop it, or take it over with take_over / --take-over)"
+    )]
+    EndpointInUse {
+        /// The endpoint asked for.
+        endpoint: String,
+    },
+    /// Caller misuse: an invalid client transport setting (an empty master address,
+    /// a master client setting it would refuse: see `DirectConfig::validate`).
+    #[error("invalid client configuration `{key}`: {why}")]
+    InvalidClientConfig {
+        /// The setting's name.
+        key: &'static str,
+        /// What is wrong with it.
+        why: String,
     },
     /// Caller misuse: an invalid server setting (block size 0, no rank namespace, an
     /// ipc path that exists and is not a socket).

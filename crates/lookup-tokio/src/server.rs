@@ -66,6 +66,10 @@ pub struct ServerConfig {
     /// Largest frame accepted, in bytes (ZeroMQ `ZMQ_MAXMSGSIZE`): a peer sending a
     /// bigger one is disconnected before the frame is buffered.
     pub max_frame_bytes: usize,
+    /// Take over an ipc path that a running server still listens on (what vLLM's
+    /// worker does when it binds). Off by default: binding then fails with
+    /// [`Error::EndpointInUse`] instead of silently cutting the running server off.
+    pub take_over: bool,
 }
 
 impl ServerConfig {
@@ -78,6 +82,7 @@ impl ServerConfig {
             max_concurrency: DEFAULT_MAX_CONCURRENCY,
             allow_remote: false,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            take_over: false,
         }
     }
 
@@ -283,17 +288,19 @@ impl LookupServer {
     /// Binds `endpoint` and starts answering on a tokio task of the current runtime.
     ///
     /// - ipc: a missing parent directory is created with mode 0700; a stale socket
-    ///   file at the path is removed (`spec/wire.md`, "Transport"); the new socket file
-    ///   is set to mode 0600; it is unlinked when the server stops.
+    ///   file at the path (nobody accepts connections on it) is removed (`spec/wire.md`,
+    ///   "Transport"); a live one is refused unless [`ServerConfig::take_over`]; the
+    ///   new socket file is set to mode 0600; it is unlinked when the server stops.
     /// - tcp: the host must be a loopback address unless
-    ///   [`ServerConfig::allow_remote`]; port 0 picks a free port, reported by
-    ///   [`local_endpoint`](Self::local_endpoint).
+    ///   [`ServerConfig::allow_remote`]; `localhost` binds 127.0.0.1; port 0 picks a
+    ///   free port, reported by [`local_endpoint`](Self::local_endpoint).
     ///
     /// # Errors
     /// - [`Error::InvalidServerConfig`] for invalid settings (see
     ///   [`ServerConfig::validate`]) or an ipc path that exists and is not a socket
     ///   (never deleted);
     /// - [`Error::RemoteBind`] for a non-loopback TCP host without `allow_remote`;
+    /// - [`Error::EndpointInUse`] for an ipc path a running server listens on;
     /// - [`Error::Zmq`] when the socket cannot be created or bound (address in use);
     /// - [`Error::Io`] when called outside a tokio runtime, or a file-system step on
     ///   the ipc path fails.
@@ -322,9 +329,17 @@ impl LookupServer {
                     .is_ok_and(|ip| ip.is_ipv6())
             }
             Endpoint::Ipc(path) => {
-                prepare_ipc_path(path)?;
+                prepare_ipc_path(path, config.take_over)?;
                 false
             }
+        };
+        // ZeroMQ binds interfaces and addresses, not host names.
+        let bind_url = match endpoint {
+            Endpoint::Tcp(addr) if tcp_host(addr).eq_ignore_ascii_case("localhost") => {
+                let port = addr.rsplit_once(':').map_or("0", |(_, p)| p);
+                format!("tcp://127.0.0.1:{port}")
+            }
+            _ => endpoint.url(),
         };
 
         let max_frame_bytes = i64::try_from(config.max_frame_bytes).unwrap_or(i64::MAX);
@@ -336,7 +351,7 @@ impl LookupServer {
                 .set_linger(0)
                 .set_maxmsgsize(max_frame_bytes)
                 .set_ipv6(ipv6)
-                .bind(&endpoint.url())?
+                .bind(&bind_url)?
         };
         drop(context);
 
@@ -683,8 +698,9 @@ fn last_endpoint(socket: &tmq::router::Router) -> Option<Endpoint> {
 }
 
 /// Makes `path` ready for binding: creates a missing parent directory owner-only and
-/// removes a stale socket file. Anything else at the path is left alone and refused.
-fn prepare_ipc_path(path: &Path) -> Result<(), Error> {
+/// removes a stale socket file (one nobody accepts connections on, or any socket with
+/// `take_over`). Anything else at the path is left alone and refused.
+fn prepare_ipc_path(path: &Path, take_over: bool) -> Result<(), Error> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.exists() {
             fs::DirBuilder::new()
@@ -695,6 +711,11 @@ fn prepare_ipc_path(path: &Path) -> Result<(), Error> {
     }
     match fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
+            if !take_over && std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(Error::EndpointInUse {
+                    endpoint: format!("ipc://{}", path.display()),
+                });
+            }
             fs::remove_file(path)?;
             tracing::info!(path = %path.display(), "removed a stale ipc socket file");
             Ok(())

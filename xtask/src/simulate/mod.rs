@@ -181,6 +181,9 @@ impl Args {
                 bail!("{flag} must be a finite number >= 0, got {v}");
             }
         }
+        if self.lookup_timeout_s == 0.0 {
+            bail!("--lookup-timeout-s must be > 0 (an RPC needs time to answer), got 0");
+        }
         if !(self.rate_scale.is_finite() && self.rate_scale > 0.0) {
             bail!(
                 "--rate-scale must be a finite number > 0, got {}",
@@ -291,6 +294,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ),
     };
     if let Some(limit) = args.limit {
+        if limit == 0 {
+            bail!("--limit 0 leaves no request to replay");
+        }
         requests.truncate(limit);
     }
     if requests.is_empty() {

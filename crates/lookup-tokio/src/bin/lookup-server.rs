@@ -117,6 +117,10 @@ struct Args {
     /// Allow a TCP bind to a non-loopback address (the channel has no authentication).
     #[arg(long)]
     allow_remote: bool,
+    /// Take over an ipc path a running server still listens on (vLLM's behaviour),
+    /// instead of refusing to start.
+    #[arg(long)]
+    take_over: bool,
     /// Serve Prometheus metrics (`lookup_server_*`, see `lookup_tokio::metrics`) over
     /// HTTP at this address, e.g. 127.0.0.1:9464. Needs a build with the `prometheus`
     /// feature of lookup-tokio.
@@ -297,6 +301,7 @@ async fn run(args: Args) -> Result<(), String> {
     let mut config = ServerConfig::new(args.block_size, layout);
     config.max_concurrency = args.max_concurrency;
     config.allow_remote = args.allow_remote;
+    config.take_over = args.take_over;
     let server = LookupServer::bind(&endpoint, config, index).map_err(|e| e.to_string())?;
     println!("{}", server.local_endpoint());
 
