@@ -4,9 +4,8 @@
 
 mod client_support;
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use client_support::{Answer, FakeServer, TempDir, free_tcp};
@@ -15,34 +14,10 @@ use lookup_tokio::{Endpoint, InMemoryIndex, KeyLayout, LookupServer, ServerConfi
 
 const B: u32 = 16;
 
-/// The `lookup` binary of `lookup-tokio`, built once with the profile of this test.
-fn lookup_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        // target/<profile>/deps/client_cli-HASH -> target/<profile>/lookup
-        let exe = std::env::current_exe().expect("test executable");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target/<profile>");
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--quiet", "-p", "lookup-tokio", "--bin", "lookup"]);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(status.success(), "cargo build of the lookup binary failed");
-        let bin = profile_dir.join("lookup");
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
-    })
-    .clone()
-}
-
 /// Runs `lookup ARGS` off the runtime's threads.
 async fn lookup(args: &[&str]) -> Output {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let bin = lookup_bin();
+    let bin = lookup_tests::cargo_bin("lookup-tokio", "lookup", &[]);
     tokio::task::spawn_blocking(move || Command::new(bin).args(&args).output())
         .await
         .expect("join")

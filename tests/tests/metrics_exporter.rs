@@ -12,9 +12,8 @@ mod client_support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -413,50 +412,16 @@ async fn exporter_reports_a_known_sequence() {
     server.shutdown().await;
 }
 
-/// The `lookup-server` binary of `lookup-tokio` with the `prometheus` feature, built
-/// once with this test's profile.
-fn lookup_server_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        // target/<profile>/deps/metrics_exporter-HASH -> target/<profile>/lookup-server
-        let exe = std::env::current_exe().expect("test executable");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target/<profile>");
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--quiet", "-p", "lookup-tokio"]);
-        build.args(["--features", "prometheus", "--bin", "lookup-server"]);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(status.success(), "cargo build of lookup-server failed");
-        let bin = profile_dir.join("lookup-server");
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
-    })
-    .clone()
-}
-
-/// A child process killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `lookup-server --metrics-addr`: the program serves its server metrics over HTTP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookup_server_program_serves_metrics() {
     let metrics_addr = free_addr();
-    let bin = tokio::task::spawn_blocking(lookup_server_bin)
-        .await
-        .expect("join");
-    let mut child = Killed(
+    let bin = tokio::task::spawn_blocking(|| {
+        lookup_tests::cargo_bin("lookup-tokio", "lookup-server", &["prometheus"])
+    })
+    .await
+    .expect("join");
+    let mut child = lookup_tests::KilledOnDrop(
         Command::new(bin)
             .args(["--bind", "tcp://127.0.0.1:0", "--block-size", "16"])
             .args(["--metrics-addr", &metrics_addr.to_string()])

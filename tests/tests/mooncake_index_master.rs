@@ -9,9 +9,8 @@ mod mooncake_common;
 mod server_support;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lookup_core::wire::{self, Format};
@@ -362,47 +361,6 @@ async fn mooncake_master_lookup_client_end_to_end() {
     assert_eq!(stack.server.stats().index_errors, 0);
 }
 
-/// The `lookup-server` binary of `lookup-tokio`, built once with this test's profile.
-fn lookup_server_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        // target/<profile>/deps/mooncake_index_master-HASH -> target/<profile>/lookup-server
-        let exe = std::env::current_exe().expect("test executable");
-        let profile_dir = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target/<profile>");
-        let mut build = Command::new(env!("CARGO"));
-        build.args([
-            "build",
-            "--quiet",
-            "-p",
-            "lookup-tokio",
-            "--bin",
-            "lookup-server",
-        ]);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(status.success(), "cargo build of lookup-server failed");
-        let bin = profile_dir.join("lookup-server");
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
-    })
-    .clone()
-}
-
-/// A child process killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn mooncake_master_lookup_server_program_answers_from_the_master() {
     let master = Master::start();
@@ -413,8 +371,8 @@ async fn mooncake_master_lookup_server_program_answers_from_the_master() {
 
     let dir = TempDir::new().expect("temp dir");
     let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
-    let bin = lookup_server_bin();
-    let mut child = Killed(
+    let bin = lookup_tests::cargo_bin("lookup-tokio", "lookup-server", &[]);
+    let mut child = lookup_tests::KilledOnDrop(
         Command::new(bin)
             .args(["--bind", &endpoint.url()])
             .args(["--mooncake-master", &master.addr()])
