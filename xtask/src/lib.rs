@@ -3,11 +3,14 @@
 //!
 //! - [`bench`](mod@bench): the lookup channel's performance next to a bare ZeroMQ
 //!   loop and the Python design of vLLM's async lookup.
+//! - [`replay`]: a slice of a Mooncake trace in real time against a real Mooncake
+//!   master, through the real lookup client over ZeroMQ or directly to the master.
 //! - [`simulate`]: replay a Mooncake trace through a model of a vLLM-like engine and
 //!   compare the lookup modes.
 //! - [`test`](mod@test): install the real test peers and run every test (the
 //!   README's test command).
 
 pub mod bench;
+pub mod replay;
 pub mod simulate;
 pub mod test;

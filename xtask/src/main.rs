@@ -21,6 +21,10 @@ enum Task {
     /// Measure the lookup channel: caller cost per probe and lookups per second, ours
     /// next to a bare tmq REQ/REP loop and the Python design of vLLM's async lookup.
     Bench(Box<xtask::bench::Args>),
+    /// Replay a slice of a Mooncake trace in real time against a real Mooncake master,
+    /// through the real lookup client over ZeroMQ (our server) or directly to the
+    /// master; lookup latency measured.
+    Replay(Box<xtask::replay::Args>),
     /// Install the real test peers (Mooncake master, pyzmq) and run every test.
     Test(xtask::test::Args),
 }
@@ -29,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Simulate(args) => xtask::simulate::run(&args),
         Task::Bench(args) => xtask::bench::run(&args),
+        Task::Replay(args) => xtask::replay::run(&args),
         Task::Test(args) => xtask::test::run_tests(&args),
     }
 }

@@ -1,8 +1,8 @@
 //! [`LookupClient`]: the handle a scheduler keeps (DESIGN.md, "lookup-tokio").
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use lookup_core::wire::Format;
@@ -18,9 +18,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Span;
 use tracing::field::Empty;
 
+use mooncake_master::{MasterClient, MasterStats};
+
 use crate::actor::{
     Actor, ActorConfig, Completion, ToActor, TransportCounters, WarnLimiter, open_dealer,
 };
+use crate::direct::{DirectActor, DirectConfig, DirectSettings, Transport};
 use crate::metrics::{ClientMetrics, LookupEnd};
 use crate::{Endpoint, Error};
 
@@ -32,25 +35,36 @@ const READY_ZERO: Probe = Probe::Ready {
 
 /// Configuration of a [`LookupClient`].
 ///
-/// Build with [`ClientConfig::new`] and adjust fields. `core` carries vLLM's keys
-/// (`spec/behaviour.md`, "Configuration"); its `max_in_flight` is the number of lookup
-/// RPCs the client keeps on the wire at once (1, the default, is vLLM's REQ socket).
+/// Build with [`ClientConfig::new`] (a lookup server over ZeroMQ) or
+/// [`ClientConfig::direct`] (the Mooncake master itself) and adjust fields. `core`
+/// carries vLLM's keys (`spec/behaviour.md`, "Configuration"); its `max_in_flight` is
+/// the number of lookup RPCs the client keeps on the wire at once (1, the default, is
+/// vLLM's REQ socket; with the direct transport, queries pipelined on the master
+/// connection).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientConfig {
     /// The lookup lifecycle's configuration (validated by [`LookupClient::connect`]).
     pub core: Config,
-    /// Where the lookup server listens (`spec/wire.md`, "Transport").
+    /// How lookups reach the store: [`Transport::Zmq`] (the default) or
+    /// [`Transport::Direct`].
+    pub transport: Transport,
+    /// Where the lookup server listens (`spec/wire.md`, "Transport"). Used by
+    /// [`Transport::Zmq`] only; [`ClientConfig::direct`] sets it to the master's
+    /// address, which logs then show.
     pub endpoint: Endpoint,
     /// Wire format of requests and replies; default `tagged-blob` (vLLM 0.33).
     /// `msgpack-hex` has no reset message: a reset then ends as
-    /// [`ResetOutcome::TimedOut`] without being sent.
+    /// [`ResetOutcome::TimedOut`] without being sent. [`Transport::Zmq`] only.
     pub format: Format,
     /// Drop and reopen the socket after this many lookup timeouts in a row, so a
     /// serial server stuck on one request is not fed the backlog behind it (rule 17).
-    /// 0 never reopens on timeouts. Default 3.
+    /// 0 never reopens on timeouts. Default 3. [`Transport::Zmq`] only: the master
+    /// answers pipelined calls concurrently, and its client reconnects by itself
+    /// when the connection breaks.
     pub reopen_after_timeouts: u32,
-    /// First wait before trying again when opening a socket fails; it doubles per
-    /// failure up to 1 s. Default 10 ms.
+    /// First wait before trying again when opening a socket (with the direct
+    /// transport: connecting to the master) fails; it doubles per failure up to 1 s.
+    /// Default 10 ms.
     pub reopen_backoff: Duration,
     /// Most events kept for [`LookupClient::poll_event`]; beyond it the oldest are
     /// dropped and counted in [`ClientStats::events_dropped`]. Default 1,024.
@@ -68,12 +82,26 @@ impl ClientConfig {
     pub fn new(endpoint: Endpoint, block_size: u32) -> Self {
         Self {
             core: Config::new(block_size),
+            transport: Transport::Zmq,
             endpoint,
             format: Format::TaggedBlob,
             reopen_after_timeouts: 3,
             reopen_backoff: Duration::from_millis(10),
             event_capacity: 1024,
             wait_margin: Duration::from_millis(100),
+        }
+    }
+
+    /// Defaults (`spec/behaviour.md`) with a block size of `block_size` tokens, asking
+    /// the Mooncake master of `direct` from this process ([`Transport::Direct`]; see
+    /// its docs for the lease side effect and resets). The default
+    /// `lookup_prefetch_ttl_s` (2 s) is below the master's default lease (10 s).
+    #[must_use]
+    pub fn direct(direct: DirectConfig, block_size: u32) -> Self {
+        let endpoint = Endpoint::Tcp(direct.master.clone());
+        Self {
+            transport: Transport::Direct(Box::new(direct)),
+            ..Self::new(endpoint, block_size)
         }
     }
 }
@@ -106,12 +134,22 @@ pub struct ClientStats {
     /// Sync-mode waits that gave up (`lookup_timeout_s` plus the margin passed with
     /// the lookup still queued) and answered 0 external tokens (rules 10-11).
     pub waits_gave_up: u64,
+    /// [`Transport::Direct`] only, once connected: the master client's counters
+    /// (`BatchExistKey` calls, keys asked, timeouts, reconnects, late replies). With
+    /// the direct transport `send_errors` counts master queries that failed (not
+    /// connected, connection lost, refused), `open_errors` failed connect attempts
+    /// before the first success, and `socket_reopens`, `recv_errors` and
+    /// `bad_envelopes` stay 0.
+    pub master: Option<MasterStats>,
 }
 
 /// The scheduler's handle on the asynchronous prefix-cache lookup.
 ///
 /// It owns the lifecycle state machine ([`Lookups`]) on the caller's thread, with no
-/// lock; one tokio task (the I/O actor) owns the DEALER socket. Every method is
+/// lock; one tokio task (the I/O actor) owns the DEALER socket, or with
+/// [`Transport::Direct`] the Mooncake master connection (the server's rules are then
+/// computed in this process; [`Transport`] documents the lease side effect and why a
+/// reset ends as failed). Every method is
 /// non-blocking except the explicit waits ([`probe_wait`](Self::probe_wait),
 /// [`probe_blocking`](Self::probe_blocking), [`reset_and_wait`](Self::reset_and_wait)):
 /// it drains what the actor reported, applies due timeouts, applies the call, hands
@@ -197,6 +235,8 @@ pub struct LookupClient {
     open: HashMap<RpcId, OpenLookup>,
     metrics: ClientMetrics,
     warn: WarnLimiter,
+    /// [`Transport::Direct`]: the actor's master client, once connected.
+    master: Option<Arc<OnceLock<MasterClient>>>,
 }
 
 /// What the handle keeps about one lookup RPC until it ends.
@@ -207,15 +247,24 @@ struct OpenLookup {
 }
 
 impl LookupClient {
-    /// Connects to `config.endpoint` and spawns the I/O actor on the current tokio
-    /// runtime. The socket connects in the background: a server that is not up yet is
-    /// not an error (lookups sent before it comes up wait in the socket, or time out).
+    /// Connects to `config.endpoint` (or, with [`Transport::Direct`], to the master)
+    /// and spawns the I/O actor on the current tokio runtime. The socket connects in
+    /// the background: a server that is not up yet is not an error (lookups sent
+    /// before it comes up wait in the socket, or time out). The direct transport
+    /// connects to the master in the background too: lookups wait for the first
+    /// attempt, and fail open while the master cannot be reached.
+    ///
+    /// With the direct transport, a `lookup_prefetch_ttl_s` that is not below
+    /// [`DirectConfig::lease_ttl`] is logged as a warning: a cached result could then
+    /// outlive the read lease that keeps its blocks in the store.
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a tokio runtime (use
     /// [`connect_with_handle`](Self::connect_with_handle));
     /// [`Error::Core`] for an invalid `config.core`; [`Error::Zmq`] when the socket
-    /// cannot be created or the endpoint is refused by ZeroMQ.
+    /// cannot be created or the endpoint is refused by ZeroMQ;
+    /// [`Error::InvalidClientConfig`] for a direct transport setting that cannot work
+    /// ([`DirectConfig::validate`]).
     pub fn connect(config: ClientConfig) -> Result<Self, Error> {
         let handle = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         Self::connect_with_handle(config, &handle)
@@ -234,34 +283,66 @@ impl LookupClient {
         let _entered = runtime.enter();
         let core = Lookups::new(config.core.clone())?;
         let dispatcher = Dispatcher::new(&config.core);
-        let url = config.endpoint.url();
-        let context = tmq::Context::new();
-        let socket = open_dealer(&context, &url)?;
         let (commands, command_rx) = tokio::sync::mpsc::unbounded_channel();
         let (completion_tx, completions) = tokio::sync::mpsc::unbounded_channel();
         let (sent_tx, sends) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let counters = Arc::new(TransportCounters::default());
         let timeout = config.core.timeout();
-        let actor = Actor::new(
-            ActorConfig {
-                url,
-                format: config.format,
-                block_size: config.core.block_size,
-                timeout,
-                reopen_after_timeouts: config.reopen_after_timeouts,
-                reopen_backoff: config.reopen_backoff,
-            },
-            dispatcher,
-            context,
-            socket,
-            command_rx,
-            completion_tx,
-            sent_tx,
-            cancel.clone(),
-            Arc::clone(&counters),
-        );
-        let task = runtime.spawn(actor.run());
+        let (task, master) = match &config.transport {
+            Transport::Zmq => {
+                let url = config.endpoint.url();
+                let context = tmq::Context::new();
+                let socket = open_dealer(&context, &url)?;
+                let actor = Actor::new(
+                    ActorConfig {
+                        url,
+                        format: config.format,
+                        block_size: config.core.block_size,
+                        timeout,
+                        reopen_after_timeouts: config.reopen_after_timeouts,
+                        reopen_backoff: config.reopen_backoff,
+                    },
+                    dispatcher,
+                    context,
+                    socket,
+                    command_rx,
+                    completion_tx,
+                    sent_tx,
+                    cancel.clone(),
+                    Arc::clone(&counters),
+                );
+                (runtime.spawn(actor.run()), None)
+            }
+            Transport::Direct(direct) => {
+                direct.validate()?;
+                if direct.ttl_outlives_lease(config.core.lookup_prefetch_ttl_s) {
+                    tracing::warn!(
+                        lookup_prefetch_ttl_s = config.core.lookup_prefetch_ttl_s,
+                        lease_ttl_s = direct.lease_ttl.as_secs_f64(),
+                        "lookup_prefetch_ttl_s is not below the Mooncake master's read lease: \
+                         a cached result may name blocks evicted since"
+                    );
+                }
+                let master = Arc::new(OnceLock::new());
+                let actor = DirectActor::new(
+                    DirectSettings {
+                        direct: DirectConfig::clone(direct),
+                        block_size: config.core.block_size,
+                        timeout,
+                        reconnect_backoff: config.reopen_backoff,
+                    },
+                    dispatcher,
+                    Arc::clone(&master),
+                    command_rx,
+                    completion_tx,
+                    sent_tx,
+                    cancel.clone(),
+                    Arc::clone(&counters),
+                );
+                (runtime.spawn(actor.run()), Some(master))
+            }
+        };
         Ok(Self {
             core,
             commands,
@@ -284,6 +365,7 @@ impl LookupClient {
             open: HashMap::new(),
             metrics: ClientMetrics::new(),
             warn: WarnLimiter::default(),
+            master,
         })
     }
 
@@ -516,6 +598,11 @@ impl LookupClient {
             open_errors: load(&self.counters.open_errors),
             events_dropped: self.events_dropped,
             waits_gave_up: self.waits_gave_up,
+            master: self
+                .master
+                .as_ref()
+                .and_then(|m| m.get())
+                .map(MasterClient::stats),
         }
     }
 

@@ -2,10 +2,12 @@
 //! `LookupClient` and the reference `LookupServer`.
 //!
 //! The core's state lives with the client handle on the scheduler's thread; one tokio
-//! task owns the socket (DESIGN.md, "lookup-tokio").
+//! task owns the socket (DESIGN.md, "lookup-tokio"). The client can also skip the
+//! server and ask the Mooncake master directly ([`Transport::Direct`]).
 
 mod actor;
 mod client;
+mod direct;
 mod endpoint;
 mod error;
 mod index;
@@ -14,6 +16,7 @@ mod mooncake;
 mod server;
 
 pub use client::{ClientConfig, ClientStats, LookupClient};
+pub use direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
 pub use endpoint::Endpoint;
 pub use error::Error;
 pub use index::{
