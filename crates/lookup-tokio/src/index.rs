@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lookup_core::BlockHashes;
+use mooncake_master::key::{KeyFormat, push_hex};
 
 use crate::Error;
 
@@ -138,43 +139,10 @@ impl<T: BlockIndex + ?Sized> BlockIndex for Arc<T> {
 // Key layout
 // ---------------------------------------------------------------------------------
 
-/// One rank namespace of the store keys: the ranks of the worker that stored a block's
-/// KV shard (`spec/wire.md`, "What the server computes", step 2). A model sharded
-/// over tensor-parallel ranks 0 and 1 stores each block under two keys, one per rank;
-/// the block is usable only when both exist.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct RankNamespace {
-    /// Tensor-parallel rank (`tp_rank:{t}` in the key).
-    pub tp_rank: u32,
-    /// Prefill context-parallel rank (`pcp{c}`).
-    pub pcp_rank: u32,
-    /// Decode context-parallel rank (`dcp{d}`).
-    pub dcp_rank: u32,
-    /// Pipeline-parallel rank (`pp_rank:{p}`).
-    pub pp_rank: u32,
-    /// KV-cache group (`group:{g}`); 0 for a plain full-attention model.
-    pub group: u32,
-}
-
-impl RankNamespace {
-    /// Every namespace of a deployment with `tp_size` tensor-parallel and `pp_size`
-    /// pipeline-parallel ranks (context-parallel ranks and group 0), tp-major:
-    /// `(tp 0, pp 0), (tp 0, pp 1), ..., (tp 1, pp 0), ...`. A size of 0 counts as 1.
-    #[must_use]
-    pub fn grid(tp_size: u32, pp_size: u32) -> Vec<Self> {
-        let mut out = Vec::new();
-        for tp_rank in 0..tp_size.max(1) {
-            for pp_rank in 0..pp_size.max(1) {
-                out.push(Self {
-                    tp_rank,
-                    pp_rank,
-                    ..Self::default()
-                });
-            }
-        }
-        out
-    }
-}
+/// One rank namespace of the store keys (`spec/wire.md`, "What the server computes",
+/// step 2): the ranks of the worker that stored a block's KV shard; the block is
+/// usable only when every namespace's key exists. Shared with the master client.
+pub use mooncake_master::key::RankNamespace;
 
 /// How block hashes become store keys (`spec/wire.md`, "What the server computes",
 /// step 2):
@@ -188,8 +156,8 @@ pub struct KeyLayout {
     cache_prefix: Option<String>,
     model: String,
     namespaces: Vec<RankNamespace>,
-    /// Everything before `{hex(hash)}`, one per namespace, in namespace order.
-    prefixes: Vec<String>,
+    /// The formatter of these keys (the part before the hash, built once).
+    format: KeyFormat,
 }
 
 impl fmt::Debug for KeyLayout {
@@ -218,7 +186,7 @@ impl KeyLayout {
             cache_prefix: None,
             model: model.into(),
             namespaces: vec![RankNamespace::default()],
-            prefixes: Vec::new(),
+            format: KeyFormat::new(None, "", &[]),
         };
         layout.rebuild();
         layout
@@ -252,20 +220,7 @@ impl KeyLayout {
     }
 
     fn rebuild(&mut self) {
-        let head = match &self.cache_prefix {
-            Some(prefix) => format!("{prefix}@{}", self.model),
-            None => self.model.clone(),
-        };
-        self.prefixes = self
-            .namespaces
-            .iter()
-            .map(|ns| {
-                format!(
-                    "{head}@tp_rank:{}@pcp{}@dcp{}@pp_rank:{}@group:{}@",
-                    ns.tp_rank, ns.pcp_rank, ns.dcp_rank, ns.pp_rank, ns.group
-                )
-            })
-            .collect();
+        self.format = KeyFormat::new(self.cache_prefix.as_deref(), &self.model, &self.namespaces);
     }
 
     /// The cache prefix, if any.
@@ -290,7 +245,7 @@ impl KeyLayout {
     /// [`namespaces`](Self::namespaces)), or `None` past the end.
     #[must_use]
     pub fn key(&self, namespace: usize, hash: &[u8]) -> Option<String> {
-        let prefix = self.prefixes.get(namespace)?;
+        let prefix = self.format.prefix(namespace)?;
         let mut key = String::with_capacity(prefix.len() + 2 * hash.len());
         key.push_str(prefix);
         push_hex(&mut key, hash);
@@ -300,9 +255,7 @@ impl KeyLayout {
     /// Every key of block `hash`, one per namespace, in namespace order.
     #[must_use]
     pub fn block_keys(&self, hash: &[u8]) -> Vec<String> {
-        let mut out = Vec::with_capacity(self.prefixes.len());
-        self.push_block_keys(&mut out, hash);
-        out
+        self.format.block_keys(hash)
     }
 
     /// The keys of the first `blocks` blocks of `block_hashes` (fewer if the chain is
@@ -311,31 +264,11 @@ impl KeyLayout {
     #[must_use]
     pub fn chain_keys(&self, block_hashes: &BlockHashes, blocks: usize) -> Vec<String> {
         let blocks = blocks.min(block_hashes.len());
-        let mut out = Vec::with_capacity(blocks * self.prefixes.len());
+        let mut out = Vec::with_capacity(blocks * self.namespaces.len());
         for hash in block_hashes.iter().take(blocks) {
-            self.push_block_keys(&mut out, hash);
+            self.format.push_block_keys(&mut out, hash);
         }
         out
-    }
-
-    fn push_block_keys(&self, out: &mut Vec<String>, hash: &[u8]) {
-        let mut hex = String::with_capacity(2 * hash.len());
-        push_hex(&mut hex, hash);
-        for prefix in &self.prefixes {
-            let mut key = String::with_capacity(prefix.len() + hex.len());
-            key.push_str(prefix);
-            key.push_str(&hex);
-            out.push(key);
-        }
-    }
-}
-
-/// Appends the lowercase hex of `bytes` (two digits a byte), as vLLM's `hash.hex()`.
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for &byte in bytes {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
 }
 

@@ -5,8 +5,6 @@
 //!
 //! one key per rank namespace, `hex` the lowercase hex of the block hash's bytes.
 
-use std::fmt::Write as _;
-
 /// One rank namespace: the ranks of the worker that stored a block's KV shard. A block
 /// is present only when its key exists in every namespace of the deployment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -31,6 +29,24 @@ impl RankNamespace {
             tp_rank,
             ..Self::default()
         }
+    }
+
+    /// Every namespace of a deployment with `tp_size` tensor-parallel and `pp_size`
+    /// pipeline-parallel ranks (context-parallel ranks and group 0), tp-major:
+    /// `(tp 0, pp 0), (tp 0, pp 1), ..., (tp 1, pp 0), ...`. A size of 0 counts as 1.
+    #[must_use]
+    pub fn grid(tp_size: u32, pp_size: u32) -> Vec<Self> {
+        let mut out = Vec::new();
+        for tp_rank in 0..tp_size.max(1) {
+            for pp_rank in 0..pp_size.max(1) {
+                out.push(Self {
+                    tp_rank,
+                    pp_rank,
+                    ..Self::default()
+                });
+            }
+        }
+        out
     }
 }
 
@@ -70,22 +86,42 @@ impl KeyFormat {
         self.prefixes.len()
     }
 
+    /// Everything before `{hex(hash)}` in namespace number `namespace`, or `None` past
+    /// the end.
+    #[must_use]
+    pub fn prefix(&self, namespace: usize) -> Option<&str> {
+        self.prefixes.get(namespace).map(String::as_str)
+    }
+
     /// The keys of the block with hash bytes `block_hash`, one per namespace, in
     /// namespace order.
     #[must_use]
     pub fn block_keys(&self, block_hash: &[u8]) -> Vec<String> {
-        self.prefixes
-            .iter()
-            .map(|prefix| {
-                let mut key = String::with_capacity(prefix.len() + 2 * block_hash.len());
-                key.push_str(prefix);
-                for byte in block_hash {
-                    // Writing to a String cannot fail.
-                    let _ = write!(key, "{byte:02x}");
-                }
-                key
-            })
-            .collect()
+        let mut out = Vec::with_capacity(self.prefixes.len());
+        self.push_block_keys(&mut out, block_hash);
+        out
+    }
+
+    /// Appends the keys of the block with hash bytes `block_hash` to `out`, one per
+    /// namespace, in namespace order; the hex is formatted once for all of them.
+    pub fn push_block_keys(&self, out: &mut Vec<String>, block_hash: &[u8]) {
+        let mut hex = String::with_capacity(2 * block_hash.len());
+        push_hex(&mut hex, block_hash);
+        for prefix in &self.prefixes {
+            let mut key = String::with_capacity(prefix.len() + hex.len());
+            key.push_str(prefix);
+            key.push_str(&hex);
+            out.push(key);
+        }
+    }
+}
+
+/// Appends the lowercase hex of `bytes` (two digits a byte), as vLLM's `hash.hex()`.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
 }
 
