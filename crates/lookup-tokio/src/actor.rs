@@ -114,6 +114,56 @@ pub(crate) struct ActorConfig {
     pub(crate) reopen_backoff: Duration,
 }
 
+/// The send queue of an I/O task, ZeroMQ or direct: the core's [`Dispatcher`] plus the
+/// spans of the lookups queued in it (only those with tracing on), so that each RPC's
+/// span is a child of its lookup's.
+#[derive(Debug)]
+pub(crate) struct SendQueue {
+    dispatcher: Dispatcher,
+    spans: HashMap<RpcId, Span>,
+}
+
+impl SendQueue {
+    pub(crate) fn new(dispatcher: Dispatcher) -> Self {
+        Self {
+            dispatcher,
+            spans: HashMap::new(),
+        }
+    }
+
+    /// Queues one command of the handle, keeping its span until the RPC is released.
+    pub(crate) fn take(&mut self, (command, span): ToActor) {
+        match &command {
+            Command::Send { rpc_id, .. } if !span.is_disabled() => {
+                self.spans.insert(*rpc_id, span);
+            }
+            Command::Cancel { rpc_id } => {
+                self.spans.remove(rpc_id);
+            }
+            _ => {}
+        }
+        self.dispatcher.push(command);
+    }
+
+    /// The next RPC to start, with its lookup's span (`Span::none()` for a reset or
+    /// with tracing off): see [`Dispatcher::next_send`].
+    pub(crate) fn next_send(&mut self) -> Option<(Outgoing, Span)> {
+        let out = self.dispatcher.next_send()?;
+        let parent = self.spans.remove(&out.rpc_id).unwrap_or_else(Span::none);
+        Some((out, parent))
+    }
+
+    /// A released RPC ended: see [`Dispatcher::on_done`].
+    pub(crate) fn on_done(&mut self, rpc_id: RpcId) {
+        self.dispatcher.on_done(rpc_id);
+    }
+
+    /// See [`Dispatcher::reset_in_flight`].
+    pub(crate) fn reset_in_flight(&mut self) -> Vec<RpcId> {
+        self.dispatcher.reset_in_flight()
+    }
+}
+
 /// Largest reply frame the client accepts (bytes): a lookup reply is 4 + 8k bytes,
 /// so 64 KiB leaves room for 8,191 tail-key boundaries. ZeroMQ hangs up on a peer
 /// that announces more, before reserving any memory for it.
@@ -189,7 +239,7 @@ pub(crate) struct Actor {
     config: ActorConfig,
     context: tmq::Context,
     socket: Option<tmq::dealer::Dealer>,
-    dispatcher: Dispatcher,
+    queue: SendQueue,
     on_wire: HashMap<RpcId, OnWire>,
     deadlines: BTreeSet<(Instant, RpcId)>,
     consecutive_timeouts: u32,
@@ -197,8 +247,6 @@ pub(crate) struct Actor {
     reopen_at: Option<Instant>,
     backoff: Duration,
     commands: UnboundedReceiver<ToActor>,
-    /// Spans of lookups queued in the dispatcher (only those with tracing on).
-    spans: HashMap<RpcId, Span>,
     completions: UnboundedSender<Completion>,
     /// [`Completion::Sent`] only: the handle drains it without ever waiting on it, so
     /// a send does not wake a probe that waits for the reply.
@@ -232,14 +280,13 @@ impl Actor {
             config,
             context,
             socket: Some(socket),
-            dispatcher,
+            queue: SendQueue::new(dispatcher),
             on_wire: HashMap::new(),
             deadlines: BTreeSet::new(),
             consecutive_timeouts: 0,
             reopen_at: None,
             backoff,
             commands,
-            spans: HashMap::new(),
             completions,
             sends,
             cancel,
@@ -268,10 +315,10 @@ impl Actor {
             match wake {
                 Wake::Cancelled | Wake::Command(None) => break,
                 Wake::Command(Some(command)) => {
-                    self.take(command);
+                    self.queue.take(command);
                     // Take everything already queued, so one turn sends a whole batch.
                     while let Ok(command) = self.commands.try_recv() {
-                        self.take(command);
+                        self.queue.take(command);
                     }
                 }
                 Wake::Message(Some(Ok(message))) => self.on_message(message, now),
@@ -306,20 +353,6 @@ impl Actor {
         tracing::debug!(on_wire = open, "lookup actor stopped");
     }
 
-    /// Queues one command of the handle, keeping its span until the RPC is sent.
-    fn take(&mut self, (command, span): ToActor) {
-        match &command {
-            Command::Send { rpc_id, .. } if !span.is_disabled() => {
-                self.spans.insert(*rpc_id, span);
-            }
-            Command::Cancel { rpc_id } => {
-                self.spans.remove(rpc_id);
-            }
-            _ => {}
-        }
-        self.dispatcher.push(command);
-    }
-
     /// Fails every RPC whose deadline passed and retries a failed socket open.
     fn expire(&mut self, now: Instant) {
         let mut timed_out = 0;
@@ -332,7 +365,7 @@ impl Actor {
             let Some(entry) = self.on_wire.remove(&rpc_id) else {
                 continue;
             };
-            self.dispatcher.on_done(rpc_id);
+            self.queue.on_done(rpc_id);
             timed_out += 1;
             self.finish(rpc_id, &entry, "timed_out", now);
             self.report(Completion::Failed {
@@ -366,8 +399,8 @@ impl Actor {
 
     /// Sends everything the dispatcher releases. False when cancelled mid-send.
     async fn pump(&mut self, now: Instant) -> bool {
-        while let Some(out) = self.dispatcher.next_send() {
-            if !self.send(out, now).await {
+        while let Some((out, parent)) = self.queue.next_send() {
+            if !self.send(out, parent, now).await {
                 return false;
             }
         }
@@ -375,11 +408,10 @@ impl Actor {
     }
 
     /// Writes one released RPC. False when cancelled mid-send.
-    async fn send(&mut self, out: Outgoing, now: Instant) -> bool {
+    async fn send(&mut self, out: Outgoing, parent: Span, now: Instant) -> bool {
         let Outgoing { rpc_id, body } = out;
         // The lookup's span (request id, origin, prompt) is the parent; without one
         // (a reset, or tracing off) this span is a root.
-        let parent = self.spans.remove(&rpc_id).unwrap_or_else(Span::none);
         let (frames, span) = match &body {
             RpcBody::Lookup {
                 num_tokens,
@@ -421,7 +453,7 @@ impl Actor {
                     Err(error) => {
                         self.warn
                             .warn("no_reset", now, format_args!("reset not sent: {error}"));
-                        self.dispatcher.on_done(rpc_id);
+                        self.queue.on_done(rpc_id);
                         self.report(Completion::Failed {
                             rpc_id,
                             failure: RpcFailure::NotSent,
@@ -436,7 +468,7 @@ impl Actor {
         let Some(socket) = self.socket.as_mut() else {
             // No socket (a reopen failed and waits for its backoff): fail fast rather
             // than hold the lookup, so the scheduler is never kept waiting (rule 17).
-            self.dispatcher.on_done(rpc_id);
+            self.queue.on_done(rpc_id);
             span.record("outcome", "no_socket");
             self.report(Completion::Failed {
                 rpc_id,
@@ -500,7 +532,7 @@ impl Actor {
     }
 
     fn fail_unsent(&mut self, rpc_id: RpcId, span: &Span, now: Instant) {
-        self.dispatcher.on_done(rpc_id);
+        self.queue.on_done(rpc_id);
         span.record("outcome", "send_failed");
         self.report(Completion::Failed {
             rpc_id,
@@ -532,7 +564,7 @@ impl Actor {
             return;
         };
         self.deadlines.remove(&(entry.deadline, rpc_id));
-        self.dispatcher.on_done(rpc_id);
+        self.queue.on_done(rpc_id);
         self.consecutive_timeouts = 0;
         self.backoff = self.config.reopen_backoff;
         let frames: Vec<Bytes> = parts.map(|m| Bytes::copy_from_slice(&m)).collect();
@@ -622,7 +654,7 @@ impl Actor {
         TransportCounters::bump(&self.counters.reopens);
         self.consecutive_timeouts = 0;
         drop(self.socket.take());
-        for rpc_id in self.dispatcher.reset_in_flight() {
+        for rpc_id in self.queue.reset_in_flight() {
             if Some(rpc_id) == keep {
                 continue;
             }

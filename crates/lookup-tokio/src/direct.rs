@@ -36,7 +36,6 @@
 //!
 //! [`LookupClient::connect`]: crate::LookupClient::connect
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -45,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use lookup_core::{BlockHashes, Command, Dispatcher, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
+use lookup_core::{BlockHashes, Dispatcher, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
 use mooncake_master::{MasterClient, MasterConfig, MasterError};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Sleep;
@@ -53,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::actor::{Completion, ToActor, TransportCounters, WarnLimiter};
+use crate::actor::{Completion, SendQueue, ToActor, TransportCounters, WarnLimiter};
 use crate::metrics::ActorMetrics;
 use crate::{Error, KeyLayout, blocks_to_check, hit_tokens};
 
@@ -253,15 +252,13 @@ enum Wake {
 pub(crate) struct DirectActor {
     settings: DirectSettings,
     keys_per_block: usize,
-    dispatcher: Dispatcher,
+    queue: SendQueue,
     link: Link,
     backoff: Duration,
     /// Shared with the handle, for [`MasterStats`](mooncake_master::MasterStats).
     master: Arc<OnceLock<MasterClient>>,
     in_flight: FuturesUnordered<Query>,
     commands: UnboundedReceiver<ToActor>,
-    /// Spans of lookups queued in the dispatcher (only those with tracing on).
-    spans: HashMap<RpcId, Span>,
     completions: UnboundedSender<Completion>,
     sends: UnboundedSender<Completion>,
     cancel: CancellationToken,
@@ -289,13 +286,12 @@ impl DirectActor {
         Self {
             settings,
             keys_per_block,
-            dispatcher,
+            queue: SendQueue::new(dispatcher),
             link,
             backoff,
             master,
             in_flight: FuturesUnordered::new(),
             commands,
-            spans: HashMap::new(),
             completions,
             sends,
             cancel,
@@ -325,10 +321,10 @@ impl DirectActor {
             match wake {
                 Wake::Cancelled | Wake::Command(None) => break,
                 Wake::Command(Some(command)) => {
-                    self.take(command);
+                    self.queue.take(command);
                     // Take everything already queued, so one turn starts a whole batch.
                     while let Ok(command) = self.commands.try_recv() {
-                        self.take(command);
+                        self.queue.take(command);
                     }
                 }
                 Wake::Ended(ended) => {
@@ -371,35 +367,20 @@ impl DirectActor {
         tracing::debug!(in_flight = open, "direct lookup actor stopped");
     }
 
-    /// Queues one command of the handle, keeping its span until the lookup starts.
-    fn take(&mut self, (command, span): ToActor) {
-        match &command {
-            Command::Send { rpc_id, .. } if !span.is_disabled() => {
-                self.spans.insert(*rpc_id, span);
-            }
-            Command::Cancel { rpc_id } => {
-                self.spans.remove(rpc_id);
-            }
-            _ => {}
-        }
-        self.dispatcher.push(command);
-    }
-
     /// Starts everything the dispatcher releases, unless a connect attempt is under
     /// way (lookups then wait for it, as they would in a ZeroMQ socket's queue).
     fn pump(&mut self, now: Instant) {
         if matches!(self.link, Link::Connecting(_)) {
             return;
         }
-        while let Some(out) = self.dispatcher.next_send() {
-            self.start(out, now);
+        while let Some((out, parent)) = self.queue.next_send() {
+            self.start(out, parent, now);
         }
     }
 
     /// Serves one released RPC.
-    fn start(&mut self, out: Outgoing, now: Instant) {
+    fn start(&mut self, out: Outgoing, parent: Span, now: Instant) {
         let Outgoing { rpc_id, body } = out;
-        let parent = self.spans.remove(&rpc_id).unwrap_or_else(Span::none);
         let (num_tokens, block_hashes) = match body {
             RpcBody::Lookup {
                 num_tokens,
@@ -427,7 +408,7 @@ impl DirectActor {
             _ => {
                 // No connection (a connect failed and waits for its backoff): fail
                 // fast rather than hold the lookup (rule 17).
-                self.dispatcher.on_done(rpc_id);
+                self.queue.on_done(rpc_id);
                 self.counters.send_errors.fetch_add(1, Ordering::Relaxed);
                 span.record("outcome", "not_connected");
                 self.report(Completion::Failed {
@@ -467,7 +448,7 @@ impl DirectActor {
 
     /// Rule 13 with no remove-all on the master: the reset ends as failed at once.
     fn refuse_reset(&mut self, rpc_id: RpcId, parent: &Span, now: Instant) {
-        self.dispatcher.on_done(rpc_id);
+        self.queue.on_done(rpc_id);
         self.warn.warn(
             "no_reset",
             now,
@@ -494,7 +475,7 @@ impl DirectActor {
             result,
         } = ended;
         self.metrics.lookup_off_wire();
-        self.dispatcher.on_done(rpc_id);
+        self.queue.on_done(rpc_id);
         let latency = now.saturating_duration_since(sent_at);
         let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         span.record("latency_us", latency_us);
