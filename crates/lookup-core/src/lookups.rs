@@ -1,13 +1,15 @@
 //! The lookup lifecycle of `spec/behaviour.md`.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use crate::{
-    BlockHashes, Command, Config, Error, Event, LookupOutcome, Origin, Priority, Probe, Reply,
-    Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, TicketState,
+    BlockHashes, Command, Config, Error, Event, LookupOutcome, Origin, Probe, Reply, Request,
+    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, TicketState, WireEvent,
 };
 
 /// What identifies the question an RPC asks: equal keys get equal answers, so they
@@ -87,14 +89,6 @@ struct RequestEntry {
 }
 
 #[derive(Debug)]
-enum RpcPhase {
-    /// Handed to the driver; the ticket tells whether it went on the wire.
-    Dispatched,
-    /// The driver reported it sent at `sent_at`; it fails at `deadline`.
-    Sent { sent_at: Instant, deadline: Instant },
-}
-
-#[derive(Debug)]
 enum RpcKind {
     Lookup { key: ShareKey },
     Reset,
@@ -103,15 +97,17 @@ enum RpcKind {
 #[derive(Debug)]
 struct Rpc {
     kind: RpcKind,
+    /// Whether it went on the wire is the ticket's to say (rule 9); the wire's own
+    /// state (deadline, send time) is the driver's `Dispatcher`'s.
     ticket: Ticket,
-    priority: Priority,
+    /// A probe waits for it: sent before prefetches (rule 15).
+    awaited: bool,
     /// Live requests waiting for this answer.
     subscribers: Vec<RequestId>,
     /// Prefetch slots this RPC holds until it ends (rule 3), including those of
     /// requests discarded after it was sent.
     slots: u32,
     submitted_at: Instant,
-    phase: RpcPhase,
 }
 
 /// The scheduler-side lookup lifecycle (`spec/behaviour.md` rules 1-17), sans-IO.
@@ -120,32 +116,30 @@ struct Rpc {
 ///
 /// Every input takes `now`, the caller's clock; the type never reads a clock.
 /// After every input (`on_new_request`, `probe`, `on_allocated`, `on_finished`,
-/// `on_preempted`, `reset`, `close`, `handle_sent`, `handle_reply`,
-/// `handle_rpc_error`, `handle_timeout`):
+/// `on_preempted`, `reset`, `close`, `handle_wire_event`):
 ///
-/// 1. drain [`poll_transmit`](Self::poll_transmit) into a
-///    [`Dispatcher`](crate::Dispatcher) and send what it releases, reporting each
-///    with [`handle_sent`](Self::handle_sent);
-/// 2. drain [`poll_event`](Self::poll_event);
-/// 3. re-read [`poll_timeout`](Self::poll_timeout) and call
-///    [`handle_timeout`](Self::handle_timeout) when it passes. Calling it early or
-///    twice is harmless.
+/// 1. drain [`poll_transmit`](Self::poll_transmit) into the driver's
+///    [`Dispatcher`](crate::Dispatcher) (the wire's half of the protocol: send queue,
+///    RPCs on the wire, their deadlines);
+/// 2. drain [`poll_event`](Self::poll_event).
 ///
-/// A probe that finds its result cached does not allocate.
+/// Each [`WireEvent`] the dispatcher reports is given back with
+/// [`handle_wire_event`](Self::handle_wire_event). `Lookups` keeps no deadline of its
+/// own: an RPC's timeout (rule 17) is the dispatcher's, and reaches this type as a
+/// wire event like a reply. A probe that finds its result cached does not allocate.
 #[derive(Debug)]
 pub struct Lookups {
     config: Config,
     ttl: Duration,
-    timeout: Duration,
     closed: bool,
     next_rpc: u64,
     requests: HashMap<RequestId, RequestEntry>,
     rpcs: HashMap<RpcId, Rpc>,
     shared: HashMap<ShareKey, RpcId>,
-    timers: BTreeSet<(Instant, RpcId)>,
     slots_in_use: u32,
-    /// RPCs handed to the driver and not reported sent (`max_queued` backlog).
-    unsent: usize,
+    /// RPCs handed to the driver whose ticket is still queued (`max_queued` backlog),
+    /// kept by the tickets themselves.
+    backlog: Arc<AtomicUsize>,
     transmits: VecDeque<Command>,
     events: VecDeque<Event>,
     stats: Stats,
@@ -160,16 +154,14 @@ impl Lookups {
         config.validate()?;
         Ok(Self {
             ttl: config.ttl(),
-            timeout: config.timeout(),
             config,
             closed: false,
             next_rpc: 1,
             requests: HashMap::new(),
             rpcs: HashMap::new(),
             shared: HashMap::new(),
-            timers: BTreeSet::new(),
             slots_in_use: 0,
-            unsent: 0,
+            backlog: Arc::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
@@ -238,7 +230,7 @@ impl Lookups {
             self.stats.prefetch_cap_full += 1;
             return;
         }
-        if self.unsent >= self.config.max_queued as usize {
+        if self.backlog.load(Ordering::Relaxed) >= self.config.max_queued as usize {
             self.stats.prefetch_backlog_full += 1;
             return;
         }
@@ -420,23 +412,22 @@ impl Lookups {
             return None;
         }
         let rpc_id = self.new_rpc_id();
-        let ticket = Ticket::new();
+        let ticket = Ticket::counted(&self.backlog);
         self.rpcs.insert(
             rpc_id,
             Rpc {
                 kind: RpcKind::Reset,
                 ticket: ticket.clone(),
-                priority: Priority::Awaited,
+                awaited: true,
                 subscribers: Vec::new(),
                 slots: 0,
                 submitted_at: now,
-                phase: RpcPhase::Dispatched,
             },
         );
         self.stats.resets += 1;
         self.transmits.push_back(Command::Send {
             rpc_id,
-            priority: Priority::Awaited,
+            origin: Origin::Probe,
             body: RpcBody::Reset,
             ticket,
         });
@@ -459,51 +450,42 @@ impl Lookups {
         }
         self.rpcs.clear();
         self.shared.clear();
-        self.timers.clear();
         self.requests.clear();
         self.transmits.clear();
         self.slots_in_use = 0;
-        self.unsent = 0;
     }
 
-    /// The driver put `rpc_id` on the wire at `now`: its `lookup_timeout_s` starts
-    /// (rule 17). Unknown ids are ignored.
-    pub fn handle_sent(&mut self, rpc_id: RpcId, now: Instant) {
-        let Some(rpc) = self.rpcs.get_mut(&rpc_id) else {
-            return;
-        };
-        if let RpcPhase::Dispatched = rpc.phase {
-            let deadline = now + self.timeout;
-            rpc.phase = RpcPhase::Sent {
-                sent_at: now,
-                deadline,
-            };
-            self.timers.insert((deadline, rpc_id));
-            self.stats.rpcs_sent += 1;
-            self.unsent -= 1;
-        }
-    }
-
-    /// A reply for `rpc_id` arrived. Lookup replies are validated (rule 11: above
-    /// `num_tokens` or not a block multiple is malformed) and applied only to the
-    /// requests still waiting on exactly this question (rule 7). Replies for unknown
-    /// ids (late after a timeout, duplicated) are dropped and counted.
-    pub fn handle_reply(&mut self, rpc_id: RpcId, reply: Reply, now: Instant) {
+    /// An RPC ended on the wire (a reply, a timeout, a transport failure), as the
+    /// driver's [`Dispatcher`](crate::Dispatcher) reported it. Its time is the
+    /// event's own ([`WireEvent::at`]): a result's TTL runs from its reply (rule 6).
+    ///
+    /// Lookup replies are validated (rule 11: above `num_tokens` or not a block
+    /// multiple is malformed) and applied only to the requests still waiting on
+    /// exactly this question (rule 7); failures answer 0 hits (rule 11); a reset's
+    /// reply or failure becomes [`Event::ResetDone`] (rule 13). Events for RPCs this
+    /// type no longer has (after close) are ignored.
+    pub fn handle_wire_event(&mut self, event: WireEvent) {
+        let WireEvent {
+            rpc_id,
+            result,
+            sent_at,
+            at,
+        } = event;
         let Some(rpc) = self.take_rpc(rpc_id) else {
-            self.stats.replies_unknown += 1;
             return;
         };
-        match &rpc.kind {
-            RpcKind::Reset => {
-                let outcome = match reply {
-                    Reply::Reset { ok: true } => ResetOutcome::Ok,
-                    _ => ResetOutcome::Failed,
+        match (&rpc.kind, result) {
+            (RpcKind::Reset, result) => {
+                let outcome = match result {
+                    Ok(Reply::Reset { ok: true }) => ResetOutcome::Ok,
+                    Ok(_) => ResetOutcome::Failed,
+                    Err(_) => ResetOutcome::TimedOut,
                 };
                 self.events.push_back(Event::ResetDone { rpc_id, outcome });
             }
-            RpcKind::Lookup { key } => {
-                let outcome = match reply {
-                    Reply::Lookup { hit_tokens }
+            (RpcKind::Lookup { key }, result) => {
+                let outcome = match result {
+                    Ok(Reply::Lookup { hit_tokens })
                         if hit_tokens <= key.num_tokens
                             && hit_tokens % self.config.block_size == 0 =>
                     {
@@ -513,58 +495,24 @@ impl Lookups {
                             LookupOutcome::Hit { hit_tokens }
                         }
                     }
-                    _ => LookupOutcome::Malformed,
+                    Ok(_) => LookupOutcome::Malformed,
+                    Err(failure) => LookupOutcome::Failed(failure),
                 };
-                self.finish_lookup(rpc_id, rpc, outcome, now);
+                self.finish_lookup(rpc_id, rpc, outcome, sent_at, at);
             }
-        }
-    }
-
-    /// `rpc_id` failed without a usable reply (rule 11: a miss for its requests; rule
-    /// 13: a reset reports [`ResetOutcome::TimedOut`]). Unknown ids are ignored.
-    pub fn handle_rpc_error(&mut self, rpc_id: RpcId, failure: RpcFailure, now: Instant) {
-        let Some(rpc) = self.take_rpc(rpc_id) else {
-            self.stats.replies_unknown += 1;
-            return;
-        };
-        match rpc.kind {
-            RpcKind::Reset => self.events.push_back(Event::ResetDone {
-                rpc_id,
-                outcome: ResetOutcome::TimedOut,
-            }),
-            RpcKind::Lookup { .. } => {
-                self.finish_lookup(rpc_id, rpc, LookupOutcome::Failed(failure), now);
-            }
-        }
-    }
-
-    /// Fails every RPC whose deadline (`lookup_timeout_s` after it was sent) is at or
-    /// before `now` (rule 17). Harmless when early or repeated.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(&(deadline, rpc_id)) = self.timers.first() {
-            if deadline > now {
-                break;
-            }
-            self.handle_rpc_error(rpc_id, RpcFailure::TimedOut, now);
-            // handle_rpc_error removed the timer via take_rpc.
-            self.timers.remove(&(deadline, rpc_id));
         }
     }
 
     /// The next RPC command for the driver (STYLE.md rule 2).
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Command> {
         self.transmits.pop_front()
     }
 
     /// The next event for the caller.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
-    }
-
-    /// The earliest RPC deadline, if any RPC is on the wire.
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|(t, _)| *t)
     }
 
     /// Counters since construction.
@@ -622,7 +570,6 @@ impl Lookups {
         let id = RpcId(self.next_rpc);
         self.next_rpc += 1;
         self.stats.rpcs_created += 1;
-        self.unsent += 1;
         id
     }
 
@@ -664,21 +611,16 @@ impl Lookups {
             rpc_id
         } else {
             let rpc_id = self.new_rpc_id();
-            let ticket = Ticket::new();
-            let priority = match origin {
-                Origin::Arrival => Priority::Prefetch,
-                Origin::Probe => Priority::Awaited,
-            };
+            let ticket = Ticket::counted(&self.backlog);
             self.rpcs.insert(
                 rpc_id,
                 Rpc {
                     kind: RpcKind::Lookup { key: key.clone() },
                     ticket: ticket.clone(),
-                    priority,
+                    awaited: origin == Origin::Probe,
                     subscribers: vec![request_id],
                     slots: u32::from(holds_slot),
                     submitted_at: now,
-                    phase: RpcPhase::Dispatched,
                 },
             );
             if self.config.lookup_share {
@@ -686,7 +628,7 @@ impl Lookups {
             }
             self.transmits.push_back(Command::Send {
                 rpc_id,
-                priority,
+                origin,
                 body: RpcBody::Lookup {
                     num_tokens,
                     block_hashes: hashes.clone(),
@@ -711,8 +653,8 @@ impl Lookups {
             return;
         }
         if let Some(rpc) = self.rpcs.get_mut(&rpc_id) {
-            if rpc.priority == Priority::Prefetch && rpc.ticket.state() == TicketState::Queued {
-                rpc.priority = Priority::Awaited;
+            if !rpc.awaited && rpc.ticket.state() == TicketState::Queued {
+                rpc.awaited = true;
                 self.stats.promotions += 1;
                 self.transmits.push_back(Command::Promote { rpc_id });
             }
@@ -756,12 +698,6 @@ impl Lookups {
     fn take_rpc(&mut self, rpc_id: RpcId) -> Option<Rpc> {
         let rpc = self.rpcs.remove(&rpc_id)?;
         self.slots_in_use -= rpc.slots;
-        match rpc.phase {
-            RpcPhase::Sent { deadline, .. } => {
-                self.timers.remove(&(deadline, rpc_id));
-            }
-            RpcPhase::Dispatched => self.unsent -= 1,
-        }
         if let RpcKind::Lookup { key } = &rpc.kind {
             if self.shared.get(key) == Some(&rpc_id) {
                 self.shared.remove(key);
@@ -770,7 +706,14 @@ impl Lookups {
         Some(rpc)
     }
 
-    fn finish_lookup(&mut self, rpc_id: RpcId, rpc: Rpc, outcome: LookupOutcome, now: Instant) {
+    fn finish_lookup(
+        &mut self,
+        rpc_id: RpcId,
+        rpc: Rpc,
+        outcome: LookupOutcome,
+        sent_at: Instant,
+        now: Instant,
+    ) {
         let hit_tokens = match outcome {
             LookupOutcome::Hit { hit_tokens } => {
                 self.stats.hits += 1;
@@ -821,16 +764,13 @@ impl Lookups {
         if answered == 0 {
             self.stats.replies_stale += 1;
         }
-        let on_wire = match rpc.phase {
-            RpcPhase::Sent { sent_at, .. } => Some(now.saturating_duration_since(sent_at)),
-            RpcPhase::Dispatched => None,
-        };
         self.events.push_back(Event::LookupDone {
             rpc_id,
             outcome,
             requests: answered,
             total: now.saturating_duration_since(rpc.submitted_at),
-            on_wire,
+            queue_wait: sent_at.saturating_duration_since(rpc.submitted_at),
+            on_wire: now.saturating_duration_since(sent_at),
         });
     }
 }

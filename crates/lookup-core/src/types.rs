@@ -2,8 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::BlockHashes;
 
@@ -71,15 +71,6 @@ pub enum Origin {
     Probe,
 }
 
-/// Send priority of an RPC in the [`Dispatcher`](crate::Dispatcher) (rule 15).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Priority {
-    /// A probe is waiting for it: goes first.
-    Awaited,
-    /// A prefetch nobody waits for yet.
-    Prefetch,
-}
-
 /// State of a [`Ticket`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TicketState {
@@ -97,40 +88,63 @@ pub enum TicketState {
 /// [`cancel`](Self::cancel) (core, on discard) succeeds, so a lookup is either never
 /// sent or known to be on the wire, even when the driver runs on another thread
 /// (`spec/behaviour.md` rule 9). One atomic byte; no lock.
+///
+/// Tickets made by one [`Lookups`](crate::Lookups) share a count of those still
+/// queued, which is the one record of its backlog (`max_queued`): a claim or a cancel
+/// takes the ticket off it, wherever it happens.
 #[derive(Clone, Debug, Default)]
-pub struct Ticket(Arc<AtomicU8>);
+pub struct Ticket {
+    state: Arc<AtomicU8>,
+    queued: Arc<AtomicUsize>,
+}
 
 const QUEUED: u8 = 0;
 const SENT: u8 = 1;
 const CANCELLED: u8 = 2;
 
 impl Ticket {
-    /// A new ticket, [`TicketState::Queued`].
+    /// A new ticket, [`TicketState::Queued`], counted in no backlog.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A new queued ticket counted in `backlog` until claimed or cancelled.
+    pub(crate) fn counted(backlog: &Arc<AtomicUsize>) -> Self {
+        backlog.fetch_add(1, Ordering::Relaxed);
+        Self {
+            state: Arc::default(),
+            queued: Arc::clone(backlog),
+        }
+    }
+
     /// Driver side: moves Queued → Sent. False when it was cancelled (do not send).
     #[must_use]
     pub fn claim(&self) -> bool {
-        self.0
-            .compare_exchange(QUEUED, SENT, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.leave(SENT)
     }
 
     /// Core side: moves Queued → Cancelled. False when already sent (or cancelled).
     #[must_use]
     pub fn cancel(&self) -> bool {
-        self.0
-            .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.leave(CANCELLED)
+    }
+
+    fn leave(&self, to: u8) -> bool {
+        let left = self
+            .state
+            .compare_exchange(QUEUED, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if left {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        left
     }
 
     /// The current state.
     #[must_use]
     pub fn state(&self) -> TicketState {
-        match self.0.load(Ordering::Acquire) {
+        match self.state.load(Ordering::Acquire) {
             QUEUED => TicketState::Queued,
             SENT => TicketState::Sent,
             _ => TicketState::Cancelled,
@@ -154,7 +168,8 @@ pub enum RpcBody {
 
 /// An RPC command for the driver, pulled with
 /// [`Lookups::poll_transmit`](crate::Lookups::poll_transmit) and given to a
-/// [`Dispatcher`](crate::Dispatcher).
+/// [`Dispatcher`](crate::Dispatcher). It is what crosses from the scheduler's thread to
+/// the I/O task; [`WireEvent`] crosses back.
 #[must_use]
 #[derive(Clone, Debug)]
 pub enum Command {
@@ -162,8 +177,8 @@ pub enum Command {
     Send {
         /// The RPC's id (the envelope on the wire).
         rpc_id: RpcId,
-        /// Its send priority.
-        priority: Priority,
+        /// Who started it: a probe's lookup goes before prefetches (rule 15).
+        origin: Origin,
         /// What it asks.
         body: RpcBody,
         /// The claim to take right before sending it.
@@ -210,6 +225,45 @@ pub enum RpcFailure {
     NotSent,
 }
 
+/// One RPC ended on the wire: made by the driver's [`Dispatcher`](crate::Dispatcher),
+/// carried to the scheduler's thread and given to
+/// [`Lookups::handle_wire_event`](crate::Lookups::handle_wire_event). It is what
+/// crosses from the I/O task back to the lifecycle, so the driver keeps no copy of
+/// the core's inputs (DESIGN.md, "Who owns what").
+#[must_use]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireEvent {
+    pub(crate) rpc_id: RpcId,
+    pub(crate) result: Result<Reply, RpcFailure>,
+    pub(crate) sent_at: Instant,
+    pub(crate) at: Instant,
+}
+
+impl WireEvent {
+    /// The RPC.
+    #[must_use]
+    pub fn rpc_id(&self) -> RpcId {
+        self.rpc_id
+    }
+
+    /// The reply, or why there is none.
+    pub fn result(&self) -> Result<&Reply, RpcFailure> {
+        self.result.as_ref().map_err(|f| *f)
+    }
+
+    /// When it went on the wire (the driver's clock).
+    #[must_use]
+    pub fn sent_at(&self) -> Instant {
+        self.sent_at
+    }
+
+    /// When it ended (the driver's clock).
+    #[must_use]
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+}
+
 /// How one lookup RPC ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LookupOutcome {
@@ -251,10 +305,12 @@ pub enum Event {
         outcome: LookupOutcome,
         /// Live requests it answered (0: wasted, every asker was discarded).
         requests: u32,
-        /// From submission to the end (seconds of the caller's clock).
+        /// From submission to the end.
         total: Duration,
-        /// From the driver's send to the end; `None` when it never was reported sent.
-        on_wire: Option<Duration>,
+        /// From submission to the driver's send (time in the send queue).
+        queue_wait: Duration,
+        /// From the driver's send to the end (time on the wire).
+        on_wire: Duration,
     },
     /// A reset RPC ended.
     ResetDone {
@@ -281,17 +337,12 @@ pub struct Stats {
     pub prefetch_backlog_full: u64,
     /// RPCs created (lookups and resets).
     pub rpcs_created: u64,
-    /// RPCs the driver reported sent.
-    pub rpcs_sent: u64,
     /// Lookups that joined an RPC already queued or in flight (rule 16).
     pub rpcs_shared: u64,
     /// RPCs cancelled before they were sent (rule 9).
     pub rpcs_cancelled: u64,
     /// Lookup RPCs that ended with no live request left to answer (wasted).
     pub replies_stale: u64,
-    /// Replies or failures for RPC ids no longer tracked (late replies after a
-    /// timeout, duplicates): dropped.
-    pub replies_unknown: u64,
     /// Lookup replies with a hit.
     pub hits: u64,
     /// Lookup replies of 0 tokens.

@@ -41,17 +41,32 @@ impl Harness {
         Self::new(c)
     }
 
+    /// The driving loop of the crate docs: commands into the dispatcher, releases onto
+    /// the wire, wire events into the lifecycle, events out.
     fn pump(&mut self) {
-        while let Some(cmd) = self.lookups.poll_transmit() {
-            self.dispatcher.push(cmd);
-        }
-        while let Some(out) = self.dispatcher.next_send() {
-            self.lookups.handle_sent(out.rpc_id, self.now);
-            self.wire.push((out.rpc_id, out.body.clone()));
-            self.sent.push((out.rpc_id, out.body));
-        }
-        while let Some(e) = self.lookups.poll_event() {
-            self.events.push(e);
+        loop {
+            let mut progressed = false;
+            while let Some(cmd) = self.lookups.poll_transmit() {
+                progressed = true;
+                self.dispatcher.push(cmd, ());
+            }
+            while let Some(out) = self.dispatcher.poll_transmit(self.now) {
+                progressed = true;
+                self.wire.push((out.rpc_id, out.body.clone()));
+                self.sent.push((out.rpc_id, out.body));
+            }
+            while let Some((event, ())) = self.dispatcher.poll_event() {
+                progressed = true;
+                let rpc_id = event.rpc_id();
+                self.wire.retain(|(id, _)| *id != rpc_id);
+                self.lookups.handle_wire_event(event);
+            }
+            while let Some(e) = self.lookups.poll_event() {
+                self.events.push(e);
+            }
+            if !progressed {
+                break;
+            }
         }
     }
 
@@ -66,16 +81,13 @@ impl Harness {
         p
     }
 
-    fn take(&mut self, rpc_id: RpcId) {
-        let i = self.wire.iter().position(|(id, _)| *id == rpc_id).unwrap();
-        self.wire.remove(i);
-        self.dispatcher.on_done(rpc_id);
-    }
-
-    /// The server answers the RPC at `index` on the wire with `reply`.
+    /// The server answers the RPC `rpc_id` on the wire with `reply`.
     fn answer(&mut self, rpc_id: RpcId, reply: Reply) {
-        self.take(rpc_id);
-        self.lookups.handle_reply(rpc_id, reply, self.now);
+        assert!(
+            self.wire.iter().any(|(id, _)| *id == rpc_id),
+            "{rpc_id} not on the wire"
+        );
+        assert!(self.dispatcher.handle_reply(rpc_id, reply, self.now));
         self.pump();
     }
 
@@ -85,27 +97,8 @@ impl Harness {
 
     fn advance(&mut self, d: Duration) {
         self.now += d;
-        if self.lookups.poll_timeout().is_some_and(|t| t <= self.now) {
-            let expired: Vec<RpcId> = self.wire.iter().map(|(id, _)| *id).collect();
-            self.lookups.handle_timeout(self.now);
-            // The driver frees the wire slots of what the core timed out.
-            for e in self.drain_new_events() {
-                let (Event::LookupDone { rpc_id, .. } | Event::ResetDone { rpc_id, .. }) = e;
-                if expired.contains(&rpc_id) {
-                    self.take(rpc_id);
-                }
-            }
-        }
+        self.dispatcher.handle_timeout(self.now);
         self.pump();
-    }
-
-    fn drain_new_events(&mut self) -> Vec<Event> {
-        let mut out = Vec::new();
-        while let Some(e) = self.lookups.poll_event() {
-            out.push(e);
-        }
-        self.events.extend(out.iter().cloned());
-        out
     }
 
     fn wire_ids(&self) -> Vec<RpcId> {
@@ -385,7 +378,7 @@ fn s12_silent_server_times_out_then_next_lookup_succeeds_and_late_reply_is_stale
     let a = req(1, 32, &[1, 2]);
     h.arrive(&a);
     assert_eq!(
-        h.lookups.poll_timeout(),
+        h.dispatcher.poll_timeout(),
         Some(h.now + Duration::from_secs(5))
     );
     h.advance(Duration::from_millis(4_999));
@@ -409,9 +402,12 @@ fn s12_silent_server_times_out_then_next_lookup_succeeds_and_late_reply_is_stale
     h.answer_hit(RpcId(2), 16);
     assert_eq!(h.probe(&b, 0), ready(16));
     // The late reply to the timed-out RPC is recognised and dropped.
-    h.lookups
-        .handle_reply(RpcId(1), Reply::Lookup { hit_tokens: 16 }, h.now);
-    assert_eq!(h.lookups.stats().replies_unknown, 1);
+    assert!(
+        !h.dispatcher
+            .handle_reply(RpcId(1), Reply::Lookup { hit_tokens: 16 }, h.now)
+    );
+    h.pump();
+    assert_eq!(h.dispatcher.stats().late_replies, 1);
     assert_eq!(h.probe(&a, 0), ready(0));
 }
 
@@ -569,9 +565,8 @@ fn r17_transport_failure_is_a_miss() {
     let mut h = Harness::prefetch(4);
     let r = req(1, 32, &[1, 2]);
     h.arrive(&r);
-    h.take(RpcId(1));
-    h.lookups
-        .handle_rpc_error(RpcId(1), RpcFailure::Transport, h.now);
+    assert_eq!(h.dispatcher.fail_on_wire(None, h.now), 1);
+    h.pump();
     assert_eq!(h.probe(&r, 0), ready(0));
     assert_eq!(h.lookups.stats().failed_transport, 1);
     assert_eq!(h.lookups.slots_in_use(), 0);

@@ -162,7 +162,8 @@ pub(crate) struct WireRpc {
     pub(crate) body: RpcBody,
 }
 
-/// Counters the model predicts exactly (the names of [`lookup_core::Stats`]).
+/// Counters the model predicts exactly (the names of [`lookup_core::Stats`] and, for
+/// `rpcs_sent` and `late_replies`, of [`lookup_core::DispatcherStats`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Counters {
     pub(crate) lookups_arrival: u64,
@@ -175,7 +176,8 @@ pub(crate) struct Counters {
     pub(crate) rpcs_shared: u64,
     pub(crate) rpcs_cancelled: u64,
     pub(crate) replies_stale: u64,
-    pub(crate) replies_unknown: u64,
+    /// The dispatcher's: replies for RPCs not on the wire.
+    pub(crate) late_replies: u64,
     pub(crate) hits: u64,
     pub(crate) misses: u64,
     pub(crate) failed_timed_out: u64,
@@ -591,14 +593,17 @@ impl RefState {
         for live in self.requests.iter_mut().flatten() {
             live.lookup = None;
         }
+        // The driver's I/O task ends with the client: its dispatcher forgets the wire.
+        self.dispatcher_in_flight.clear();
     }
 
-    /// A reply or failure for `rpc` reaches the client (the driver also marks it done
-    /// in its dispatcher).
+    /// A reply or failure for `rpc` reaches the driver's dispatcher. One for an RPC
+    /// not on the wire is dropped there; a reply so dropped is counted as late.
     fn deliver(&mut self, rpc: u64, end: End) {
-        self.dispatcher_in_flight.remove(&rpc);
-        if !self.end_rpc(rpc, end) {
-            self.counters.replies_unknown += 1;
+        if self.dispatcher_in_flight.remove(&rpc) {
+            self.end_rpc(rpc, end);
+        } else if matches!(end, End::Reply(_)) {
+            self.counters.late_replies += 1;
         }
     }
 
@@ -683,12 +688,14 @@ impl RefState {
         if answered == 0 {
             self.counters.replies_stale += 1;
         }
+        let sent_at = r.sent_at.expect("every lookup ends on the wire");
         self.expected.events.push(Event::LookupDone {
             rpc_id,
             outcome,
             requests: answered,
             total: Duration::from_nanos(self.now_ns - r.submitted_at),
-            on_wire: r.sent_at.map(|s| Duration::from_nanos(self.now_ns - s)),
+            queue_wait: Duration::from_nanos(sent_at - r.submitted_at),
+            on_wire: Duration::from_nanos(self.now_ns - sent_at),
         });
         true
     }
@@ -818,7 +825,7 @@ impl RefState {
             Transition::Reopen => {
                 self.wire.clear();
                 for id in std::mem::take(&mut self.dispatcher_in_flight) {
-                    self.deliver(id, End::Failure(RpcFailure::Transport));
+                    self.end_rpc(id, End::Failure(RpcFailure::Transport));
                 }
             }
         }

@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use lookup_core::{
-    Command, Dispatcher, Event, Lookups, Outgoing, Probe, RequestId, RpcBody, RpcFailure, RpcId,
-    Stats,
+    Command, Dispatcher, DispatcherStats, Event, Lookups, Outgoing, Probe, RequestId, RpcBody,
+    RpcFailure, RpcId, Stats,
 };
 use proptest_state_machine::StateMachineTest;
 
@@ -72,7 +72,7 @@ impl Harness {
         // A driver checks its timer on every loop turn; every deadline at or before
         // `now` was handled when the clock moved, so this call must change nothing
         // (STYLE.md rule 3: early or repeated calls are harmless).
-        self.lookups.handle_timeout(self.now());
+        self.dispatcher.handle_timeout(self.now());
         let mut sends = 0;
         loop {
             let mut progressed = false;
@@ -103,18 +103,17 @@ impl Harness {
                     }
                     Command::Promote { .. } => {}
                 }
-                self.dispatcher.push(command);
+                self.dispatcher.push(command, ());
+            }
+            while let Some((event, ())) = self.dispatcher.poll_event() {
+                progressed = true;
+                self.lookups.handle_wire_event(event);
             }
             while let Some(event) = self.lookups.poll_event() {
                 progressed = true;
-                match &event {
-                    Event::LookupDone { rpc_id, .. } | Event::ResetDone { rpc_id, .. } => {
-                        self.dispatcher.on_done(*rpc_id);
-                    }
-                }
                 self.events.push(event);
             }
-            while let Some(out) = self.dispatcher.next_send() {
+            while let Some(out) = self.dispatcher.poll_transmit(self.now()) {
                 progressed = true;
                 assert!(
                     !self.lookups.is_closed(),
@@ -131,7 +130,6 @@ impl Harness {
                     "{} released twice",
                     out.rpc_id
                 );
-                self.lookups.handle_sent(out.rpc_id, self.now());
                 self.wire.push(out);
             }
             if !progressed {
@@ -141,14 +139,12 @@ impl Harness {
     }
 
     fn deliver_reply(&mut self, rpc_id: RpcId, reply: lookup_core::Reply) {
-        self.dispatcher.on_done(rpc_id);
-        self.lookups.handle_reply(rpc_id, reply, self.now());
+        let _applied = self.dispatcher.handle_reply(rpc_id, reply, self.now());
     }
 
     fn deliver_error(&mut self, rpc_id: RpcId) {
-        self.dispatcher.on_done(rpc_id);
-        self.lookups
-            .handle_rpc_error(rpc_id, RpcFailure::Transport, self.now());
+        self.dispatcher
+            .handle_send_failed(rpc_id, RpcFailure::Transport, self.now());
     }
 
     fn dead_id(state: &RefState, target: DeadTarget) -> RpcId {
@@ -216,20 +212,22 @@ impl Harness {
             }
             Transition::Close => {
                 self.lookups.close();
+                // The I/O task ends with the client (rule 14).
+                self.dispatcher.close();
                 Asker::Nobody
             }
             Transition::Advance { ms } => {
                 self.now_ns += ms * 1_000_000;
-                self.lookups.handle_timeout(self.now());
+                self.dispatcher.handle_timeout(self.now());
                 Asker::Nobody
             }
             Transition::FireTimeout => {
-                if let Some(deadline) = self.lookups.poll_timeout() {
+                if let Some(deadline) = self.dispatcher.poll_timeout() {
                     let at = u64::try_from(deadline.duration_since(self.base).as_nanos())
                         .expect("short");
                     self.now_ns = self.now_ns.max(at);
                 }
-                self.lookups.handle_timeout(self.now());
+                self.dispatcher.handle_timeout(self.now());
                 Asker::Nobody
             }
             Transition::Answer {
@@ -265,11 +263,7 @@ impl Harness {
             }
             Transition::Reopen => {
                 self.wire.clear();
-                let mut ids = self.dispatcher.reset_in_flight();
-                ids.sort_unstable();
-                for rpc_id in ids {
-                    self.deliver_error(rpc_id);
-                }
+                let _failed = self.dispatcher.fail_on_wire(None, self.now());
                 Asker::Nobody
             }
         };
@@ -312,7 +306,8 @@ impl Harness {
                 "RPCs with no request and nothing on the wire"
             );
         }
-        let deadline = l
+        let deadline = self
+            .dispatcher
             .poll_timeout()
             .map(|t| u64::try_from(t.duration_since(self.base).as_nanos()).expect("short"));
         assert_eq!(
@@ -340,7 +335,7 @@ impl Harness {
         let exact = Counters {
             first_probes_ready_max: state.counters.first_probes_ready_max,
             first_probes_pending_max: state.counters.first_probes_pending_max,
-            ..counters(stats)
+            ..counters(stats, self.dispatcher.stats())
         };
         assert_eq!(exact, state.counters, "counters");
         for (slot, live) in state.requests.iter().enumerate() {
@@ -360,7 +355,7 @@ impl Harness {
 }
 
 /// The counters the model predicts, read from the core's [`Stats`].
-fn counters(s: &Stats) -> Counters {
+fn counters(s: &Stats, d: &DispatcherStats) -> Counters {
     Counters {
         lookups_arrival: s.lookups_arrival,
         lookups_probe: s.lookups_probe,
@@ -368,11 +363,11 @@ fn counters(s: &Stats) -> Counters {
         prefetch_cap_full: s.prefetch_cap_full,
         prefetch_backlog_full: s.prefetch_backlog_full,
         rpcs_created: s.rpcs_created,
-        rpcs_sent: s.rpcs_sent,
+        rpcs_sent: d.rpcs_sent,
         rpcs_shared: s.rpcs_shared,
         rpcs_cancelled: s.rpcs_cancelled,
         replies_stale: s.replies_stale,
-        replies_unknown: s.replies_unknown,
+        late_replies: d.late_replies,
         hits: s.hits,
         misses: s.misses,
         failed_timed_out: s.failed_timed_out,
@@ -390,7 +385,7 @@ fn counters(s: &Stats) -> Counters {
 }
 
 /// Every counter of [`Stats`], in declaration order, for the never-backwards check.
-fn all_counters(s: &Stats) -> [(&'static str, u64); 24] {
+fn all_counters(s: &Stats, d: &DispatcherStats) -> [(&'static str, u64); 24] {
     [
         ("lookups_arrival", s.lookups_arrival),
         ("lookups_probe", s.lookups_probe),
@@ -398,11 +393,11 @@ fn all_counters(s: &Stats) -> [(&'static str, u64); 24] {
         ("prefetch_cap_full", s.prefetch_cap_full),
         ("prefetch_backlog_full", s.prefetch_backlog_full),
         ("rpcs_created", s.rpcs_created),
-        ("rpcs_sent", s.rpcs_sent),
+        ("rpcs_sent", d.rpcs_sent),
         ("rpcs_shared", s.rpcs_shared),
         ("rpcs_cancelled", s.rpcs_cancelled),
         ("replies_stale", s.replies_stale),
-        ("replies_unknown", s.replies_unknown),
+        ("late_replies", d.late_replies),
         ("hits", s.hits),
         ("misses", s.misses),
         ("failed_timed_out", s.failed_timed_out),
@@ -431,11 +426,18 @@ impl StateMachineTest for LookupTest {
     }
 
     fn apply(mut harness: Harness, state: &RefState, transition: Transition) -> Harness {
-        let before = harness.lookups.stats().clone();
+        let before = (
+            harness.lookups.stats().clone(),
+            harness.dispatcher.stats().clone(),
+        );
         harness.step(state, transition);
-        for ((name, old), (_, new)) in all_counters(&before)
-            .into_iter()
-            .zip(all_counters(harness.lookups.stats()))
+        for ((name, old), (_, new)) in
+            all_counters(&before.0, &before.1)
+                .into_iter()
+                .zip(all_counters(
+                    harness.lookups.stats(),
+                    harness.dispatcher.stats(),
+                ))
         {
             assert!(new >= old, "counter {name} went back from {old} to {new}");
         }
