@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::{
-    BlockHashes, Command, Config, Error, Event, LookupOutcome, Origin, Probe, Reply, Request,
-    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, TicketState, WireEvent,
+    BlockHashes, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe, Reply,
+    Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, TicketState,
+    WireEvent,
 };
 
 /// What identifies the question an RPC asks: equal keys get equal answers, so they
@@ -128,7 +129,7 @@ struct Rpc {
 /// own: an RPC's timeout (rule 17) is the dispatcher's, and reaches this type as a
 /// wire event like a reply. A probe that finds its result cached does not allocate.
 #[derive(Debug)]
-pub struct Lookups {
+pub struct Lookups<O: Observe = ()> {
     config: Config,
     ttl: Duration,
     closed: bool,
@@ -142,15 +143,27 @@ pub struct Lookups {
     backlog: Arc<AtomicUsize>,
     transmits: VecDeque<Command>,
     events: VecDeque<Event>,
+    event_capacity: usize,
+    observer: O,
     stats: Stats,
 }
 
 impl Lookups {
-    /// A lookup state machine with `config`.
+    /// A lookup state machine with `config` and no observer.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] as [`Config::validate`].
     pub fn new(config: Config) -> Result<Self, Error> {
+        Self::with_observer(config, ())
+    }
+}
+
+impl<O: Observe> Lookups<O> {
+    /// A lookup state machine with `config`, telling `observer` what it does.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] as [`Config::validate`].
+    pub fn with_observer(config: Config, observer: O) -> Result<Self, Error> {
         config.validate()?;
         Ok(Self {
             ttl: config.ttl(),
@@ -164,6 +177,8 @@ impl Lookups {
             backlog: Arc::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            event_capacity: usize::MAX,
+            observer,
             stats: Stats::default(),
         })
     }
@@ -179,6 +194,37 @@ impl Lookups {
         if self.config.lookup_share {
             self.shared.reserve(additional);
         }
+    }
+
+    /// Keeps at most `capacity` events for [`poll_event`](Self::poll_event); beyond it
+    /// the oldest is dropped and counted in [`Stats::events_dropped`] (the observer
+    /// still sees every event). Unbounded by default.
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.event_capacity = capacity;
+    }
+
+    /// The observer.
+    #[must_use]
+    pub fn observer(&self) -> &O {
+        &self.observer
+    }
+
+    /// The observer, mutably.
+    pub fn observer_mut(&mut self) -> &mut O {
+        &mut self.observer
+    }
+
+    fn emit(&mut self, event: Event) {
+        self.observer.event(&event);
+        if self.event_capacity == 0 {
+            self.stats.events_dropped += 1;
+            return;
+        }
+        if self.events.len() >= self.event_capacity {
+            self.events.pop_front();
+            self.stats.events_dropped += 1;
+        }
+        self.events.push_back(event);
     }
 
     /// The configuration in force.
@@ -481,7 +527,7 @@ impl Lookups {
                     Ok(_) => ResetOutcome::Failed,
                     Err(_) => ResetOutcome::TimedOut,
                 };
-                self.events.push_back(Event::ResetDone { rpc_id, outcome });
+                self.emit(Event::ResetDone { rpc_id, outcome });
             }
             (RpcKind::Lookup { key }, result) => {
                 let outcome = match result {
@@ -605,6 +651,7 @@ impl Lookups {
                 rpc.slots += 1;
             }
             self.stats.rpcs_shared += 1;
+            self.observer.lookup_shared(rpc_id, request_id);
             if origin == Origin::Probe {
                 self.promote(rpc_id);
             }
@@ -626,6 +673,8 @@ impl Lookups {
             if self.config.lookup_share {
                 self.shared.insert(key, rpc_id);
             }
+            self.observer
+                .lookup_submitted(rpc_id, request_id, origin, num_tokens, hashes.len());
             self.transmits.push_back(Command::Send {
                 rpc_id,
                 origin,
@@ -684,6 +733,7 @@ impl Lookups {
             let rpc = self.take_rpc(rpc_id).expect("present");
             debug_assert!(rpc.slots >= u32::from(holds_slot));
             self.stats.rpcs_cancelled += 1;
+            self.observer.lookup_cancelled(rpc_id, rpc.submitted_at);
             self.transmits.push_back(Command::Cancel { rpc_id });
             return;
         }
@@ -764,7 +814,7 @@ impl Lookups {
         if answered == 0 {
             self.stats.replies_stale += 1;
         }
-        self.events.push_back(Event::LookupDone {
+        self.emit(Event::LookupDone {
             rpc_id,
             outcome,
             requests: answered,

@@ -369,4 +369,44 @@ pub struct Stats {
     pub first_probes_pending: u64,
     /// Reset RPCs created.
     pub resets: u64,
+    /// Events dropped because nobody polled them
+    /// ([`Lookups::set_event_capacity`](crate::Lookups::set_event_capacity)).
+    pub events_dropped: u64,
 }
+
+/// Sees what the lifecycle does as it happens, for a driver's metrics and tracing.
+/// Every method defaults to doing nothing; `()` observes nothing. The lifecycle's
+/// event queue stays the only one: the observer sees each event as it is queued.
+pub trait Observe {
+    /// A lookup RPC was created for `request_id` (`origin`, its prompt of `num_tokens`
+    /// tokens and `blocks` block hashes).
+    fn lookup_submitted(
+        &mut self,
+        rpc_id: RpcId,
+        request_id: RequestId,
+        origin: Origin,
+        num_tokens: u32,
+        blocks: usize,
+    ) {
+        let _ = (rpc_id, request_id, origin, num_tokens, blocks);
+    }
+
+    /// `request_id`'s lookup joined the RPC `rpc_id`, already queued or in flight
+    /// (rule 16).
+    fn lookup_shared(&mut self, rpc_id: RpcId, request_id: RequestId) {
+        let _ = (rpc_id, request_id);
+    }
+
+    /// The queued lookup RPC `rpc_id`, submitted at `submitted_at`, was cancelled
+    /// before it was sent (rule 9).
+    fn lookup_cancelled(&mut self, rpc_id: RpcId, submitted_at: Instant) {
+        let _ = (rpc_id, submitted_at);
+    }
+
+    /// `event` was queued for [`Lookups::poll_event`](crate::Lookups::poll_event).
+    fn event(&mut self, event: &Event) {
+        let _ = event;
+    }
+}
+
+impl Observe for () {}
