@@ -555,6 +555,19 @@ impl<O: Observe> Lookups<O> {
         self.transmits.pop_front()
     }
 
+    /// Takes the [`Event::ResetDone`] of `rpc_id` out of the event queue, leaving
+    /// the others queued (for a driver's wait on one reset).
+    pub fn take_reset_done(&mut self, rpc_id: RpcId) -> Option<ResetOutcome> {
+        let index = self
+            .events
+            .iter()
+            .position(|e| matches!(e, Event::ResetDone { rpc_id: id, .. } if *id == rpc_id))?;
+        match self.events.remove(index) {
+            Some(Event::ResetDone { outcome, .. }) => Some(outcome),
+            _ => None,
+        }
+    }
+
     /// The next event for the caller.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {

@@ -5,23 +5,24 @@
 //! task owns the socket (DESIGN.md, "lookup-tokio"). The client can also skip the
 //! server and ask the Mooncake master directly ([`Transport::Direct`]).
 
-mod actor;
 mod client;
-mod direct;
+mod clock;
 mod endpoint;
 mod error;
 mod index;
+mod io;
 pub mod metrics;
 mod mooncake;
 mod server;
+mod warn;
 
 pub use client::{ClientConfig, ClientStats, LookupClient};
-pub use direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
 pub use endpoint::Endpoint;
 pub use error::Error;
 pub use index::{
     BlockIndex, DelayedIndex, InMemoryIndex, IndexError, IndexFuture, KeyLayout, RankNamespace,
 };
+pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
 pub use mooncake::{MooncakeIndex, MooncakeIndexStats};
 /// The Mooncake master client behind [`MooncakeIndex`] (its configuration and errors).
 pub use mooncake_master;

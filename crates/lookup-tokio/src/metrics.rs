@@ -391,7 +391,6 @@ pub(crate) struct ClientMetrics {
     first_ready_ratio: Gauge,
     slots_in_use: Gauge,
     resets: [Counter; 3],
-    late_replies: Counter,
     published: Watched,
 }
 
@@ -428,7 +427,6 @@ impl ClientMetrics {
                 counter!("lookup_resets_total", "outcome" => "failed"),
                 counter!("lookup_resets_total", "outcome" => "timed_out"),
             ],
-            late_replies: counter!("lookup_late_replies_total"),
             published: Watched::default(),
         }
     }
@@ -453,11 +451,6 @@ impl ClientMetrics {
             ResetOutcome::TimedOut => 2,
         };
         self.resets[i].increment(1);
-    }
-
-    /// A reply came for an RPC the core had already timed out.
-    pub(crate) fn late_reply(&self) {
-        self.late_replies.increment(1);
     }
 
     /// Publishes what changed in the core's counters since the last call; returns how

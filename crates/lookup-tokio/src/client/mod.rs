@@ -1,0 +1,615 @@
+//! [`LookupClient`]: the handle a scheduler keeps (DESIGN.md, "lookup-tokio").
+
+mod config;
+mod observer;
+mod wait;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use lookup_core::{
+    Command, Dispatcher, Event, Lookups, Probe, Request, RequestId, RpcId, WireEvent,
+};
+use mooncake_master::MasterClient;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{ClientConfig, ClientStats};
+
+use crate::clock;
+use crate::io::direct::DirectWire;
+use crate::io::zmq::{ZmqWire, open_dealer};
+use crate::io::{IoConfig, IoLinks, IoTask, ToIo, TransportStats, Wire};
+use crate::warn::WarnLimiter;
+use crate::{Error, Transport};
+use observer::ClientObserver;
+
+/// Answer of a probe that can know nothing: no external tokens to load.
+const READY_ZERO: Probe = Probe::Ready {
+    external_tokens: 0,
+    load_async: false,
+};
+
+/// The scheduler's handle on the asynchronous prefix-cache lookup.
+///
+/// It owns the lifecycle state machine ([`Lookups`]) on the caller's thread, with no
+/// lock; one tokio task (the I/O task) owns the DEALER socket, or with
+/// [`Transport::Direct`] the Mooncake master connection (the server's rules are then
+/// computed in this process; [`Transport`] documents the lease side effect and why a
+/// reset ends as failed). Every method is
+/// non-blocking except the explicit waits ([`probe_wait`](Self::probe_wait),
+/// [`probe_blocking`](Self::probe_blocking), [`reset_and_wait`](Self::reset_and_wait)):
+/// it applies what the I/O task reported (the core's [`WireEvent`]s), applies the
+/// call, and hands new RPCs to the I/O task. The clock is read once per call (and
+/// once per wake-up while waiting). Deadlines are the I/O task's: a timed-out RPC
+/// reaches the client as a wire event like a reply.
+///
+/// Modes (`spec/behaviour.md`, configuration): with `lookup_async = true`,
+/// [`probe`](Self::probe) answers [`Probe::Pending`] until the reply is in, and
+/// arrivals prefetch when `lookup_prefetch_limit > 0`; with `lookup_async = false`
+/// (vLLM's default) use [`probe_wait`](Self::probe_wait) or
+/// [`probe_blocking`](Self::probe_blocking), which never answer `Pending` (rule 10).
+///
+/// Dropping the client closes it.
+///
+/// # Observability
+///
+/// Each lookup RPC gets a `lookup` span at debug level with `request_id` (of the
+/// request whose call created it), `rpc_id`, `origin`, `num_tokens`, `blocks`, and
+/// when it ends `outcome`, `hit_tokens`, `requests` (live requests it answered),
+/// `queue_wait_us` and `latency_us`; the I/O task's `rpc` span is its child. Failures
+/// are warned about at most once per 10 s per kind. Metrics go to the [`metrics`]
+/// recorder installed when the client connects (see [`crate::metrics`]).
+///
+/// ```
+/// use std::sync::Arc;
+/// use lookup_core::{BlockHashes, Probe, Request, RequestId};
+/// use lookup_tokio::{ClientConfig, InMemoryIndex, KeyLayout, LookupClient, LookupServer, ServerConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lookup_tokio::Error> {
+/// // A reference server on a free TCP port, storing the first two 16-token blocks.
+/// let layout = KeyLayout::default();
+/// let index = Arc::new(InMemoryIndex::new());
+/// let block_hashes = BlockHashes::from_u64s(&[1, 2, 3]);
+/// index.insert_chain(&layout, &block_hashes, 2);
+/// let server = LookupServer::bind(&"tcp://127.0.0.1:0".parse()?, ServerConfig::new(16, layout), index)?;
+///
+/// // Sync mode (vLLM's default): the probe waits for the answer.
+/// let mut client = LookupClient::connect(ClientConfig::new(server.local_endpoint().clone(), 16))?;
+/// let req = Request {
+///     request_id: RequestId(7),
+///     num_tokens: 50,
+///     block_hashes,
+///     skip_reading_external_kv: false,
+/// };
+/// let probe = client.probe_wait(&req, 0).await;
+/// assert_eq!(probe, Probe::Ready { external_tokens: 32, load_async: true });
+/// client.on_allocated(req.request_id);
+/// client.shutdown().await;
+/// server.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct LookupClient {
+    core: Lookups<ClientObserver>,
+    commands: UnboundedSender<ToIo>,
+    /// What the I/O task reports: one core [`WireEvent`] per RPC that ended.
+    wire_events: UnboundedReceiver<WireEvent>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+    runtime: Handle,
+    transport: Arc<TransportStats>,
+    /// Set when a wire event was applied (an answer may have changed), so that a
+    /// waiting probe asks the core again only then.
+    progressed: bool,
+    /// How long a sync-mode wait lasts at most: `lookup_timeout_s` plus
+    /// [`ClientConfig::wait_margin`].
+    wait_limit: Duration,
+    waits_gave_up: u64,
+    warn: WarnLimiter,
+    /// [`Transport::Direct`]: the I/O task's master client, once connected.
+    master: Option<Arc<OnceLock<MasterClient>>>,
+}
+
+impl LookupClient {
+    /// Connects to `config.endpoint` (or, with [`Transport::Direct`], to the master)
+    /// and spawns the I/O task on the current tokio runtime. The socket connects in
+    /// the background: a server that is not up yet is not an error (lookups sent
+    /// before it comes up wait in the socket, or time out). The direct transport
+    /// connects to the master in the background too: lookups wait for the first
+    /// attempt, and fail open while the master cannot be reached.
+    ///
+    /// With the direct transport, a `lookup_prefetch_ttl_s` that is not below
+    /// [`DirectConfig::lease_ttl`](crate::DirectConfig::lease_ttl) is logged as a
+    /// warning: a cached result could then outlive the read lease that keeps its
+    /// blocks in the store.
+    ///
+    /// # Errors
+    /// [`Error::NoRuntime`] outside a tokio runtime (use
+    /// [`connect_with_handle`](Self::connect_with_handle));
+    /// [`Error::Core`] for an invalid `config.core`; [`Error::Zmq`] when the socket
+    /// cannot be created or the endpoint is refused by ZeroMQ;
+    /// [`Error::InvalidClientConfig`] for a direct transport setting that cannot work
+    /// ([`DirectConfig::validate`](crate::DirectConfig::validate)).
+    pub fn connect(config: ClientConfig) -> Result<Self, Error> {
+        let handle = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        Self::connect_with_handle(config, &handle)
+    }
+
+    /// As [`connect`](Self::connect), spawning the I/O task on `runtime`, for
+    /// schedulers that do not run inside tokio. Keep the runtime alive as long as the
+    /// client (a current-thread runtime must be driven by another thread).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), except [`Error::NoRuntime`].
+    #[tracing::instrument(level = "debug", skip_all, fields(endpoint = %config.endpoint))]
+    pub fn connect_with_handle(config: ClientConfig, runtime: &Handle) -> Result<Self, Error> {
+        // The socket registers with the runtime's reactor, and the task's timer with
+        // its clock: enter it first.
+        let _entered = runtime.enter();
+        let mut core =
+            Lookups::with_observer(config.core.clone(), ClientObserver::new(clock::now()))?;
+        core.set_event_capacity(config.event_capacity);
+        let timeout = config.core.timeout();
+        let io = IoConfig {
+            backoff: config.reopen_backoff,
+            reopen_after_timeouts: match config.transport {
+                Transport::Zmq => config.reopen_after_timeouts,
+                // The master answers pipelined calls concurrently, and its client
+                // reconnects by itself when the connection breaks.
+                Transport::Direct(_) => 0,
+            },
+            timeout,
+        };
+        let mut master = None;
+        let spawned = match &config.transport {
+            Transport::Zmq => {
+                let url = config.endpoint.url();
+                let context = tmq::Context::new();
+                let socket = open_dealer(&context, &url)?;
+                let wire = ZmqWire::new(
+                    url,
+                    config.format,
+                    config.core.block_size,
+                    timeout,
+                    context,
+                    socket,
+                );
+                spawn(wire, &config, &io, runtime)
+            }
+            Transport::Direct(direct) => {
+                direct.validate()?;
+                if direct.ttl_outlives_lease(config.core.lookup_prefetch_ttl_s) {
+                    tracing::warn!(
+                        lookup_prefetch_ttl_s = config.core.lookup_prefetch_ttl_s,
+                        lease_ttl_s = direct.lease_ttl.as_secs_f64(),
+                        "lookup_prefetch_ttl_s is not below the Mooncake master's read lease: \
+                         a cached result may name blocks evicted since"
+                    );
+                }
+                let cell = Arc::new(OnceLock::new());
+                let wire = DirectWire::new(
+                    (**direct).clone(),
+                    config.core.block_size,
+                    Arc::clone(&cell),
+                );
+                master = Some(cell);
+                spawn(wire, &config, &io, runtime)
+            }
+        };
+        Ok(Self::assemble(core, spawned, &config, runtime, master))
+    }
+
+    /// A client whose I/O task drives `wire` (tests: a seeded fake wire on virtual
+    /// time).
+    #[cfg(test)]
+    pub(crate) fn with_wire<W: Wire>(
+        config: ClientConfig,
+        wire: W,
+        runtime: &Handle,
+    ) -> Result<Self, Error> {
+        let _entered = runtime.enter();
+        let mut core =
+            Lookups::with_observer(config.core.clone(), ClientObserver::new(clock::now()))?;
+        core.set_event_capacity(config.event_capacity);
+        let io = IoConfig {
+            backoff: config.reopen_backoff,
+            reopen_after_timeouts: config.reopen_after_timeouts,
+            timeout: config.core.timeout(),
+        };
+        let spawned = spawn(wire, &config, &io, runtime);
+        Ok(Self::assemble(core, spawned, &config, runtime, None))
+    }
+
+    fn assemble(
+        core: Lookups<ClientObserver>,
+        spawned: Spawned,
+        config: &ClientConfig,
+        runtime: &Handle,
+        master: Option<Arc<OnceLock<MasterClient>>>,
+    ) -> Self {
+        let Spawned {
+            commands,
+            wire_events,
+            cancel,
+            task,
+            transport,
+        } = spawned;
+        Self {
+            core,
+            commands,
+            wire_events,
+            cancel,
+            task,
+            runtime: runtime.clone(),
+            transport,
+            progressed: false,
+            wait_limit: config.core.timeout().saturating_add(config.wait_margin),
+            waits_gave_up: 0,
+            warn: WarnLimiter::default(),
+            master,
+        }
+    }
+
+    /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch
+    /// is on and the request is eligible (rules 1-3). Never blocks.
+    pub fn on_new_request(&mut self, req: &Request) {
+        let now = self.begin();
+        self.core.on_new_request(req, now);
+        self.end();
+    }
+
+    /// How many external tokens the scheduler can load for `req`, whose local (GPU)
+    /// hit is `num_computed_tokens` tokens (vLLM's `get_num_new_matched_tokens`).
+    /// Never blocks: answers [`Probe::Pending`] while the lookup is queued or in
+    /// flight (rules 4-7, 11-12; see [`Lookups::probe`]). After close: `Ready(0)`.
+    pub fn probe(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
+        let now = self.begin();
+        let answer = self.core.probe(req, num_computed_tokens, now);
+        self.end();
+        answer
+    }
+
+    /// Rule 8: the request got its blocks; its lookup is consumed. Never blocks.
+    pub fn on_allocated(&mut self, request_id: RequestId) {
+        self.begin();
+        self.core.on_allocated(request_id);
+        self.end();
+    }
+
+    /// Rule 8: the request finished or was aborted; its queued lookup is never sent
+    /// (rule 9). Never blocks.
+    pub fn on_finished(&mut self, request_id: RequestId) {
+        self.begin();
+        self.core.on_finished(request_id);
+        self.end();
+    }
+
+    /// Rule 8: the request was preempted; its lookup is dropped. Never blocks.
+    pub fn on_preempted(&mut self, request_id: RequestId) {
+        self.begin();
+        self.core.on_preempted(request_id);
+        self.end();
+    }
+
+    /// Rule 13: drops every lookup and sends one reset RPC (on a fresh socket, so a
+    /// serial server does not answer discarded lookups first). Returns its id; the
+    /// outcome comes as [`Event::ResetDone`] from [`poll_event`](Self::poll_event).
+    /// `None` after close. Never blocks.
+    #[tracing::instrument(level = "debug", skip_all)]
+    pub fn reset(&mut self) -> Option<RpcId> {
+        let now = self.begin();
+        let rpc_id = self.core.reset(now);
+        self.end();
+        rpc_id
+    }
+
+    /// Applies whatever the I/O task reported, with no other input. Never blocks.
+    /// Every other call does this first; call it when idle to keep
+    /// [`stats`](Self::stats) and [`poll_event`](Self::poll_event) current.
+    pub fn drive(&mut self) {
+        self.begin();
+        self.end();
+    }
+
+    /// Rule 14: cancels everything and stops the I/O task, which drops its socket
+    /// (linger 0: nothing is sent afterwards, nothing hangs). Later calls never panic;
+    /// probes answer `Ready(0)`. Idempotent.
+    #[tracing::instrument(level = "debug", skip_all)]
+    pub fn close(&mut self) {
+        self.close_core();
+        while self.core.poll_event().is_some() {}
+    }
+
+    /// True after [`close`](Self::close), or once the I/O task ended.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
+    /// True once the I/O task has ended (after close, or if it died).
+    #[must_use]
+    pub fn is_actor_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// [`close`](Self::close), then waits until the I/O task has ended and dropped
+    /// its socket.
+    pub async fn shutdown(mut self) {
+        self.close();
+        if let Err(error) = (&mut self.task).await {
+            tracing::warn!(%error, "lookup I/O task ended abnormally");
+        }
+    }
+
+    /// The next event (lookup and reset outcomes), oldest first. Applies reports first.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.drive();
+        self.core.poll_event()
+    }
+
+    /// Counters since [`connect`](Self::connect). Applies reports first.
+    pub fn stats(&mut self) -> ClientStats {
+        self.drive();
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let t = &self.transport;
+        ClientStats {
+            core: self.core.stats().clone(),
+            slots_in_use: self.core.slots_in_use(),
+            open_rpcs: self.core.open_rpcs(),
+            rpcs_sent: load(&t.rpcs_sent),
+            late_replies: load(&t.late_replies),
+            bad_envelopes: load(&t.bad_envelopes),
+            socket_reopens: load(&t.reopens),
+            send_errors: load(&t.send_errors),
+            recv_errors: load(&t.recv_errors),
+            open_errors: load(&t.open_errors),
+            events_dropped: self.core.stats().events_dropped,
+            waits_gave_up: self.waits_gave_up,
+            master: self
+                .master
+                .as_ref()
+                .and_then(|m| m.get())
+                .map(MasterClient::stats),
+        }
+    }
+
+    /// The lifecycle state machine, read-only (as of the last call; see
+    /// [`drive`](Self::drive)).
+    #[must_use]
+    pub fn core(&self) -> &Lookups<impl lookup_core::Observe> {
+        &self.core
+    }
+
+    /// Start of every call: the call's one clock read, then the I/O task's reports
+    /// (call-order contract of [`Lookups`]).
+    fn begin(&mut self) -> Instant {
+        let now = clock::now();
+        self.core.observer_mut().clock = now;
+        loop {
+            match self.wire_events.try_recv() {
+                Ok(event) => self.apply(event),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.actor_gone();
+                    break;
+                }
+            }
+        }
+        now
+    }
+
+    /// End of every call: new RPCs to the I/O task, then the metrics follow the
+    /// core's counters.
+    fn end(&mut self) {
+        while let Some(command) = self.core.poll_transmit() {
+            let span = match &command {
+                Command::Send { rpc_id, .. } => self.core.observer().span(*rpc_id),
+                _ => tracing::Span::none(),
+            };
+            if self.commands.send((command, span)).is_err() {
+                self.actor_gone();
+                break;
+            }
+        }
+        let (stats, slots) = (self.core.stats().clone(), self.core.slots_in_use());
+        self.core.observer_mut().metrics.sync(&stats, slots);
+    }
+
+    /// One RPC ended on the wire. After close the core has forgotten every RPC, so a
+    /// late report changes nothing.
+    fn apply(&mut self, event: WireEvent) {
+        self.progressed = true;
+        self.core.handle_wire_event(event);
+    }
+
+    /// Rules 10-11: a sync-mode wait gave up and answers 0 external tokens.
+    fn gave_up(&mut self, now: Instant) {
+        self.waits_gave_up += 1;
+        self.warn.warn(
+            "wait_gave_up",
+            now,
+            format_args!(
+                "a sync-mode probe waited {:?} without an answer and loads nothing",
+                self.wait_limit
+            ),
+        );
+    }
+
+    /// The I/O task ended without close (it cannot panic by design, but a runtime shut
+    /// down under it ends it): fail open from now on, as after close (rule 14).
+    fn actor_gone(&mut self) {
+        self.progressed = true;
+        if !self.core.is_closed() {
+            tracing::error!("lookup I/O task ended; the client answers 0 hits from now on");
+            self.close_core();
+        }
+    }
+
+    /// Closes the core and stops the I/O task; lookup RPCs still open end as
+    /// cancelled (rule 14) and the gauges drop this client's share.
+    fn close_core(&mut self) {
+        self.core.close();
+        self.cancel.cancel();
+        self.core.observer_mut().close();
+        let (stats, slots) = (self.core.stats().clone(), self.core.slots_in_use());
+        self.core.observer_mut().metrics.sync(&stats, slots);
+    }
+}
+
+/// The handle's ends of a spawned I/O task.
+struct Spawned {
+    commands: UnboundedSender<ToIo>,
+    wire_events: UnboundedReceiver<WireEvent>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+    transport: Arc<TransportStats>,
+}
+
+/// Spawns the I/O task driving `wire` on `runtime`.
+fn spawn<W: Wire>(wire: W, config: &ClientConfig, io: &IoConfig, runtime: &Handle) -> Spawned {
+    let (commands, command_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (event_tx, wire_events) = tokio::sync::mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let transport = Arc::new(TransportStats::default());
+    let task = IoTask::new(
+        wire,
+        Dispatcher::new(&config.core),
+        io,
+        IoLinks {
+            commands: command_rx,
+            events: event_tx,
+            cancel: cancel.clone(),
+            stats: Arc::clone(&transport),
+        },
+    );
+    Spawned {
+        commands,
+        wire_events,
+        cancel,
+        task: runtime.spawn(task.run()),
+        transport,
+    }
+}
+
+impl Drop for LookupClient {
+    fn drop(&mut self) {
+        self.close_core();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::{Arc, Mutex};
+
+    use lookup_core::BlockHashes;
+    use tracing_subscriber::fmt::format::FmtSpan;
+
+    use super::*;
+    use crate::{InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
+
+    /// A log sink the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().expect("log lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// STYLE.md rule 11: the lookup's span names the request, its origin and prompt,
+    /// and when it ends the outcome and hit; the I/O task's `rpc` span is its child.
+    #[tokio::test(flavor = "current_thread")]
+    async fn lookup_span_carries_request_and_outcome() {
+        let logs = Captured::default();
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_span_events(FmtSpan::CLOSE)
+            .with_writer(move || sink.clone())
+            .finish();
+        // This thread runs the test, the server and the I/O task.
+        let _default = tracing::subscriber::set_default(subscriber);
+
+        let layout = KeyLayout::default();
+        let index = Arc::new(InMemoryIndex::new());
+        let block_hashes = BlockHashes::from_u64s(&[1, 2, 3]);
+        index.insert_chain(&layout, &block_hashes, 2);
+        let server = LookupServer::bind(
+            &"tcp://127.0.0.1:0".parse().expect("endpoint"),
+            ServerConfig::new(16, layout),
+            index,
+        )
+        .expect("bind");
+        let mut config = ClientConfig::new(server.local_endpoint().clone(), 16);
+        config.core.lookup_async = true;
+        config.core.lookup_prefetch_limit = 4;
+        let mut client = LookupClient::connect(config).expect("connect");
+        let req = Request {
+            request_id: RequestId(7),
+            num_tokens: 50,
+            block_hashes,
+            skip_reading_external_kv: false,
+        };
+        client.on_new_request(&req);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let answer = loop {
+            match client.probe(&req, 0) {
+                Probe::Pending => {
+                    assert!(Instant::now() < deadline, "no answer");
+                    client.wait_progress(Duration::from_millis(20)).await;
+                }
+                answer => break answer,
+            }
+        };
+        assert_eq!(
+            answer,
+            Probe::Ready {
+                external_tokens: 32,
+                load_async: true
+            }
+        );
+        client.on_finished(req.request_id);
+        client.shutdown().await;
+        server.shutdown().await;
+
+        let text = String::from_utf8(logs.0.lock().expect("log lock").clone()).expect("utf-8");
+        let closed = text
+            .lines()
+            .find(|l| l.contains(" lookup{") && l.contains("}: lookup_tokio::client: close "))
+            .unwrap_or_else(|| panic!("no closed lookup span in:\n{text}"));
+        for field in [
+            "request_id=7",
+            "rpc_id=1",
+            "origin=\"arrival\"",
+            "num_tokens=50",
+            "blocks=3",
+            "outcome=\"hit\"",
+            "hit_tokens=32",
+            "requests=1",
+            "queue_wait_us=",
+            "latency_us=",
+        ] {
+            assert!(closed.contains(field), "{field} missing from: {closed}");
+        }
+        assert!(
+            text.lines()
+                .any(|l| l.contains("lookup{request_id=7") && l.contains("}:rpc{rpc_id=1")),
+            "no rpc span under the lookup span in:\n{text}"
+        );
+    }
+}

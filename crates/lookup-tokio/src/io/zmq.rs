@@ -1,0 +1,183 @@
+//! The ZeroMQ transport: a DEALER socket to a lookup server (`spec/wire.md`,
+//! "Transport"). Each RPC goes out as `[rpc_id u64 BE, "", frames...]`, so that an
+//! unmodified REP peer echoes the id and replies are matched by it (NOTES.md).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use lookup_core::wire::{self, Format};
+use lookup_core::{Outgoing, Reply, RpcBody, RpcId};
+use tracing::Span;
+
+use super::{SendError, Wire, WireInput};
+use crate::warn::WarnLimiter;
+
+/// Bytes of the RPC-id envelope frame: the core's `RpcId`, u64 big-endian.
+const RPC_ID_BYTES: usize = 8;
+
+/// Largest reply frame the client accepts (bytes): a lookup reply is 4 + 8k bytes,
+/// so 64 KiB leaves room for 8,191 tail-key boundaries. ZeroMQ hangs up on a peer
+/// that announces more, before reserving any memory for it.
+pub(crate) const MAX_REPLY_BYTES: i64 = 64 * 1024;
+
+/// Opens a DEALER socket connected to `url`, with linger 0 so that dropping it with
+/// unanswered requests never blocks (NOTES.md, STYLE.md rule 10), and
+/// [`MAX_REPLY_BYTES`] so that a hostile peer's length claim is never allocated.
+pub(crate) fn open_dealer(context: &tmq::Context, url: &str) -> tmq::Result<tmq::dealer::Dealer> {
+    tmq::dealer(context)
+        .set_linger(0)
+        .set_maxmsgsize(MAX_REPLY_BYTES)
+        .connect(url)
+}
+
+/// The DEALER socket and what encoding needs.
+pub(crate) struct ZmqWire {
+    url: String,
+    format: Format,
+    block_size: u32,
+    /// Bound on one write: a DEALER queues the message in its pipe even when no peer
+    /// is connected, so a write completes at once unless the high-water mark is hit.
+    send_timeout: Duration,
+    context: tmq::Context,
+    socket: Option<tmq::dealer::Dealer>,
+}
+
+impl ZmqWire {
+    /// A wire owning `socket` (opened by the caller with [`open_dealer`], so that a bad
+    /// endpoint is an error of `connect`).
+    pub(crate) fn new(
+        url: String,
+        format: Format,
+        block_size: u32,
+        send_timeout: Duration,
+        context: tmq::Context,
+        socket: tmq::dealer::Dealer,
+    ) -> Self {
+        Self {
+            url,
+            format,
+            block_size,
+            send_timeout,
+            context,
+            socket: Some(socket),
+        }
+    }
+}
+
+impl Wire for ZmqWire {
+    type Payload = Vec<Bytes>;
+
+    fn name(&self) -> &str {
+        &self.url
+    }
+
+    fn connecting(&self) -> bool {
+        false
+    }
+
+    fn reopens_for_reset(&self) -> bool {
+        true
+    }
+
+    async fn send(&mut self, out: Outgoing, _span: &Span) -> Result<(), SendError> {
+        let frames = match &out.body {
+            RpcBody::Lookup {
+                num_tokens,
+                block_hashes,
+            } => wire::encode_lookup(self.format, *num_tokens, self.block_size, block_hashes),
+            RpcBody::Reset => wire::encode_reset(self.format)
+                .map_err(|error| SendError::NotSent(format!("reset: {error}")))?,
+        };
+        let Some(socket) = self.socket.as_mut() else {
+            return Err(SendError::NotConnected);
+        };
+        let mut message: Vec<tmq::Message> = Vec::with_capacity(frames.len() + 2);
+        message.push(tmq::Message::from(&out.rpc_id.0.to_be_bytes()[..]));
+        message.push(tmq::Message::new());
+        message.extend(frames.iter().map(|f| tmq::Message::from(&f[..])));
+        match tokio::time::timeout(self.send_timeout, socket.send(message)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(SendError::Failed(error.to_string())),
+            Err(_elapsed) => Err(SendError::Failed(format!(
+                "blocked for {:?}",
+                self.send_timeout
+            ))),
+        }
+    }
+
+    async fn next(&mut self) -> WireInput<Vec<Bytes>> {
+        let Some(socket) = self.socket.as_mut() else {
+            return std::future::pending().await;
+        };
+        let message = match socket.next().await {
+            Some(Ok(message)) => message,
+            Some(Err(error)) => return WireInput::Broken(format!("receive failed: {error}")),
+            None => return WireInput::Broken("the socket's stream ended".into()),
+        };
+        let mut parts = message.into_iter();
+        let (Some(id), Some(delimiter)) = (parts.next(), parts.next()) else {
+            return WireInput::BadEnvelope;
+        };
+        let (Ok(id), true) = (
+            <[u8; RPC_ID_BYTES]>::try_from(&id[..]),
+            delimiter.is_empty(),
+        ) else {
+            return WireInput::BadEnvelope;
+        };
+        WireInput::Reply {
+            rpc_id: RpcId(u64::from_be_bytes(id)),
+            payload: parts.map(|m| Bytes::copy_from_slice(&m)).collect(),
+        }
+    }
+
+    fn decode(
+        &mut self,
+        frames: Vec<Bytes>,
+        is_reset: bool,
+        span: &Span,
+        warn: &mut WarnLimiter,
+        now: Instant,
+    ) -> Reply {
+        if is_reset {
+            return match wire::decode_reset_reply(&frames) {
+                Ok(ok) => Reply::Reset { ok },
+                Err(error) => {
+                    warn.warn(
+                        "malformed",
+                        now,
+                        format_args!("malformed reset reply from {}: {error}", self.url),
+                    );
+                    Reply::Malformed
+                }
+            };
+        }
+        match wire::decode_lookup_reply(self.format, &frames) {
+            Ok(decoded) => {
+                span.record("hit_tokens", decoded.hit_tokens);
+                Reply::Lookup {
+                    hit_tokens: decoded.hit_tokens,
+                }
+            }
+            Err(error) => {
+                warn.warn(
+                    "malformed",
+                    now,
+                    format_args!("malformed lookup reply from {}: {error}", self.url),
+                );
+                Reply::Malformed
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        // Linger 0: dropping the socket discards unsent and unanswered messages at once.
+        drop(self.socket.take());
+    }
+
+    fn open(&mut self) -> Result<(), String> {
+        let socket = open_dealer(&self.context, &self.url).map_err(|e| e.to_string())?;
+        self.socket = Some(socket);
+        Ok(())
+    }
+}
