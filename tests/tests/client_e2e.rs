@@ -87,7 +87,7 @@ async fn prefetch_then_two_probes_is_one_rpc() {
         client.on_allocated(req.request_id);
         let stats = client.stats();
         assert_eq!(server.lookups(), 1);
-        assert_eq!(stats.core.rpcs_sent, 1);
+        assert_eq!(stats.rpcs_sent, 1);
         assert_eq!(stats.core.lookups_arrival, 1);
         assert_eq!(stats.core.lookups_probe, 0);
         assert_eq!(stats.core.hits, 1);
@@ -188,7 +188,7 @@ async fn refresh_ignores_stale_reply() {
     .await;
     let stats = client.stats();
     assert_eq!(stats.core.chain_refreshes, 2);
-    assert_eq!(stats.core.rpcs_sent, 3);
+    assert_eq!(stats.rpcs_sent, 3);
     assert_eq!(stats.slots_in_use, 0);
     assert_eq!(client.probe(&other, 16), ready(16));
     client.close();
@@ -341,7 +341,6 @@ async fn silent_server_then_second_server() {
     let stats = client.stats();
     assert_eq!(stats.core.failed_timed_out, 2);
     assert_eq!(stats.slots_in_use, 0);
-    assert_eq!(stats.core.replies_unknown, 0);
     assert_eq!(silent.lookups(), 2);
     silent.stop().await;
 
@@ -378,7 +377,6 @@ async fn late_reply_is_dropped_and_counted() {
     assert_eq!(probe_ready(&mut client, &a, 0).await, ready(32));
     let stats = client.stats();
     assert_eq!(stats.socket_reopens, 0);
-    assert_eq!(stats.core.replies_unknown, 0);
     assert_eq!(stats.core.hits, 1);
     client.close();
     server.stop().await;
@@ -444,7 +442,6 @@ async fn foreign_and_unknown_replies_are_dropped() {
         (stats.bad_envelopes, stats.late_replies, stats.core.hits),
         (2, 1, 1)
     );
-    assert_eq!(stats.core.replies_unknown, 0);
     client.close();
     server.stop().await;
 }
@@ -670,7 +667,7 @@ async fn max_in_flight_four_out_of_order() {
     }
     until(LIMIT, "four on the wire", || server.lookups() == 4).await;
     client.drive();
-    assert_eq!(client.stats().core.rpcs_sent, 4);
+    assert_eq!(client.stats().rpcs_sent, 4);
     server.release(true);
     for (i, req) in reqs.iter().enumerate() {
         let hit = 16 * u32::try_from(i).expect("small").min(4);

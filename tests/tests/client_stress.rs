@@ -186,7 +186,7 @@ async fn ten_clients_thousand_lookups_each() {
             stats.core.failed_timed_out + stats.core.failed_transport + stats.core.failed_malformed,
             0
         );
-        lookups += stats.core.rpcs_sent;
+        lookups += stats.rpcs_sent;
     }
     let elapsed = started.elapsed();
     eprintln!("{} lookups by {CLIENTS} clients in {elapsed:?}", lookups);

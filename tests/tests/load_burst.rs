@@ -87,10 +87,11 @@ async fn burst(arrivals: u64) {
         let call = Instant::now();
         h.client.on_new_request(req);
         *time = call.elapsed();
+        let sent = h.client.stats().rpcs_sent;
         let core = h.client.core();
         let stats = core.stats();
         // Only arrival-time RPCs exist during the burst; none is cancelled or fails.
-        let unsent = stats.rpcs_created - stats.rpcs_sent;
+        let unsent = stats.rpcs_created - sent;
         assert!(
             core.slots_in_use() <= PREFETCH_LIMIT,
             "{} slots in use",
@@ -171,7 +172,7 @@ async fn burst(arrivals: u64) {
          {server_hwm} kB; {} events dropped (capacity 1,024)",
         core.lookups_probe,
         core.ttl_refreshes,
-        core.rpcs_sent,
+        stats.rpcs_sent,
         h.peak_open_rpcs,
         stats.events_dropped,
     );

@@ -206,7 +206,7 @@ async fn exporter_reports_a_known_sequence() {
     assert_eq!(s.probe(&r20, 0), Probe::Pending);
     s.on_new_request(&r21); // takes the one prefetch slot
     s.on_new_request(&r22); // cap full
-    until_client(&mut s, "both sent", |c| c.stats().core.rpcs_sent == 2).await;
+    until_client(&mut s, "both sent", |c| c.stats().rpcs_sent == 2).await;
     expect(
         &scrape(metrics_addr).await,
         &[
@@ -229,7 +229,7 @@ async fn exporter_reports_a_known_sequence() {
     let mut a = LookupClient::connect(async_config(&endpoint, 8, 1)).expect("connect");
     let r0 = request(100, 40, &[1, 2]);
     a.on_new_request(&r0);
-    until_client(&mut a, "r0 sent", |c| c.stats().core.rpcs_sent == 1).await;
+    until_client(&mut a, "r0 sent", |c| c.stats().rpcs_sent == 1).await;
     a.on_finished(r0.request_id); // on the wire: its reply will answer nobody (stale)
     let r1 = request(1, 50, &[1, 2, 3]);
     let r4 = request(4, 50, &[1, 2, 3]); // the same prompt: shares r1's RPC

@@ -856,7 +856,7 @@ impl Harness {
                         Ended {
                             outcome,
                             total,
-                            on_wire,
+                            on_wire: Some(on_wire),
                         },
                     );
                 }

@@ -602,9 +602,7 @@ impl<'a> Engine<'a> {
                 LookupOutcome::Failed(_) => o.failed += 1,
             }
             let _ = self.result.total_us.record(micros(total));
-            if let Some(on_wire) = on_wire {
-                let _ = self.result.on_wire_us.record(micros(on_wire));
-            }
+            let _ = self.result.on_wire_us.record(micros(on_wire));
         }
     }
 }

@@ -131,7 +131,7 @@ pub fn summarise(r: &ModeResult) -> anyhow::Result<ModeSummary> {
         ready_at_first_probe: (probed > 0).then(|| s.first_probes_ready as f64 / probed as f64),
         first_probes_pending: r.first_pending,
         lookups_deferred: r.deferred,
-        rpcs_sent: s.rpcs_sent,
+        rpcs_sent: r.rpcs_sent,
         rpcs_shared: s.rpcs_shared,
         rpcs_wasted: r.rpcs_wasted,
         rpcs_cancelled: s.rpcs_cancelled,
