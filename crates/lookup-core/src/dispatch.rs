@@ -3,7 +3,7 @@
 //! run by the driver's I/O task beside its socket, while [`Lookups`](crate::Lookups)
 //! runs on the scheduler's thread (DESIGN.md, "Who owns what").
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::timer::{Timers, deadline_after};
@@ -23,9 +23,10 @@ pub struct Outgoing {
 /// Send class of a queued RPC (rule 15).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Class {
-    /// A probe is waiting for it: goes first.
-    Awaited,
-    /// A prefetch nobody waits for yet.
+    /// A probe is waiting for it: goes first, in the order probes started waiting
+    /// (the sequence number of its entry in the awaited queue).
+    Awaited(u64),
+    /// No probe waits for it: sent after the awaited ones, in submission order.
     Prefetch,
 }
 
@@ -65,8 +66,10 @@ pub struct DispatcherStats {
 
 /// Orders [`Command`]s for the wire and keeps every RPC on it until it ends.
 ///
-/// Send order: resets first, then lookups a probe awaits, then prefetches, FIFO within
-/// each class (rule 15; with `lookup_priority = false` one FIFO, vLLM's single worker).
+/// Send order: resets first, then lookups a probe awaits (in the order probes started
+/// waiting), then the others in submission order (rule 15; with
+/// `lookup_priority = false` one FIFO, vLLM's single worker). A lookup's class follows
+/// the probes currently waiting for it: [`Command::Promote`] and [`Command::Demote`].
 /// At most `max_in_flight` RPCs are on the wire; a reset bypasses that limit so that it
 /// is never stuck behind a hung lookup. Cancelled RPCs are skipped at the latest
 /// when their turn comes (their [`Ticket`] decides), so a dead request's lookup never
@@ -100,8 +103,12 @@ pub struct Dispatcher<T = ()> {
     consecutive_timeouts: u32,
     reopen: bool,
     resets: VecDeque<RpcId>,
-    awaited: VecDeque<RpcId>,
-    prefetch: VecDeque<RpcId>,
+    /// Awaited entries with their sequence number; stale ones (demoted, cancelled,
+    /// sent) are skipped when reached.
+    awaited: VecDeque<(u64, RpcId)>,
+    next_seq: u64,
+    /// Queued RPCs of the prefetch class, by id (ids follow submission order).
+    prefetch: BTreeSet<RpcId>,
     entries: HashMap<RpcId, Entry<T>>,
     queued: usize,
     lookups_on_wire: usize,
@@ -125,7 +132,8 @@ impl<T> Dispatcher<T> {
             reopen: false,
             resets: VecDeque::new(),
             awaited: VecDeque::new(),
-            prefetch: VecDeque::new(),
+            next_seq: 0,
+            prefetch: BTreeSet::new(),
             entries: HashMap::new(),
             queued: 0,
             lookups_on_wire: 0,
@@ -152,16 +160,15 @@ impl<T> Dispatcher<T> {
                 body,
                 ticket,
             } => {
-                let class = match origin {
-                    Origin::Probe => Class::Awaited,
-                    Origin::Arrival => Class::Prefetch,
+                let class = if matches!(body, RpcBody::Reset) {
+                    self.resets.push_back(rpc_id);
+                    Class::Prefetch
+                } else if self.priority && origin == Origin::Probe {
+                    self.await_class(rpc_id)
+                } else {
+                    self.prefetch.insert(rpc_id);
+                    Class::Prefetch
                 };
-                let queue = match (&body, class) {
-                    (RpcBody::Reset, _) => &mut self.resets,
-                    (_, Class::Awaited) if self.priority => &mut self.awaited,
-                    _ => &mut self.prefetch,
-                };
-                queue.push_back(rpc_id);
                 self.queued += 1;
                 self.entries.insert(
                     rpc_id,
@@ -177,17 +184,35 @@ impl<T> Dispatcher<T> {
                 if !self.priority {
                     return;
                 }
+                if let Some(Entry::Queued {
+                    class: Class::Prefetch,
+                    ..
+                }) = self.entries.get(&rpc_id)
+                {
+                    self.prefetch.remove(&rpc_id);
+                    let class = self.await_class(rpc_id);
+                    if let Some(Entry::Queued { class: c, .. }) = self.entries.get_mut(&rpc_id) {
+                        *c = class;
+                    }
+                }
+            }
+            Command::Demote { rpc_id } => {
+                if !self.priority {
+                    return;
+                }
                 if let Some(Entry::Queued { class, .. }) = self.entries.get_mut(&rpc_id) {
-                    if *class == Class::Prefetch {
-                        *class = Class::Awaited;
-                        // The old entry in `prefetch` is skipped when reached.
-                        self.awaited.push_back(rpc_id);
+                    if matches!(class, Class::Awaited(_)) {
+                        // Its entry in `awaited` goes stale and is skipped when reached.
+                        *class = Class::Prefetch;
+                        self.prefetch.insert(rpc_id);
+                        self.compact();
                     }
                 }
             }
             Command::Cancel { rpc_id } => {
                 if matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. })) {
                     self.entries.remove(&rpc_id);
+                    self.prefetch.remove(&rpc_id);
                     self.queued -= 1;
                 }
                 self.compact();
@@ -195,16 +220,24 @@ impl<T> Dispatcher<T> {
         }
     }
 
-    /// Cancelled ids stay in the queues until reached; compact once they outnumber
-    /// live entries, so a hung wire cannot grow them unbounded.
+    /// Queues `rpc_id` at the back of the awaited class; returns its class.
+    fn await_class(&mut self, rpc_id: RpcId) -> Class {
+        self.next_seq += 1;
+        self.awaited.push_back((self.next_seq, rpc_id));
+        Class::Awaited(self.next_seq)
+    }
+
+    /// Stale ids stay in the reset and awaited queues until reached; compact once they
+    /// outnumber live entries, so a hung wire cannot grow them unbounded.
     fn compact(&mut self) {
         let ids = self.queued_ids();
         if ids > 2 * self.queued + 64 {
             let entries = &self.entries;
-            let live = |id: &RpcId| matches!(entries.get(id), Some(Entry::Queued { .. }));
-            for q in [&mut self.resets, &mut self.awaited, &mut self.prefetch] {
-                q.retain(live);
-            }
+            self.resets
+                .retain(|id| matches!(entries.get(id), Some(Entry::Queued { .. })));
+            self.awaited.retain(|(seq, id)| {
+                matches!(entries.get(id), Some(Entry::Queued { class: Class::Awaited(s), .. }) if s == seq)
+            });
         }
     }
 
@@ -217,8 +250,6 @@ impl<T> Dispatcher<T> {
         } else if self.in_flight() >= self.max_in_flight {
             return None;
         } else {
-            // A promoted RPC sits in both queues; `awaited` is drained first, and
-            // whichever place is reached first sends it (the other skips it).
             self.pop(Queue::Awaited)
                 .or_else(|| self.pop(Queue::Prefetch))?
         };
@@ -226,6 +257,7 @@ impl<T> Dispatcher<T> {
             unreachable!("pop only returns queued entries");
         };
         self.queued -= 1;
+        self.prefetch.remove(&rpc_id);
         let is_reset = matches!(body, RpcBody::Reset);
         if !is_reset {
             self.lookups_on_wire += 1;
@@ -248,12 +280,21 @@ impl<T> Dispatcher<T> {
     /// Pops the first live queued id of `queue` whose ticket the driver could claim.
     fn pop(&mut self, queue: Queue) -> Option<RpcId> {
         loop {
-            let q = match queue {
-                Queue::Resets => &mut self.resets,
-                Queue::Awaited => &mut self.awaited,
-                Queue::Prefetch => &mut self.prefetch,
+            let rpc_id = match queue {
+                Queue::Resets => self.resets.pop_front()?,
+                Queue::Awaited => {
+                    let (seq, rpc_id) = self.awaited.pop_front()?;
+                    match self.entries.get(&rpc_id) {
+                        Some(Entry::Queued {
+                            class: Class::Awaited(s),
+                            ..
+                        }) if *s == seq => rpc_id,
+                        // Demoted, re-queued later, cancelled or sent: stale.
+                        _ => continue,
+                    }
+                }
+                Queue::Prefetch => self.prefetch.pop_first()?,
             };
-            let rpc_id = q.pop_front()?;
             let Some(Entry::Queued { ticket, .. }) = self.entries.get(&rpc_id) else {
                 continue;
             };
@@ -262,6 +303,7 @@ impl<T> Dispatcher<T> {
             }
             // Cancelled by the lifecycle (rule 9), its Cancel command not here yet.
             self.entries.remove(&rpc_id);
+            self.prefetch.remove(&rpc_id);
             self.queued -= 1;
         }
     }

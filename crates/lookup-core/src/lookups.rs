@@ -47,6 +47,8 @@ enum LookupState {
         block_hashes: BlockHashes,
         /// An arrival-time lookup holds one prefetch slot (rule 3).
         holds_slot: bool,
+        /// This request probed while waiting: a probe waits for the RPC (rule 15).
+        awaited: bool,
     },
     /// The answer is in (already validated and failure-mapped: rule 11).
     Done {
@@ -101,8 +103,12 @@ struct Rpc {
     /// Whether it went on the wire is the ticket's to say (rule 9); the wire's own
     /// state (deadline, send time) is the driver's `Dispatcher`'s.
     ticket: Ticket,
-    /// A probe waits for it: sent before prefetches (rule 15).
+    /// In the awaited send class (rule 15).
     awaited: bool,
+    /// Subscribers that probed it (their `LookupState::Waiting::awaited`): while
+    /// any is left, the RPC stays awaited; when the last is discarded, it is
+    /// demoted (rule 15: priority follows the probes currently waiting).
+    awaiting: u32,
     /// Live requests waiting for this answer.
     subscribers: Vec<RequestId>,
     /// Prefetch slots this RPC holds until it ends (rule 3), including those of
@@ -379,7 +385,12 @@ impl<O: Observe> Lookups<O> {
             Some(LookupState::Waiting { rpc_id, .. }) => {
                 let rpc_id = *rpc_id;
                 Self::note_first_probe(&mut self.stats, entry, false);
-                self.promote(rpc_id);
+                let Some(LookupState::Waiting { awaited, .. }) = entry.lookup.as_mut() else {
+                    unreachable!("matched above");
+                };
+                if !std::mem::replace(awaited, true) {
+                    self.await_rpc(rpc_id);
+                }
                 return Probe::Pending;
             }
             None => {}
@@ -451,7 +462,8 @@ impl<O: Observe> Lookups<O> {
         }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
-            self.discard_lookup(id);
+            // Every lookup goes: no demotion is worth sending (rule 13).
+            self.detach(id, false);
         }
         self.shared.clear();
         if !self.config.enable_lookup {
@@ -465,6 +477,7 @@ impl<O: Observe> Lookups<O> {
                 kind: RpcKind::Reset,
                 ticket: ticket.clone(),
                 awaited: true,
+                awaiting: 0,
                 subscribers: Vec::new(),
                 slots: 0,
                 submitted_at: now,
@@ -666,7 +679,7 @@ impl<O: Observe> Lookups<O> {
             self.stats.rpcs_shared += 1;
             self.observer.lookup_shared(rpc_id, request_id);
             if origin == Origin::Probe {
-                self.promote(rpc_id);
+                self.await_rpc(rpc_id);
             }
             rpc_id
         } else {
@@ -678,6 +691,7 @@ impl<O: Observe> Lookups<O> {
                     kind: RpcKind::Lookup { key: key.clone() },
                     ticket: ticket.clone(),
                     awaited: origin == Origin::Probe,
+                    awaiting: u32::from(origin == Origin::Probe),
                     subscribers: vec![request_id],
                     slots: u32::from(holds_slot),
                     submitted_at: now,
@@ -705,11 +719,21 @@ impl<O: Observe> Lookups<O> {
                 num_tokens,
                 block_hashes: hashes.clone(),
                 holds_slot,
+                awaited: origin == Origin::Probe,
             });
         }
     }
 
-    /// Rule 15: a probe waits for `rpc_id`; if it is a queued prefetch, send it first.
+    /// Rule 15: one more subscriber of `rpc_id` probed it.
+    fn await_rpc(&mut self, rpc_id: RpcId) {
+        if let Some(rpc) = self.rpcs.get_mut(&rpc_id) {
+            rpc.awaiting += 1;
+        }
+        self.promote(rpc_id);
+    }
+
+    /// Rule 15: a probe waits for `rpc_id`; if it is queued and not awaited, send it
+    /// before the prefetches.
     fn promote(&mut self, rpc_id: RpcId) {
         if !self.config.lookup_priority {
             return;
@@ -727,11 +751,21 @@ impl<O: Observe> Lookups<O> {
     /// sent is freed now; of one on the wire, when its RPC ends (rule 3). An RPC
     /// nobody waits for any more is cancelled if it was not sent.
     fn discard_lookup(&mut self, request_id: RequestId) {
+        self.detach(request_id, true);
+    }
+
+    /// [`discard_lookup`](Self::discard_lookup); `demote` false when every lookup is
+    /// being dropped at once (reset), so that no demotion is sent for an RPC about to
+    /// be cancelled.
+    fn detach(&mut self, request_id: RequestId, demote: bool) {
         let Some(entry) = self.requests.get_mut(&request_id) else {
             return;
         };
         let Some(LookupState::Waiting {
-            rpc_id, holds_slot, ..
+            rpc_id,
+            holds_slot,
+            awaited,
+            ..
         }) = entry.lookup.take()
         else {
             return;
@@ -742,6 +776,9 @@ impl<O: Observe> Lookups<O> {
         if let Some(i) = rpc.subscribers.iter().position(|r| *r == request_id) {
             rpc.subscribers.swap_remove(i);
         }
+        if awaited {
+            rpc.awaiting -= 1;
+        }
         if rpc.subscribers.is_empty() && rpc.ticket.cancel() {
             let rpc = self.take_rpc(rpc_id).expect("present");
             debug_assert!(rpc.slots >= u32::from(holds_slot));
@@ -750,9 +787,16 @@ impl<O: Observe> Lookups<O> {
             self.transmits.push_back(Command::Cancel { rpc_id });
             return;
         }
-        if holds_slot && rpc.ticket.state() == TicketState::Queued {
+        let queued = rpc.ticket.state() == TicketState::Queued;
+        if holds_slot && queued {
             rpc.slots -= 1;
             self.slots_in_use -= 1;
+        }
+        // Rule 15: the last probe waiting for it is gone; those left only arrived.
+        if demote && queued && rpc.awaited && rpc.awaiting == 0 && self.config.lookup_priority {
+            rpc.awaited = false;
+            self.stats.demotions += 1;
+            self.transmits.push_back(Command::Demote { rpc_id });
         }
     }
 

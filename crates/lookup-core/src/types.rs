@@ -189,6 +189,13 @@ pub enum Command {
         /// The RPC.
         rpc_id: RpcId,
     },
+    /// No probe waits for this queued RPC any more (the requests that probed it were
+    /// discarded; those left arrived only): it goes back among the prefetches, in
+    /// submission order (rule 15).
+    Demote {
+        /// The RPC.
+        rpc_id: RpcId,
+    },
     /// Nobody wants this queued RPC any more; its ticket is already cancelled, so this
     /// only lets the driver free the queue entry early (rule 9).
     Cancel {
@@ -357,8 +364,11 @@ pub struct Stats {
     pub ttl_refreshes: u64,
     /// Lookups dropped because the probe's token count or chain changed (rule 7).
     pub chain_refreshes: u64,
-    /// Queued prefetches promoted by a probe (rule 15).
+    /// Queued RPCs a probe started waiting for, moved ahead of the prefetches (rule 15).
     pub promotions: u64,
+    /// Queued RPCs no probe waits for any more, moved back among the prefetches
+    /// (rule 15).
+    pub demotions: u64,
     /// Probes answered `Pending`.
     pub probes_pending: u64,
     /// Probes answered `Ready`.

@@ -480,6 +480,40 @@ fn r15_probe_promotes_its_queued_prefetch_ahead_of_others() {
     assert_eq!(h.probe(&reqs[3], 0), ready(16));
 }
 
+/// Issue regression (rule 15 inversion): an RPC's priority follows the probes that
+/// currently wait for it. Request 2's probe made RPC 3 awaited; request 3 joined it at
+/// arrival; request 2 finished, so nobody probing waits for RPC 3 any more, and the
+/// promoted prefetch of request 1 (RPC 2) goes first.
+#[test]
+fn r15_priority_follows_the_probes_currently_waiting() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 8;
+    c.max_in_flight = 1;
+    let mut h = Harness::new(c);
+    let r0 = req(10, 32, &[1, 2]);
+    let r1 = req(11, 32, &[3, 4]);
+    let r2 = req(12, 32, &[5, 6]);
+    let r3 = req(13, 32, &[5, 6]);
+    h.arrive(&r0);
+    assert_eq!(h.wire_ids(), vec![RpcId(1)]);
+    h.arrive(&r1);
+    assert_eq!(h.probe(&r2, 0), Probe::Pending);
+    h.arrive(&r3);
+    assert_eq!(h.lookups.stats().rpcs_shared, 1);
+    h.lookups.on_finished(r2.request_id);
+    h.pump();
+    assert_eq!(h.lookups.stats().demotions, 1);
+    assert_eq!(h.probe(&r1, 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().promotions, 1);
+    h.answer_hit(RpcId(1), 16);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)], "the awaited RPC goes first");
+    h.answer_hit(RpcId(2), 16);
+    assert_eq!(h.wire_ids(), vec![RpcId(3)]);
+    h.answer_hit(RpcId(3), 32);
+    assert_eq!(h.probe(&r3, 0), ready(16));
+}
+
 #[test]
 fn r15_without_priority_the_queue_is_fifo() {
     let mut c = Config::new(16);

@@ -148,8 +148,11 @@ struct Rpc {
     /// Slots of arrival-time lookups discarded while this RPC was on the wire: held
     /// until it ends (rule 3; acceptance scenario 7).
     orphan_slots: u32,
-    /// Rule 15: when a probe waits for it, its place in the "awaited" class.
+    /// Rule 15: while a probe waits for it, its place in the "awaited" class.
     awaited: Option<u64>,
+    /// Rule 15: the subscribers that probed it (or created it by a probe). When the
+    /// last of them is discarded while it is queued, it leaves the awaited class.
+    awaiting: Vec<Slot>,
     /// Rule 16: a later lookup of the same question may join it. Not after a reset
     /// (rule 13: replies to RPCs from before it are ignored) and not with sharing off.
     shareable: bool,
@@ -186,6 +189,7 @@ pub(crate) struct Counters {
     pub(crate) ttl_refreshes: u64,
     pub(crate) chain_refreshes: u64,
     pub(crate) promotions: u64,
+    pub(crate) demotions: u64,
     pub(crate) probes_pending: u64,
     pub(crate) probes_ready: u64,
     pub(crate) resets: u64,
@@ -444,7 +448,7 @@ impl RefState {
             }
             Some(Lookup::Waiting { rpc, .. }) => {
                 // Rules 4 and 15.
-                self.promote(rpc);
+                self.promote(rpc, slot);
                 return Probe::Pending;
             }
             None => {}
@@ -471,7 +475,7 @@ impl RefState {
             self.rpcs.get_mut(&id).expect("open").subscribers.push(slot);
             self.counters.rpcs_shared += 1;
             if !arrival {
-                self.promote(id);
+                self.promote(id, slot);
             }
             id
         } else {
@@ -486,6 +490,7 @@ impl RefState {
                     subscribers: vec![slot],
                     orphan_slots: 0,
                     awaited,
+                    awaiting: if arrival { Vec::new() } else { vec![slot] },
                     shareable: self.settings.share,
                 },
             );
@@ -504,8 +509,14 @@ impl RefState {
         self.next_awaited
     }
 
-    /// Rule 15: a probe waits for `rpc`; a queued prefetch moves to the awaited class.
-    fn promote(&mut self, rpc: u64) {
+    /// Rule 15: `slot`'s probe waits for `rpc`; a queued RPC no probe waited for moves
+    /// to the awaited class.
+    fn promote(&mut self, rpc: u64, slot: Slot) {
+        if let Some(r) = self.rpcs.get_mut(&rpc) {
+            if !r.awaiting.contains(&slot) {
+                r.awaiting.push(slot);
+            }
+        }
         if !self.settings.priority {
             return;
         }
@@ -524,6 +535,15 @@ impl RefState {
     /// cancelled; an arrival lookup's slot is freed now if its RPC was not sent, else
     /// when the RPC ends (rule 3).
     fn discard(&mut self, slot: Slot) {
+        self.detach(slot, true);
+    }
+
+    /// Reset drops every lookup at once: nothing is demoted on the way.
+    fn discard_all(&mut self, slot: Slot) {
+        self.detach(slot, false);
+    }
+
+    fn detach(&mut self, slot: Slot, demote: bool) {
         let Some(live) = self.requests[slot].as_mut() else {
             return;
         };
@@ -538,11 +558,21 @@ impl RefState {
             .get_mut(&rpc)
             .expect("a waiting lookup's RPC is open");
         r.subscribers.retain(|s| *s != slot);
+        r.awaiting.retain(|s| *s != slot);
         if r.sent_at.is_none() {
             if r.subscribers.is_empty() {
                 self.rpcs.remove(&rpc);
                 self.ended.push(rpc);
                 self.counters.rpcs_cancelled += 1;
+            } else if demote
+                && r.awaiting.is_empty()
+                && r.awaited.is_some()
+                && self.settings.priority
+            {
+                // Only requests that arrived wait for it now: back among the
+                // prefetches, in submission order.
+                r.awaited = None;
+                self.counters.demotions += 1;
             }
         } else if holds_slot {
             r.orphan_slots += 1;
@@ -557,7 +587,7 @@ impl RefState {
             return;
         }
         for slot in 0..POOL {
-            self.discard(slot);
+            self.discard_all(slot);
         }
         for r in self.rpcs.values_mut() {
             r.shareable = false;
@@ -573,6 +603,7 @@ impl RefState {
                 subscribers: Vec::new(),
                 orphan_slots: 0,
                 awaited: None,
+                awaiting: Vec::new(),
                 shareable: false,
             },
         );

@@ -101,7 +101,7 @@ impl Harness {
                     Command::Cancel { rpc_id } => {
                         self.cancelled.insert(*rpc_id);
                     }
-                    Command::Promote { .. } => {}
+                    Command::Promote { .. } | Command::Demote { .. } => {}
                 }
                 self.dispatcher.push(command, ());
             }
@@ -376,6 +376,7 @@ fn counters(s: &Stats, d: &DispatcherStats) -> Counters {
         ttl_refreshes: s.ttl_refreshes,
         chain_refreshes: s.chain_refreshes,
         promotions: s.promotions,
+        demotions: s.demotions,
         probes_pending: s.probes_pending,
         probes_ready: s.probes_ready,
         resets: s.resets,
@@ -385,7 +386,7 @@ fn counters(s: &Stats, d: &DispatcherStats) -> Counters {
 }
 
 /// Every counter of [`Stats`], in declaration order, for the never-backwards check.
-fn all_counters(s: &Stats, d: &DispatcherStats) -> [(&'static str, u64); 24] {
+fn all_counters(s: &Stats, d: &DispatcherStats) -> [(&'static str, u64); 25] {
     [
         ("lookups_arrival", s.lookups_arrival),
         ("lookups_probe", s.lookups_probe),
@@ -406,6 +407,7 @@ fn all_counters(s: &Stats, d: &DispatcherStats) -> [(&'static str, u64); 24] {
         ("ttl_refreshes", s.ttl_refreshes),
         ("chain_refreshes", s.chain_refreshes),
         ("promotions", s.promotions),
+        ("demotions", s.demotions),
         ("probes_pending", s.probes_pending),
         ("probes_ready", s.probes_ready),
         ("first_probes_ready", s.first_probes_ready),
@@ -430,6 +432,9 @@ impl StateMachineTest for LookupTest {
             harness.lookups.stats().clone(),
             harness.dispatcher.stats().clone(),
         );
+        if std::env::var_os("MODEL_TRACE").is_some() {
+            eprintln!("STEP {transition:?}");
+        }
         harness.step(state, transition);
         for ((name, old), (_, new)) in
             all_counters(&before.0, &before.1)
