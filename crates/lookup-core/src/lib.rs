@@ -94,7 +94,7 @@ pub mod wire;
 pub use config::Config;
 pub use dispatch::{Dispatcher, DispatcherStats, Outgoing};
 pub use hashes::BlockHashes;
-pub use lookups::Lookups;
+pub use lookups::{Lookups, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN};
 pub use types::*;
 
 /// Errors of this crate. Lifecycle outcomes the scheduler must see (a timed-out or

@@ -7,11 +7,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::Unavailable;
+use crate::timer::{Backoff, deadline_after};
 use crate::{
-    BlockHashes, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe, Reply,
-    Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, TicketState,
-    WireEvent,
+    Answer, BlockHashes, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe,
+    Reply, Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket,
+    TicketState, WireEvent,
 };
+
+/// First wait before a failed request is looked up again (rule 11); doubles per failed
+/// lookup up to [`RETRY_BACKOFF_MAX`], back to this after a lookup succeeds.
+pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest wait before a failed request is looked up again (rule 11).
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// What identifies the question an RPC asks: equal keys get equal answers, so they
 /// may share one RPC (rule 16), and a reply is applied only to requests whose
@@ -50,12 +58,17 @@ enum LookupState {
         /// This request probed while waiting: a probe waits for the RPC (rule 15).
         awaited: bool,
     },
-    /// The answer is in (already validated and failure-mapped: rule 11).
+    /// The answer is in (already validated: rule 11).
     Done {
         num_tokens: u32,
         block_hashes: BlockHashes,
-        hit_tokens: u32,
+        answer: Answer,
         replied_at: Instant,
+        /// A probe of this request waited for it and has not read it yet: the next
+        /// probe reads it whatever its age (rules 6 and 10: a probe answers with the
+        /// reply it waited for; the TTL only ages results already read or never
+        /// waited for).
+        owed: bool,
     },
 }
 
@@ -89,6 +102,8 @@ struct RequestEntry {
     eligible: bool,
     first_probe: FirstProbe,
     lookup: Option<LookupState>,
+    /// What the last `Ready` answer rested on.
+    last_answer: Option<Answer>,
 }
 
 #[derive(Debug)]
@@ -147,6 +162,11 @@ pub struct Lookups<O: Observe = ()> {
     /// RPCs handed to the driver whose ticket is still queued (`max_queued` backlog),
     /// kept by the tickets themselves.
     backlog: Arc<AtomicUsize>,
+    /// Rule 11: after a failed lookup, a failed request is looked up again only once
+    /// `retry_at` passed, one at a time (`retrying`), so a dead server sees no storm.
+    retry_backoff: Backoff,
+    retry_at: Option<Instant>,
+    retrying: Option<RpcId>,
     transmits: VecDeque<Command>,
     events: VecDeque<Event>,
     event_capacity: usize,
@@ -181,6 +201,9 @@ impl<O: Observe> Lookups<O> {
             shared: HashMap::new(),
             slots_in_use: 0,
             backlog: Arc::default(),
+            retry_backoff: Backoff::new(RETRY_BACKOFF_MIN, RETRY_BACKOFF_MAX),
+            retry_at: None,
+            retrying: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             event_capacity: usize::MAX,
@@ -270,6 +293,7 @@ impl<O: Observe> Lookups<O> {
             eligible,
             first_probe: FirstProbe::NotYet,
             lookup: None,
+            last_answer: None,
         });
         if entry.lookup.is_some() {
             return;
@@ -307,12 +331,38 @@ impl<O: Observe> Lookups<O> {
     /// `Pending`. In sync mode the driver keeps calling until `Ready` (rule 10).
     pub fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
         let cap = self.hit_cap(req.num_tokens);
-        let answer = self.probe_inner(req, num_computed_tokens, cap, now);
-        match answer {
+        let (probe, basis) = self.probe_inner(req, num_computed_tokens, cap, now);
+        match probe {
             Probe::Pending => self.stats.probes_pending += 1,
-            Probe::Ready { .. } => self.stats.probes_ready += 1,
+            Probe::Ready { .. } => {
+                self.stats.probes_ready += 1;
+                match basis {
+                    Answer::Hit { .. } => self.stats.answers_hit += 1,
+                    Answer::Miss => self.stats.answers_miss += 1,
+                    Answer::NotNeeded => self.stats.answers_not_needed += 1,
+                    Answer::Unavailable(_) => self.stats.answers_unavailable += 1,
+                }
+                if let Some(entry) = self.requests.get_mut(&req.request_id) {
+                    entry.last_answer = Some(basis);
+                }
+            }
         }
-        answer
+        probe
+    }
+
+    /// What `request_id`'s last `Ready` answer rested on: a hit, a miss, nothing to
+    /// ask, or an unavailable store (a 0 that is not a miss: rule 11). Every answer is
+    /// unavailable after close and with `enable_lookup = false`. `None` for a request
+    /// not tracked or not answered yet.
+    #[must_use]
+    pub fn answer_of(&self, request_id: RequestId) -> Option<Answer> {
+        if self.closed {
+            return Some(Answer::Unavailable(Unavailable::Closed));
+        }
+        if !self.config.enable_lookup {
+            return Some(Answer::Unavailable(Unavailable::Disabled));
+        }
+        self.requests.get(&request_id)?.last_answer
     }
 
     fn probe_inner(
@@ -321,13 +371,17 @@ impl<O: Observe> Lookups<O> {
         num_computed_tokens: u32,
         cap: u32,
         now: Instant,
-    ) -> Probe {
+    ) -> (Probe, Answer) {
         let ready = |external_tokens: u32, load_async: bool| Probe::Ready {
             external_tokens,
             load_async: load_async && external_tokens > 0,
         };
-        if self.closed || !self.config.enable_lookup {
-            return ready(0, false);
+        let pending = (Probe::Pending, Answer::NotNeeded);
+        if self.closed {
+            return (ready(0, false), Answer::Unavailable(Unavailable::Closed));
+        }
+        if !self.config.enable_lookup {
+            return (ready(0, false), Answer::Unavailable(Unavailable::Disabled));
         }
         let eligible = self.is_eligible(req);
         if req.skip_reading_external_kv || req.block_hashes.is_empty() || cap <= num_computed_tokens
@@ -354,44 +408,72 @@ impl<O: Observe> Lookups<O> {
                         eligible,
                         first_probe: FirstProbe::Ready,
                         lookup: None,
+                        last_answer: Some(Answer::NotNeeded),
                     },
                 );
             }
-            return ready(0, false);
+            return (ready(0, false), Answer::NotNeeded);
         }
         let entry = self.requests.entry(req.request_id).or_insert(RequestEntry {
             eligible,
             first_probe: FirstProbe::NotYet,
             lookup: None,
+            last_answer: None,
         });
         let mut refresh = None;
-        match &entry.lookup {
+        let mut retry = false;
+        match &mut entry.lookup {
             Some(state) if !state.asks(req.num_tokens, &req.block_hashes) => {
                 refresh = Some(false);
             }
             Some(LookupState::Done {
-                hit_tokens,
-                replied_at,
+                answer: answer @ Answer::Unavailable(_),
+                owed,
                 ..
             }) => {
-                if now.saturating_duration_since(*replied_at) > self.ttl {
+                // Rule 11: a failure is never served as a cached result. The probe that
+                // waited for it reads it once; later ones look up again, one failed
+                // request at a time and only once the failure backoff passed.
+                let answer = *answer;
+                if std::mem::take(owed) {
+                    Self::note_first_probe(&mut self.stats, entry, true);
+                    return (ready(0, false), answer);
+                }
+                if self.retrying.is_some() || self.retry_at.is_some_and(|t| now < t) {
+                    Self::note_first_probe(&mut self.stats, entry, true);
+                    return (ready(0, false), Answer::Unavailable(Unavailable::Retrying));
+                }
+                retry = true;
+            }
+            Some(LookupState::Done {
+                answer,
+                replied_at,
+                owed,
+                ..
+            }) => {
+                if !*owed && now.saturating_duration_since(*replied_at) > self.ttl {
                     refresh = Some(true);
                 } else {
-                    let external = (*hit_tokens).min(cap).saturating_sub(num_computed_tokens);
+                    *owed = false;
+                    let answer = *answer;
+                    let external = answer
+                        .hit_tokens()
+                        .min(cap)
+                        .saturating_sub(num_computed_tokens);
                     Self::note_first_probe(&mut self.stats, entry, true);
-                    return ready(external, self.config.load_async);
+                    return (ready(external, self.config.load_async), answer);
                 }
             }
-            Some(LookupState::Waiting { rpc_id, .. }) => {
+            Some(LookupState::Waiting {
+                rpc_id, awaited, ..
+            }) => {
                 let rpc_id = *rpc_id;
+                let newly = !std::mem::replace(awaited, true);
                 Self::note_first_probe(&mut self.stats, entry, false);
-                let Some(LookupState::Waiting { awaited, .. }) = entry.lookup.as_mut() else {
-                    unreachable!("matched above");
-                };
-                if !std::mem::replace(awaited, true) {
+                if newly {
                     self.await_rpc(rpc_id);
                 }
-                return Probe::Pending;
+                return pending;
             }
             None => {}
         }
@@ -401,15 +483,21 @@ impl<O: Observe> Lookups<O> {
             Some(false) => self.stats.chain_refreshes += 1,
             None => {}
         }
+        if retry {
+            self.stats.retries_after_failure += 1;
+        }
         self.discard_lookup(req.request_id);
-        self.submit(
+        let rpc_id = self.submit(
             req.request_id,
             req.num_tokens,
             &req.block_hashes,
             Origin::Probe,
             now,
         );
-        Probe::Pending
+        if retry {
+            self.retrying = Some(rpc_id);
+        }
+        pending
     }
 
     fn note_first_probe(stats: &mut Stats, entry: &mut RequestEntry, ready: bool) {
@@ -512,6 +600,8 @@ impl<O: Observe> Lookups<O> {
         self.requests.clear();
         self.transmits.clear();
         self.slots_in_use = 0;
+        self.retry_at = None;
+        self.retrying = None;
     }
 
     /// An RPC ended on the wire (a reply, a timeout, a transport failure), as the
@@ -652,7 +742,7 @@ impl<O: Observe> Lookups<O> {
         hashes: &BlockHashes,
         origin: Origin,
         now: Instant,
-    ) {
+    ) -> RpcId {
         let key = ShareKey::new(num_tokens, hashes);
         let holds_slot = origin == Origin::Arrival;
         match origin {
@@ -722,6 +812,7 @@ impl<O: Observe> Lookups<O> {
                 awaited: origin == Origin::Probe,
             });
         }
+        rpc_id
     }
 
     /// Rule 15: one more subscriber of `rpc_id` probed it.
@@ -805,6 +896,9 @@ impl<O: Observe> Lookups<O> {
     fn take_rpc(&mut self, rpc_id: RpcId) -> Option<Rpc> {
         let rpc = self.rpcs.remove(&rpc_id)?;
         self.slots_in_use -= rpc.slots;
+        if self.retrying == Some(rpc_id) {
+            self.retrying = None;
+        }
         if let RpcKind::Lookup { key } = &rpc.kind {
             if self.shared.get(key) == Some(&rpc_id) {
                 self.shared.remove(key);
@@ -821,29 +915,23 @@ impl<O: Observe> Lookups<O> {
         sent_at: Instant,
         now: Instant,
     ) {
-        let hit_tokens = match outcome {
-            LookupOutcome::Hit { hit_tokens } => {
-                self.stats.hits += 1;
-                hit_tokens
-            }
-            LookupOutcome::Miss => {
-                self.stats.misses += 1;
-                0
-            }
-            LookupOutcome::Malformed => {
-                self.stats.failed_malformed += 1;
-                0
-            }
-            LookupOutcome::Failed(RpcFailure::TimedOut) => {
-                self.stats.failed_timed_out += 1;
-                0
-            }
-            LookupOutcome::Failed(_) => {
-                self.stats.failed_transport += 1;
-                0
-            }
-        };
+        match outcome {
+            LookupOutcome::Hit { .. } => self.stats.hits += 1,
+            LookupOutcome::Miss => self.stats.misses += 1,
+            LookupOutcome::Malformed => self.stats.failed_malformed += 1,
+            LookupOutcome::Failed(RpcFailure::TimedOut) => self.stats.failed_timed_out += 1,
+            LookupOutcome::Failed(_) => self.stats.failed_transport += 1,
+        }
+        let answer = Answer::of(outcome);
+        if answer.is_unavailable() {
+            // Rule 11: failed requests retry no sooner than this.
+            self.retry_at = Some(deadline_after(now, self.retry_backoff.next_delay()));
+        } else {
+            self.retry_backoff.reset();
+            self.retry_at = None;
+        }
         let mut answered = 0;
+        let mut request_ids = Vec::new();
         for request_id in &rpc.subscribers {
             let Some(entry) = self.requests.get_mut(request_id) else {
                 continue;
@@ -854,6 +942,7 @@ impl<O: Observe> Lookups<O> {
                 rpc_id: waiting_on,
                 num_tokens,
                 block_hashes,
+                awaited,
                 ..
             }) = entry.lookup.take()
             else {
@@ -863,11 +952,14 @@ impl<O: Observe> Lookups<O> {
             entry.lookup = Some(LookupState::Done {
                 num_tokens,
                 block_hashes,
-                hit_tokens,
+                answer,
                 replied_at: now,
+                owed: awaited,
             });
             answered += 1;
+            request_ids.push(*request_id);
         }
+        request_ids.sort_unstable();
         if answered == 0 {
             self.stats.replies_stale += 1;
         }
@@ -875,6 +967,7 @@ impl<O: Observe> Lookups<O> {
             rpc_id,
             outcome,
             requests: answered,
+            request_ids,
             total: now.saturating_duration_since(rpc.submitted_at),
             queue_wait: sent_at.saturating_duration_since(rpc.submitted_at),
             on_wire: now.saturating_duration_since(sent_at),

@@ -288,6 +288,78 @@ pub enum LookupOutcome {
     Failed(RpcFailure),
 }
 
+/// What a request's last answered probe rests on (`spec/behaviour.md` rule 11: a
+/// failure never reads as a miss). Read it beside the probe with
+/// [`Lookups::answer_of`](crate::Lookups::answer_of).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// The store holds `hit_tokens` leading tokens.
+    Hit {
+        /// Tokens stored, before the local hit and the cap of rule 12 are applied.
+        hit_tokens: u32,
+    },
+    /// The store holds none of the prompt.
+    Miss,
+    /// Nothing to ask: the request skips external KV, has no full block, or its local
+    /// hit already reaches the cap of rule 12.
+    NotNeeded,
+    /// The store could not be asked or did not answer usably: the 0 is not a miss.
+    Unavailable(Unavailable),
+}
+
+/// Why a lookup's answer is unavailable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unavailable {
+    /// No reply within `lookup_timeout_s` (rule 17).
+    TimedOut,
+    /// The transport failed (no connection, connection lost, refused; with the direct
+    /// transport also no master leader).
+    Transport,
+    /// The driver could not send it (for example a reset in `msgpack-hex`).
+    NotSent,
+    /// The reply broke the wire format or a guard of rule 11.
+    Malformed,
+    /// The request's last lookup failed and a retry waits for the failure backoff
+    /// (rule 11), or another failed request's retry is on its way.
+    Retrying,
+    /// `enable_lookup = false`.
+    Disabled,
+    /// The lookup was closed (rule 14).
+    Closed,
+}
+
+impl Answer {
+    /// The answer of a lookup that ended with `outcome`.
+    #[must_use]
+    pub fn of(outcome: LookupOutcome) -> Self {
+        match outcome {
+            LookupOutcome::Hit { hit_tokens } => Self::Hit { hit_tokens },
+            LookupOutcome::Miss => Self::Miss,
+            LookupOutcome::Malformed => Self::Unavailable(Unavailable::Malformed),
+            LookupOutcome::Failed(RpcFailure::TimedOut) => Self::Unavailable(Unavailable::TimedOut),
+            LookupOutcome::Failed(RpcFailure::Transport) => {
+                Self::Unavailable(Unavailable::Transport)
+            }
+            LookupOutcome::Failed(RpcFailure::NotSent) => Self::Unavailable(Unavailable::NotSent),
+        }
+    }
+
+    /// Tokens stored (0 unless [`Answer::Hit`]).
+    #[must_use]
+    pub fn hit_tokens(self) -> u32 {
+        match self {
+            Self::Hit { hit_tokens } => hit_tokens,
+            _ => 0,
+        }
+    }
+
+    /// True for [`Answer::Unavailable`].
+    #[must_use]
+    pub fn is_unavailable(self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
 /// How a reset ended (rule 13).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ResetOutcome {
@@ -312,6 +384,9 @@ pub enum Event {
         outcome: LookupOutcome,
         /// Live requests it answered (0: wasted, every asker was discarded).
         requests: u32,
+        /// Those requests, in ascending order: a failure is pinned to the requests it
+        /// cost (rule 11).
+        request_ids: Vec<RequestId>,
         /// From submission to the end.
         total: Duration,
         /// From submission to the driver's send (time in the send queue).
@@ -373,6 +448,17 @@ pub struct Stats {
     pub probes_pending: u64,
     /// Probes answered `Ready`.
     pub probes_ready: u64,
+    /// `Ready` answers resting on a hit ([`Answer::Hit`]).
+    pub answers_hit: u64,
+    /// `Ready` answers resting on a miss ([`Answer::Miss`]).
+    pub answers_miss: u64,
+    /// `Ready` answers with nothing to ask ([`Answer::NotNeeded`]).
+    pub answers_not_needed: u64,
+    /// `Ready` answers of 0 because the store could not say ([`Answer::Unavailable`]).
+    pub answers_unavailable: u64,
+    /// Lookups sent again for a request whose last lookup failed (rule 11), after the
+    /// failure backoff.
+    pub retries_after_failure: u64,
     /// Eligible requests (rule 1) whose first probe was answered `Ready`.
     pub first_probes_ready: u64,
     /// Eligible requests (rule 1) whose first probe was answered `Pending`.

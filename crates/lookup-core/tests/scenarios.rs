@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use lookup_core::{
-    BlockHashes, Config, Dispatcher, Event, LookupOutcome, Lookups, Probe, Reply, Request,
-    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId,
+    Answer, BlockHashes, Config, Dispatcher, Event, LookupOutcome, Lookups, Probe, Reply, Request,
+    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Unavailable,
 };
 
 struct Harness {
@@ -408,7 +408,100 @@ fn s12_silent_server_times_out_then_next_lookup_succeeds_and_late_reply_is_stale
     );
     h.pump();
     assert_eq!(h.dispatcher.stats().late_replies, 1);
-    assert_eq!(h.probe(&a, 0), ready(0));
+    // Rule 11: the failure is not served from the cache. Request 2's success reset
+    // the failure backoff, so request 1 is looked up again at once.
+    assert_eq!(h.probe(&a, 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().retries_after_failure, 1);
+    h.answer_hit(RpcId(3), 16);
+    assert_eq!(h.probe(&a, 0), ready(16));
+}
+
+/// Issue regression (TTL 0 storms the server): the probe that waited for a lookup
+/// reads its reply whatever the TTL; with TTL 0 each result is read once.
+#[test]
+fn ttl_zero_serves_the_waiting_probe_its_reply_and_reads_each_result_once() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.lookup_prefetch_ttl_s = 0.0;
+    let mut h = Harness::new(c);
+    let r = req(1, 48, &[1, 2, 3]);
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    h.answer_hit(RpcId(1), 32);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.probe(&r, 0), ready(32));
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "the waited-for reply is answered, not looked up again"
+    );
+    // Read once: the next probe looks up again.
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.sent.len(), 2);
+    assert_eq!(h.lookups.stats().ttl_refreshes, 1);
+}
+
+/// Issue regression (a failure is served from the cache): a failed lookup answers the
+/// probe that waited for it with an unavailable 0, then is looked up again only after
+/// the failure backoff (10 ms, doubling), one failed request at a time.
+#[test]
+fn a_failed_lookup_is_not_cached_and_retries_after_the_backoff() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 48, &[1, 2, 3]);
+    let s = req(2, 48, &[4, 5, 6]);
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.probe(&s, 0), Probe::Pending);
+    assert_eq!(h.dispatcher.fail_on_wire(None, h.now), 2);
+    h.pump();
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Unavailable(Unavailable::Transport))
+    );
+    assert_eq!(h.probe(&s, 0), ready(0));
+    // Within the backoff (two failures at once: 10 ms, then 20 ms from now): no RPC.
+    h.advance(Duration::from_millis(19));
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Unavailable(Unavailable::Retrying))
+    );
+    assert_eq!(h.sent.len(), 2);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    // One retry at a time: request 2 waits for request 1's.
+    assert_eq!(h.probe(&s, 0), ready(0));
+    assert_eq!(h.sent.len(), 3);
+    h.answer_hit(RpcId(3), 32);
+    assert_eq!(h.probe(&r, 0), ready(32));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Hit { hit_tokens: 32 })
+    );
+    // The success ended the backoff: request 2 retries at its next probe.
+    assert_eq!(h.probe(&s, 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().retries_after_failure, 2);
+}
+
+/// Issue regression (huge durations panic): any finite TTL and timeout is accepted
+/// and saturates; nothing panics when the deadline is built.
+#[test]
+fn huge_ttl_and_timeout_saturate_instead_of_panicking() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.lookup_prefetch_ttl_s = 1e20;
+    c.lookup_timeout_s = 1e19;
+    let mut h = Harness::new(c);
+    let r = req(1, 48, &[1, 2, 3]);
+    h.arrive(&r);
+    assert_eq!(h.sent.len(), 1);
+    assert!(h.dispatcher.poll_timeout().is_some_and(|t| t > h.now));
+    h.advance(Duration::from_secs(3600));
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    h.answer_hit(RpcId(1), 16);
+    h.advance(Duration::from_secs(3600));
+    assert_eq!(h.probe(&r, 0), ready(16));
 }
 
 #[test]

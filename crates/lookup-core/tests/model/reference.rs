@@ -14,12 +14,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use lookup_core::{
-    Config, Event, LookupOutcome, Probe, Reply, ResetOutcome, RpcBody, RpcFailure, RpcId,
+    Config, Event, LookupOutcome, Probe, Reply, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId,
 };
 use proptest::prelude::*;
 use proptest_state_machine::ReferenceStateMachine;
 
 use crate::server::{self, BLOCK_SIZE, Prompt, Question, hit_cap};
+
+/// `lookup_core::RETRY_BACKOFF_MIN` and `_MAX`, in nanoseconds (rule 11).
+const RETRY_MIN_NS: u64 = 10_000_000;
+const RETRY_MAX_NS: u64 = 1_000_000_000;
 use crate::strategies;
 use crate::transitions::{DeadTarget, PromptChange, Slot, Transition};
 
@@ -86,11 +90,15 @@ enum Lookup {
         question: Question,
         holds_slot: bool,
     },
-    /// Answered (failures already mapped to 0: rule 11).
+    /// Answered: a hit or a miss, or a failure (rule 11: never served from the cache).
     Done {
         question: Question,
         hit_tokens: u32,
+        failed: bool,
         replied_at: u64,
+        /// This request probed while it waited and has not read the answer yet: the
+        /// next probe reads it whatever its age (rules 6 and 10).
+        owed: bool,
     },
 }
 
@@ -190,6 +198,7 @@ pub(crate) struct Counters {
     pub(crate) chain_refreshes: u64,
     pub(crate) promotions: u64,
     pub(crate) demotions: u64,
+    pub(crate) retries_after_failure: u64,
     pub(crate) probes_pending: u64,
     pub(crate) probes_ready: u64,
     pub(crate) resets: u64,
@@ -229,6 +238,11 @@ pub(crate) struct RefState {
     pub(crate) closed: bool,
     next_rpc: u64,
     next_awaited: u64,
+    /// Rule 11: failed requests are looked up again no sooner than this, one at a
+    /// time (`retrying`); the wait doubles per failure from 10 ms up to 1 s.
+    retry_at_ns: Option<u64>,
+    retry_delay_ns: u64,
+    retrying: Option<u64>,
     pub(crate) requests: Vec<Option<Live>>,
     rpcs: BTreeMap<u64, Rpc>,
     /// Ids no longer open (ended or cancelled), oldest first.
@@ -269,6 +283,9 @@ impl RefState {
             closed: false,
             next_rpc: 1,
             next_awaited: 0,
+            retry_at_ns: None,
+            retry_delay_ns: RETRY_MIN_NS,
+            retrying: None,
             requests: vec![None; POOL],
             rpcs: BTreeMap::new(),
             ended: Vec::new(),
@@ -432,15 +449,40 @@ impl RefState {
                 self.discard(slot);
             }
             Some(Lookup::Done {
+                failed: true, owed, ..
+            }) => {
+                // Rule 11: the probe that waited reads the failure once; then the
+                // request is looked up again, one failed request at a time, once the
+                // failure backoff has passed.
+                if owed {
+                    self.set_owed(slot, false);
+                    return ready(0, false);
+                }
+                if self.retrying.is_some() || self.retry_at_ns.is_some_and(|t| self.now_ns < t) {
+                    return ready(0, false);
+                }
+                self.counters.retries_after_failure += 1;
+                self.discard(slot);
+                self.submit(slot, question, false);
+                self.retrying = match self.requests[slot].as_ref().and_then(|r| r.lookup.clone()) {
+                    Some(Lookup::Waiting { rpc, .. }) => Some(rpc),
+                    other => panic!("model bug: a retry left {other:?}"),
+                };
+                return Probe::Pending;
+            }
+            Some(Lookup::Done {
                 hit_tokens,
                 replied_at,
+                owed,
                 ..
             }) => {
-                // Rules 5-6: a result is good until `ttl` after its reply.
-                if self.now_ns - replied_at > self.ttl_ns {
+                // Rules 5-6: a result is good until `ttl` after its reply, except that
+                // the probe that waited for it reads it whatever its age.
+                if !owed && self.now_ns - replied_at > self.ttl_ns {
                     self.counters.ttl_refreshes += 1;
                     self.discard(slot);
                 } else {
+                    self.set_owed(slot, false);
                     // Rule 12.
                     let external = hit_tokens.min(cap).saturating_sub(num_computed_tokens);
                     return ready(external, load_async);
@@ -455,6 +497,14 @@ impl RefState {
         }
         self.submit(slot, question, false);
         Probe::Pending
+    }
+
+    fn set_owed(&mut self, slot: Slot, to: bool) {
+        if let Some(Lookup::Done { owed, .. }) =
+            self.requests[slot].as_mut().and_then(|r| r.lookup.as_mut())
+        {
+            *owed = to;
+        }
     }
 
     /// Starts a lookup of `question` for `slot`, joining an open RPC that asks the
@@ -562,6 +612,9 @@ impl RefState {
         if r.sent_at.is_none() {
             if r.subscribers.is_empty() {
                 self.rpcs.remove(&rpc);
+                if self.retrying == Some(rpc) {
+                    self.retrying = None;
+                }
                 self.ended.push(rpc);
                 self.counters.rpcs_cancelled += 1;
             } else if demote
@@ -615,6 +668,8 @@ impl RefState {
             return;
         }
         self.closed = true;
+        self.retrying = None;
+        self.retry_at_ns = None;
         for (id, r) in std::mem::take(&mut self.rpcs) {
             if r.sent_at.is_none() {
                 self.counters.rpcs_cancelled += 1;
@@ -674,6 +729,17 @@ impl RefState {
             End::Reply(_) => LookupOutcome::Malformed,
             End::Failure(f) => LookupOutcome::Failed(f),
         };
+        if self.retrying == Some(rpc) {
+            self.retrying = None;
+        }
+        let failed = matches!(outcome, LookupOutcome::Malformed | LookupOutcome::Failed(_));
+        if failed {
+            self.retry_at_ns = Some(self.now_ns + self.retry_delay_ns);
+            self.retry_delay_ns = (self.retry_delay_ns * 2).min(RETRY_MAX_NS);
+        } else {
+            self.retry_at_ns = None;
+            self.retry_delay_ns = RETRY_MIN_NS;
+        }
         let hit_tokens = match outcome {
             LookupOutcome::Hit { hit_tokens } => {
                 self.counters.hits += 1;
@@ -697,6 +763,7 @@ impl RefState {
             }
         };
         let mut answered = 0;
+        let mut request_ids = Vec::new();
         for slot in &r.subscribers {
             let live = self.requests[*slot].as_mut().expect("subscribers are live");
             match live.lookup {
@@ -712,10 +779,14 @@ impl RefState {
             live.lookup = Some(Lookup::Done {
                 question,
                 hit_tokens,
+                failed,
                 replied_at: self.now_ns,
+                owed: r.awaiting.contains(slot),
             });
             answered += 1;
+            request_ids.push(RequestId(u64::try_from(*slot).expect("small")));
         }
+        request_ids.sort_unstable();
         if answered == 0 {
             self.counters.replies_stale += 1;
         }
@@ -724,6 +795,7 @@ impl RefState {
             rpc_id,
             outcome,
             requests: answered,
+            request_ids,
             total: Duration::from_nanos(self.now_ns - r.submitted_at),
             queue_wait: Duration::from_nanos(sent_at - r.submitted_at),
             on_wire: Duration::from_nanos(self.now_ns - sent_at),

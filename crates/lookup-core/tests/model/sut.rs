@@ -377,6 +377,7 @@ fn counters(s: &Stats, d: &DispatcherStats) -> Counters {
         chain_refreshes: s.chain_refreshes,
         promotions: s.promotions,
         demotions: s.demotions,
+        retries_after_failure: s.retries_after_failure,
         probes_pending: s.probes_pending,
         probes_ready: s.probes_ready,
         resets: s.resets,
@@ -386,7 +387,7 @@ fn counters(s: &Stats, d: &DispatcherStats) -> Counters {
 }
 
 /// Every counter of [`Stats`], in declaration order, for the never-backwards check.
-fn all_counters(s: &Stats, d: &DispatcherStats) -> [(&'static str, u64); 25] {
+fn all_counters(s: &Stats, d: &DispatcherStats) -> [(&'static str, u64); 26] {
     [
         ("lookups_arrival", s.lookups_arrival),
         ("lookups_probe", s.lookups_probe),
@@ -408,6 +409,7 @@ fn all_counters(s: &Stats, d: &DispatcherStats) -> [(&'static str, u64); 25] {
         ("chain_refreshes", s.chain_refreshes),
         ("promotions", s.promotions),
         ("demotions", s.demotions),
+        ("retries_after_failure", s.retries_after_failure),
         ("probes_pending", s.probes_pending),
         ("probes_ready", s.probes_ready),
         ("first_probes_ready", s.first_probes_ready),
