@@ -644,6 +644,12 @@ impl<O: Observe> Lookups<O> {
                             LookupOutcome::Hit { hit_tokens }
                         }
                     }
+                    Ok(Reply::Lookup { hit_tokens }) => {
+                        // Rule 11's guards: above the prompt, or not whole blocks.
+                        self.observer
+                            .reply_rejected(rpc_id, key.num_tokens, hit_tokens);
+                        LookupOutcome::Malformed
+                    }
                     Ok(_) => LookupOutcome::Malformed,
                     Err(failure) => LookupOutcome::Failed(failure),
                 };

@@ -499,6 +499,13 @@ pub trait Observe {
         let _ = (rpc_id, submitted_at);
     }
 
+    /// The reply to the lookup RPC `rpc_id` of a `num_tokens`-token prompt claimed
+    /// `hit_tokens`, which rule 11's guards reject (above `num_tokens`, or not a
+    /// multiple of the block size): it counts as malformed.
+    fn reply_rejected(&mut self, rpc_id: RpcId, num_tokens: u32, hit_tokens: u32) {
+        let _ = (rpc_id, num_tokens, hit_tokens);
+    }
+
     /// `event` was queued for [`Lookups::poll_event`](crate::Lookups::poll_event).
     fn event(&mut self, event: &Event) {
         let _ = event;

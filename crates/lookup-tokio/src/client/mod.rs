@@ -153,8 +153,10 @@ impl LookupClient {
         // The socket registers with the runtime's reactor, and the task's timer with
         // its clock: enter it first.
         let _entered = runtime.enter();
-        let mut core =
-            Lookups::with_observer(config.core.clone(), ClientObserver::new(clock::now()))?;
+        let mut core = Lookups::with_observer(
+            config.core.clone(),
+            ClientObserver::new(clock::now(), config.endpoint.to_string()),
+        )?;
         core.set_event_capacity(config.event_capacity);
         let timeout = config.core.timeout();
         let io = IoConfig {
@@ -215,8 +217,10 @@ impl LookupClient {
         runtime: &Handle,
     ) -> Result<Self, Error> {
         let _entered = runtime.enter();
-        let mut core =
-            Lookups::with_observer(config.core.clone(), ClientObserver::new(clock::now()))?;
+        let mut core = Lookups::with_observer(
+            config.core.clone(),
+            ClientObserver::new(clock::now(), config.endpoint.to_string()),
+        )?;
         core.set_event_capacity(config.event_capacity);
         let io = IoConfig {
             backoff: config.reopen_backoff,

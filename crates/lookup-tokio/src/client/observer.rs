@@ -11,6 +11,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::metrics::{ClientMetrics, LookupEnd};
+use crate::warn::WarnLimiter;
 
 /// The client's [`Observe`] implementation.
 #[derive(Debug)]
@@ -20,14 +21,19 @@ pub(crate) struct ClientObserver {
     spans: HashMap<RpcId, Span>,
     /// The clock read of the client's current call.
     pub(crate) clock: Instant,
+    warn: WarnLimiter,
+    /// Where lookups go, for warnings.
+    endpoint: String,
 }
 
 impl ClientObserver {
-    pub(crate) fn new(clock: Instant) -> Self {
+    pub(crate) fn new(clock: Instant, endpoint: String) -> Self {
         Self {
             metrics: ClientMetrics::new(),
             spans: HashMap::new(),
             clock,
+            warn: WarnLimiter::default(),
+            endpoint,
         }
     }
 
@@ -87,6 +93,19 @@ impl Observe for ClientObserver {
         if let Some(span) = self.spans.remove(&rpc_id) {
             record_end(&span, LookupEnd::Cancelled, None, 0, None, latency);
         }
+    }
+
+    fn reply_rejected(&mut self, rpc_id: RpcId, num_tokens: u32, hit_tokens: u32) {
+        self.warn.warn(
+            "reply_rejected",
+            self.clock,
+            format_args!(
+                "{} claimed {hit_tokens} hit tokens for a {num_tokens}-token prompt \
+                 ({rpc_id}): above the prompt or not whole blocks; counted as malformed, \
+                 the request loads nothing",
+                self.endpoint
+            ),
+        );
     }
 
     fn event(&mut self, event: &Event) {
