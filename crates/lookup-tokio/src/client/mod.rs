@@ -280,6 +280,14 @@ impl LookupClient {
         answer
     }
 
+    /// What `request_id`'s last `Ready` answer rested on: a hit, a miss, nothing to
+    /// ask, or an unavailable store, so that a fail-open 0 never reads as a miss
+    /// (`spec/behaviour.md` rule 11; [`Lookups::answer_of`]). As of the last call.
+    #[must_use]
+    pub fn answer_of(&self, request_id: RequestId) -> Option<lookup_core::Answer> {
+        self.core.answer_of(request_id)
+    }
+
     /// Rule 8: the request got its blocks; its lookup is consumed. Never blocks.
     pub fn on_allocated(&mut self, request_id: RequestId) {
         self.begin();
