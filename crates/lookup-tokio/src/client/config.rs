@@ -110,6 +110,10 @@ pub struct ClientStats {
     pub recv_errors: u64,
     /// Failed attempts to open a socket.
     pub open_errors: u64,
+    /// Times the endpoint was found with nothing listening: a missing ipc socket
+    /// file or a refused tcp port ([`Transport::Zmq`]). Lookups then fail fast as
+    /// unavailable (warned about, naming the endpoint) until something listens.
+    pub endpoint_unreachable: u64,
     /// Events dropped because nobody polled them ([`ClientConfig::event_capacity`]);
     /// the core's [`Stats::events_dropped`].
     pub events_dropped: u64,

@@ -172,11 +172,10 @@ impl LookupClient {
         let mut master = None;
         let spawned = match &config.transport {
             Transport::Zmq => {
-                let url = config.endpoint.url();
                 let context = tmq::Context::new();
-                let socket = open_dealer(&context, &url)?;
+                let socket = open_dealer(&context, &config.endpoint.url())?;
                 let wire = ZmqWire::new(
-                    url,
+                    config.endpoint.clone(),
                     config.format,
                     config.core.block_size,
                     timeout,
@@ -382,6 +381,7 @@ impl LookupClient {
             send_errors: load(&t.send_errors),
             recv_errors: load(&t.recv_errors),
             open_errors: load(&t.open_errors),
+            endpoint_unreachable: load(&t.unreachable),
             events_dropped: self.core.stats().events_dropped,
             waits_gave_up: self.waits_gave_up,
             master: self

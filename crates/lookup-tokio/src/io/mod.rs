@@ -56,6 +56,9 @@ pub(crate) struct TransportStats {
     pub(crate) recv_errors: AtomicU64,
     /// Attempts to open a connection that failed.
     pub(crate) open_errors: AtomicU64,
+    /// Times the endpoint was found with nothing listening (a missing ipc socket
+    /// file, a refused tcp port).
+    pub(crate) unreachable: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -77,6 +80,11 @@ pub(crate) enum WireInput<P> {
     ConnectFailed(String),
     /// A message without a valid envelope: dropped.
     BadEnvelope,
+    /// Nothing listens where the wire leads (no socket file, a refused port): the
+    /// RPCs on it fail now, and new ones fail fast until [`WireInput::Reachable`].
+    Unreachable(String),
+    /// Something listens again where the wire leads.
+    Reachable,
 }
 
 /// Why a released RPC could not be written.
@@ -334,6 +342,22 @@ impl<W: Wire> IoTask<W> {
                     ),
                 );
                 self.reopen_at = Some(now + self.backoff.next_delay());
+            }
+            WireInput::Unreachable(why) => {
+                bump(&self.stats.unreachable);
+                self.warn.warn(
+                    "unreachable",
+                    now,
+                    format_args!(
+                        "lookup endpoint {} unreachable: {why}; lookups fail fast as \
+                         unavailable until it answers",
+                        self.wire.name()
+                    ),
+                );
+                self.dispatcher.fail_on_wire(None, now);
+            }
+            WireInput::Reachable => {
+                tracing::info!(wire = self.wire.name(), "lookup endpoint reachable again");
             }
             WireInput::BadEnvelope => {
                 bump(&self.stats.bad_envelopes);

@@ -2,16 +2,54 @@
 //! "Transport"). Each RPC goes out as `[rpc_id u64 BE, "", frames...]`, so that an
 //! unmodified REP peer echoes the id and replies are matched by it (NOTES.md).
 
+use std::future::Future;
+use std::io::ErrorKind;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+use lookup_core::timer::Backoff;
 use lookup_core::wire::{self, Format};
 use lookup_core::{Outgoing, Reply, RpcBody, RpcId};
 use tracing::Span;
 
 use super::{SendError, Wire, WireInput};
+use crate::Endpoint;
 use crate::warn::WarnLimiter;
+
+/// A reachability check of the endpoint: `Err` names what is missing.
+type Check = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// Whether something listens at `endpoint`, in the time a connect takes (a missing
+/// ipc socket file or a refused tcp port answers at once). ZeroMQ itself never says:
+/// it queues messages for a peer that may come, so without this check a typo in the
+/// path reads as a silent server and costs `lookup_timeout_s` per lookup. A check
+/// that cannot tell in 1 s counts as reachable.
+async fn reachable(endpoint: Endpoint) -> Result<(), String> {
+    match &endpoint {
+        Endpoint::Ipc(path) => match tokio::net::UnixStream::connect(path).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                Err(format!("no socket file at {}", path.display()))
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                Err(format!("nothing listens on {}", path.display()))
+            }
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        },
+        Endpoint::Tcp(addr) => {
+            let connect = tokio::net::TcpStream::connect(addr.as_str());
+            match tokio::time::timeout(Duration::from_secs(1), connect).await {
+                Ok(Ok(_)) | Err(_) => Ok(()),
+                Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused => {
+                    Err(format!("connection refused at tcp port {addr}"))
+                }
+                Ok(Err(e)) => Err(format!("tcp {addr}: {e}")),
+            }
+        }
+    }
+}
 
 /// Bytes of the RPC-id envelope frame: the core's `RpcId`, u64 big-endian.
 const RPC_ID_BYTES: usize = 8;
@@ -41,13 +79,19 @@ pub(crate) struct ZmqWire {
     send_timeout: Duration,
     context: tmq::Context,
     socket: Option<tmq::dealer::Dealer>,
+    endpoint: Endpoint,
+    /// The reachability check under way, if any: one at each open, and again after
+    /// a wait (100 ms doubling to 1 s) while nothing listens.
+    check: Option<Check>,
+    unreachable: bool,
+    recheck: Backoff,
 }
 
 impl ZmqWire {
     /// A wire owning `socket` (opened by the caller with [`open_dealer`], so that a bad
     /// endpoint is an error of `connect`).
     pub(crate) fn new(
-        url: String,
+        endpoint: Endpoint,
         format: Format,
         block_size: u32,
         send_timeout: Duration,
@@ -55,12 +99,37 @@ impl ZmqWire {
         socket: tmq::dealer::Dealer,
     ) -> Self {
         Self {
-            url,
+            url: endpoint.url(),
             format,
             block_size,
             send_timeout,
             context,
             socket: Some(socket),
+            check: Some(Box::pin(reachable(endpoint.clone()))),
+            endpoint,
+            unreachable: false,
+            recheck: Backoff::new(Duration::from_millis(100), Duration::from_secs(1)),
+        }
+    }
+
+    /// A check ended: what to report, and the next check while nothing listens.
+    fn checked(&mut self, result: Result<(), String>) -> Option<WireInput<Vec<Bytes>>> {
+        match result {
+            Ok(()) => {
+                self.check = None;
+                self.recheck.reset();
+                std::mem::take(&mut self.unreachable).then_some(WireInput::Reachable)
+            }
+            Err(why) => {
+                let delay = self.recheck.next_delay();
+                let endpoint = self.endpoint.clone();
+                self.check = Some(Box::pin(async move {
+                    tokio::time::sleep(delay).await;
+                    reachable(endpoint).await
+                }));
+                let first = !std::mem::replace(&mut self.unreachable, true);
+                first.then_some(WireInput::Unreachable(why))
+            }
         }
     }
 }
@@ -89,6 +158,9 @@ impl Wire for ZmqWire {
             RpcBody::Reset => wire::encode_reset(self.format)
                 .map_err(|error| SendError::NotSent(format!("reset: {error}")))?,
         };
+        if self.unreachable {
+            return Err(SendError::NotConnected);
+        }
         let Some(socket) = self.socket.as_mut() else {
             return Err(SendError::NotConnected);
         };
@@ -107,27 +179,30 @@ impl Wire for ZmqWire {
     }
 
     async fn next(&mut self) -> WireInput<Vec<Bytes>> {
-        let Some(socket) = self.socket.as_mut() else {
-            return std::future::pending().await;
-        };
-        let message = match socket.next().await {
-            Some(Ok(message)) => message,
-            Some(Err(error)) => return WireInput::Broken(format!("receive failed: {error}")),
-            None => return WireInput::Broken("the socket's stream ended".into()),
-        };
-        let mut parts = message.into_iter();
-        let (Some(id), Some(delimiter)) = (parts.next(), parts.next()) else {
-            return WireInput::BadEnvelope;
-        };
-        let (Ok(id), true) = (
-            <[u8; RPC_ID_BYTES]>::try_from(&id[..]),
-            delimiter.is_empty(),
-        ) else {
-            return WireInput::BadEnvelope;
-        };
-        WireInput::Reply {
-            rpc_id: RpcId(u64::from_be_bytes(id)),
-            payload: parts.map(|m| Bytes::copy_from_slice(&m)).collect(),
+        loop {
+            let check = async {
+                match self.check.as_mut() {
+                    Some(check) => check.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let socket = async {
+                match self.socket.as_mut() {
+                    Some(socket) => socket.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Both are cancel-safe: the check stays stored until it completes, and a
+            // DEALER reads a whole multipart in one poll.
+            tokio::select! {
+                biased;
+                message = socket => return parse(message),
+                result = check => {
+                    if let Some(input) = self.checked(result) {
+                        return input;
+                    }
+                }
+            }
         }
     }
 
@@ -178,6 +253,32 @@ impl Wire for ZmqWire {
     fn open(&mut self) -> Result<(), String> {
         let socket = open_dealer(&self.context, &self.url).map_err(|e| e.to_string())?;
         self.socket = Some(socket);
+        if self.check.is_none() {
+            self.check = Some(Box::pin(reachable(self.endpoint.clone())));
+        }
         Ok(())
+    }
+}
+
+/// One message from the socket: `[rpc_id, "", frames...]`.
+fn parse(message: Option<tmq::Result<tmq::Multipart>>) -> WireInput<Vec<Bytes>> {
+    let message = match message {
+        Some(Ok(message)) => message,
+        Some(Err(error)) => return WireInput::Broken(format!("receive failed: {error}")),
+        None => return WireInput::Broken("the socket's stream ended".into()),
+    };
+    let mut parts = message.into_iter();
+    let (Some(id), Some(delimiter)) = (parts.next(), parts.next()) else {
+        return WireInput::BadEnvelope;
+    };
+    let (Ok(id), true) = (
+        <[u8; RPC_ID_BYTES]>::try_from(&id[..]),
+        delimiter.is_empty(),
+    ) else {
+        return WireInput::BadEnvelope;
+    };
+    WireInput::Reply {
+        rpc_id: RpcId(u64::from_be_bytes(id)),
+        payload: parts.map(|m| Bytes::copy_from_slice(&m)).collect(),
     }
 }
