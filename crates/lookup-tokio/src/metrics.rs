@@ -664,6 +664,11 @@ impl ServerMetrics {
     }
 }
 
+/// Held by tests that drive clients, and by the test of the process-wide first-probe
+/// ratio, so that the ratio's inputs do not move while it is checked.
+#[cfg(test)]
+pub(crate) static PROCESS_WIDE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[cfg(test)]
 mod tests {
     use lookup_core::BlockHashes;
@@ -833,6 +838,7 @@ mod tests {
 
     #[test]
     fn first_probe_counters_and_ratio() {
+        let _only = PROCESS_WIDE.blocking_lock();
         let recorder = recorder();
         let handle = recorder.handle();
         let mut client = metrics::with_local_recorder(&recorder, ClientMetrics::new);

@@ -117,6 +117,9 @@ pub struct ClientStats {
     /// Events dropped because nobody polled them ([`ClientConfig::event_capacity`]);
     /// the core's [`Stats::events_dropped`].
     pub events_dropped: u64,
+    /// True when `lookup_prefetch_limit > 0` but prefetch does nothing, because
+    /// `enable_lookup` or `lookup_async` is false (warned about at connect).
+    pub prefetch_inactive: bool,
     /// Sync-mode waits that gave up (`lookup_timeout_s` plus the margin passed with
     /// the lookup still queued) and answered 0 external tokens (rules 10-11).
     pub waits_gave_up: u64,

@@ -153,6 +153,7 @@ impl LookupClient {
         // The socket registers with the runtime's reactor, and the task's timer with
         // its clock: enter it first.
         let _entered = runtime.enter();
+        warn_if_prefetch_inactive(&config.core);
         let mut core = Lookups::with_observer(
             config.core.clone(),
             ClientObserver::new(clock::now(), config.endpoint.to_string()),
@@ -384,6 +385,7 @@ impl LookupClient {
             endpoint_unreachable: load(&t.unreachable),
             events_dropped: self.core.stats().events_dropped,
             waits_gave_up: self.waits_gave_up,
+            prefetch_inactive: prefetch_inactive(self.core.config()).is_some(),
             master: self
                 .master
                 .as_ref()
@@ -472,6 +474,37 @@ impl LookupClient {
         self.core.observer_mut().close();
         let (stats, slots) = (self.core.stats().clone(), self.core.slots_in_use());
         self.core.observer_mut().metrics.sync(&stats, slots);
+    }
+}
+
+/// Why prefetch is configured but does nothing, if it is (`spec/behaviour.md`,
+/// configuration: prefetch needs `enable_lookup`, `lookup_async` and a positive
+/// `lookup_prefetch_limit`).
+pub(crate) fn prefetch_inactive(core: &lookup_core::Config) -> Option<&'static str> {
+    if core.lookup_prefetch_limit == 0 {
+        return None;
+    }
+    if !core.enable_lookup {
+        Some("enable_lookup is false")
+    } else if !core.lookup_async {
+        Some("lookup_async is false (sync mode never prefetches)")
+    } else {
+        None
+    }
+}
+
+/// Prefetch configured but inactive is a warning (a limit of 0 with async lookups on
+/// is an info): a setting that silently turns prefetch off must not go unnoticed.
+fn warn_if_prefetch_inactive(core: &lookup_core::Config) {
+    if let Some(why) = prefetch_inactive(core) {
+        tracing::warn!(
+            lookup_prefetch_limit = core.lookup_prefetch_limit,
+            "prefetch is configured but inactive: {why}; requests are looked up at their first probe"
+        );
+    } else if core.enable_lookup && core.lookup_async && core.lookup_prefetch_limit == 0 {
+        tracing::info!(
+            "async lookups without prefetch (lookup_prefetch_limit = 0): each request is looked up at its first probe"
+        );
     }
 }
 

@@ -16,6 +16,11 @@ use crate::{ClientConfig, Endpoint, LookupClient};
 
 const MS: Duration = Duration::from_millis(1);
 
+/// Clients move the process-wide first-probe ratio: one test at a time touches it.
+async fn process_wide() -> tokio::sync::MutexGuard<'static, ()> {
+    crate::metrics::PROCESS_WIDE.lock().await
+}
+
 fn config(timeout_ms: u64) -> ClientConfig {
     let endpoint: Endpoint = "ipc:///tmp/unused-fake-wire".parse().expect("endpoint");
     let mut config = ClientConfig::new(endpoint, 16);
@@ -49,6 +54,7 @@ fn events(client: &mut LookupClient) -> Vec<Event> {
 
 #[tokio::test(start_paused = true)]
 async fn a_silent_server_fails_the_lookup_exactly_at_its_timeout() {
+    let _only = process_wide().await;
     let knobs = Knobs {
         stalled: true,
         ..Knobs::default()
@@ -83,6 +89,7 @@ async fn a_silent_server_fails_the_lookup_exactly_at_its_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn a_reply_after_the_timeout_is_dropped_and_counted_once() {
+    let _only = process_wide().await;
     let knobs = Knobs {
         latency: (300 * MS, 300 * MS),
         hit: |n| n / 16 * 16,
@@ -94,7 +101,10 @@ async fn a_reply_after_the_timeout_is_dropped_and_counted_once() {
     let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
     let r = req(1, 4);
     client.on_new_request(&r);
-    tokio::time::sleep(250 * MS).await;
+    tokio::time::sleep(100 * MS).await;
+    assert_eq!(client.probe(&r, 0), Probe::Pending);
+    tokio::time::sleep(150 * MS).await;
+    // The probe that waited reads the failure (rule 11).
     assert_eq!(client.probe(&r, 0), ready(0));
     tokio::time::sleep(100 * MS).await;
     client.drive();
@@ -107,6 +117,7 @@ async fn a_reply_after_the_timeout_is_dropped_and_counted_once() {
 
 #[tokio::test(start_paused = true)]
 async fn three_timeouts_in_a_row_reopen_the_connection_once() {
+    let _only = process_wide().await;
     let knobs = Knobs {
         stalled: true,
         ..Knobs::default()
@@ -126,6 +137,7 @@ async fn three_timeouts_in_a_row_reopen_the_connection_once() {
 
 #[tokio::test(start_paused = true)]
 async fn failed_opens_retry_after_a_doubling_backoff_capped_at_one_second() {
+    let _only = process_wide().await;
     let knobs = Knobs {
         stalled: true,
         open_failures: 9,
@@ -152,6 +164,7 @@ async fn failed_opens_retry_after_a_doubling_backoff_capped_at_one_second() {
 
 #[tokio::test(start_paused = true)]
 async fn a_sync_probe_queued_behind_a_hung_rpc_gives_up_at_timeout_plus_margin() {
+    let _only = process_wide().await;
     let knobs = Knobs {
         stalled: true,
         ..Knobs::default()
@@ -175,6 +188,7 @@ async fn a_sync_probe_queued_behind_a_hung_rpc_gives_up_at_timeout_plus_margin()
 
 #[tokio::test(start_paused = true)]
 async fn a_reset_goes_on_a_fresh_connection_and_fails_the_lookups_on_the_old_one() {
+    let _only = process_wide().await;
     let knobs = Knobs {
         stalled: true,
         ..Knobs::default()
@@ -198,6 +212,7 @@ async fn a_reset_goes_on_a_fresh_connection_and_fails_the_lookups_on_the_old_one
 /// nothing is left once every request has ended.
 #[tokio::test(start_paused = true)]
 async fn a_lossy_wire_loses_lookups_never_answers_and_leaves_nothing_behind() {
+    let _only = process_wide().await;
     for seed in 0..4 {
         let knobs = Knobs {
             latency: (MS / 10, 30 * MS),
@@ -239,4 +254,19 @@ async fn a_lossy_wire_loses_lookups_never_answers_and_leaves_nothing_behind() {
         assert_eq!(stats.open_rpcs, 0, "seed {seed}");
         assert_eq!(client.core().tracked_requests(), 0, "seed {seed}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefetch_configured_in_sync_mode_is_reported_inactive() {
+    let _only = process_wide().await;
+    let (wire, _, _) = FakeWire::new(7, Knobs::default());
+    let mut cfg = config(200);
+    cfg.core.lookup_async = false;
+    let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
+    assert!(client.stats().prefetch_inactive);
+    client.on_new_request(&req(1, 2));
+    assert_eq!(client.stats().core.lookups_arrival, 0);
+    let (wire, _, _) = FakeWire::new(8, Knobs::default());
+    let mut client = LookupClient::with_wire(config(200), wire, &Handle::current()).unwrap();
+    assert!(!client.stats().prefetch_inactive);
 }
