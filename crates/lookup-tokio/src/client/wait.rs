@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use lookup_core::timer::deadline_after;
 use lookup_core::{Probe, Request, ResetOutcome, WireEvent};
 use tokio::runtime::{Handle, RuntimeFlavor};
 
@@ -23,7 +24,7 @@ impl LookupClient {
     #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
     pub async fn probe_wait(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
         let mut now = self.begin();
-        let give_up = now + self.wait_limit;
+        let give_up = deadline_after(now, self.wait_limit);
         loop {
             let answer = self.core.probe(req, num_computed_tokens, now);
             self.end();
@@ -66,7 +67,7 @@ impl LookupClient {
             Ok(_) => return Err(Error::BlockingInRuntime),
         };
         let mut now = self.begin();
-        let give_up = now + self.wait_limit;
+        let give_up = deadline_after(now, self.wait_limit);
         loop {
             let answer = self.core.probe(req, num_computed_tokens, now);
             self.end();
@@ -97,7 +98,7 @@ impl LookupClient {
     pub async fn reset_and_wait(&mut self) -> Result<ResetOutcome, Error> {
         let rpc_id = self.reset().ok_or(Error::Closed)?;
         let mut now = clock::now();
-        let give_up = now + self.wait_limit;
+        let give_up = deadline_after(now, self.wait_limit);
         loop {
             if let Some(outcome) = self.core.take_reset_done(rpc_id) {
                 return Ok(outcome);
@@ -118,7 +119,7 @@ impl LookupClient {
     pub async fn wait_progress(&mut self, max_wait: Duration) {
         let now = self.begin();
         self.end();
-        let got = recv_until(&mut self.wire_events, now + max_wait).await;
+        let got = recv_until(&mut self.wire_events, deadline_after(now, max_wait)).await;
         self.after_wait(got);
         self.begin();
         self.end();
