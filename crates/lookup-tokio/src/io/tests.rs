@@ -270,3 +270,24 @@ async fn prefetch_configured_in_sync_mode_is_reported_inactive() {
     let mut client = LookupClient::with_wire(config(200), wire, &Handle::current()).unwrap();
     assert!(!client.stats().prefetch_inactive);
 }
+
+/// Issue regression (huge durations panic): a timeout of 1e19 s and a TTL of 1e20 s
+/// saturate in the I/O task and in sync-mode waits; nothing panics.
+#[tokio::test(start_paused = true)]
+async fn huge_timeouts_saturate_in_the_driver() {
+    let _only = process_wide().await;
+    let knobs = Knobs {
+        hit: |n| n / 16 * 16,
+        ..Knobs::default()
+    };
+    let (wire, _, _) = FakeWire::new(9, knobs);
+    let mut cfg = config(200);
+    cfg.core.lookup_timeout_s = 1e19;
+    cfg.core.lookup_prefetch_ttl_s = 1e20;
+    cfg.core.lookup_async = false;
+    cfg.core.lookup_prefetch_limit = 0;
+    let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
+    assert_eq!(client.probe_wait(&req(1, 4), 0).await, ready(64));
+    assert_eq!(client.probe_wait(&req(1, 4), 0).await, ready(64));
+    assert_eq!(client.stats().rpcs_sent, 1);
+}
