@@ -104,6 +104,8 @@ struct RequestEntry {
     lookup: Option<LookupState>,
     /// What the last `Ready` answer rested on.
     last_answer: Option<Answer>,
+    /// The last arrival or probe of it ([`Lookups::end_idle`]).
+    last_seen: Instant,
 }
 
 #[derive(Debug)]
@@ -294,6 +296,7 @@ impl<O: Observe> Lookups<O> {
             first_probe: FirstProbe::NotYet,
             lookup: None,
             last_answer: None,
+            last_seen: now,
         });
         if entry.lookup.is_some() {
             return;
@@ -332,8 +335,14 @@ impl<O: Observe> Lookups<O> {
     pub fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
         let cap = self.hit_cap(req.num_tokens);
         let (probe, basis) = self.probe_inner(req, num_computed_tokens, cap, now);
+        let entry = self.requests.get_mut(&req.request_id);
         match probe {
-            Probe::Pending => self.stats.probes_pending += 1,
+            Probe::Pending => {
+                self.stats.probes_pending += 1;
+                if let Some(entry) = entry {
+                    entry.last_seen = now;
+                }
+            }
             Probe::Ready { .. } => {
                 self.stats.probes_ready += 1;
                 match basis {
@@ -342,8 +351,9 @@ impl<O: Observe> Lookups<O> {
                     Answer::NotNeeded => self.stats.answers_not_needed += 1,
                     Answer::Unavailable(_) => self.stats.answers_unavailable += 1,
                 }
-                if let Some(entry) = self.requests.get_mut(&req.request_id) {
+                if let Some(entry) = entry {
                     entry.last_answer = Some(basis);
+                    entry.last_seen = now;
                 }
             }
         }
@@ -409,6 +419,7 @@ impl<O: Observe> Lookups<O> {
                         first_probe: FirstProbe::Ready,
                         lookup: None,
                         last_answer: Some(Answer::NotNeeded),
+                        last_seen: now,
                     },
                 );
             }
@@ -419,6 +430,7 @@ impl<O: Observe> Lookups<O> {
             first_probe: FirstProbe::NotYet,
             lookup: None,
             last_answer: None,
+            last_seen: now,
         });
         let mut refresh = None;
         let mut retry = false;
@@ -529,6 +541,25 @@ impl<O: Observe> Lookups<O> {
     pub fn on_finished(&mut self, request_id: RequestId) {
         self.discard_lookup(request_id);
         self.requests.remove(&request_id);
+    }
+
+    /// Ends every request not seen (no arrival, no probe) for longer than
+    /// `older_than`, as [`on_finished`](Self::on_finished) would: a scheduler that
+    /// loses requests without finishing them (a crashed front end, a dropped
+    /// connection) calls it now and then so that they do not stay tracked. Returns how
+    /// many it ended, also counted in [`Stats::requests_ended_idle`].
+    pub fn end_idle(&mut self, older_than: Duration, now: Instant) -> usize {
+        let idle: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, e)| now.saturating_duration_since(e.last_seen) > older_than)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &idle {
+            self.on_finished(*id);
+        }
+        self.stats.requests_ended_idle += idle.len() as u64;
+        idle.len()
     }
 
     /// Rule 8: the request was preempted: its lookup is dropped (it is looked up again

@@ -465,6 +465,9 @@ pub struct Stats {
     pub first_probes_pending: u64,
     /// Reset RPCs created.
     pub resets: u64,
+    /// Requests ended by [`Lookups::end_idle`](crate::Lookups::end_idle): tracked,
+    /// never finished, not seen for longer than its bound.
+    pub requests_ended_idle: u64,
     /// Events dropped because nobody polled them
     /// ([`Lookups::set_event_capacity`](crate::Lookups::set_event_capacity)).
     pub events_dropped: u64,

@@ -776,3 +776,33 @@ fn dispatcher_queues_stay_bounded_while_the_wire_is_hung() {
     );
     assert_eq!(h.lookups.stats().rpcs_cancelled, 9_998);
 }
+
+/// A request never finished does not stay tracked silently: `end_idle` ends those not
+/// seen for longer than its bound, freeing their slots and cancelling queued lookups.
+#[test]
+fn end_idle_ends_requests_not_seen_for_longer_than_the_bound() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.max_in_flight = 1;
+    c.lookup_timeout_s = 60.0;
+    let mut h = Harness::new(c);
+    let old = req(1, 32, &[1, 2]);
+    let queued = req(2, 32, &[3, 4]);
+    h.arrive(&old);
+    h.arrive(&queued);
+    h.answer_hit(RpcId(1), 16);
+    h.advance(Duration::from_secs(30));
+    let fresh = req(3, 32, &[5, 6]);
+    h.arrive(&fresh);
+    assert_eq!(h.lookups.tracked_requests(), 3);
+    assert_eq!(h.lookups.end_idle(Duration::from_secs(10), h.now), 2);
+    h.pump();
+    assert_eq!(h.lookups.tracked_requests(), 1);
+    assert_eq!(h.lookups.stats().requests_ended_idle, 2);
+    // Request 2's lookup was on the wire: its slot is freed when it ends.
+    assert_eq!(h.lookups.slots_in_use(), 2);
+    h.answer_hit(RpcId(2), 16);
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    assert_eq!(h.probe(&fresh, 0), Probe::Pending);
+}

@@ -16,7 +16,7 @@ mod mooncake;
 mod server;
 mod warn;
 
-pub use client::{ClientConfig, ClientStats, LookupClient};
+pub use client::{ClientConfig, ClientStats, LookupClient, LookupHandle};
 pub use endpoint::Endpoint;
 pub use error::Error;
 pub use index::{

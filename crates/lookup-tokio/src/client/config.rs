@@ -117,6 +117,10 @@ pub struct ClientStats {
     /// Events dropped because nobody polled them ([`ClientConfig::event_capacity`]);
     /// the core's [`Stats::events_dropped`].
     pub events_dropped: u64,
+    /// Requests the client tracks now (a lookup or a first-probe mark): it falls
+    /// back to 0 once every request has finished; one that keeps growing means
+    /// requests are dropped without `on_finished` (see `LookupClient::end_idle`).
+    pub tracked_requests: usize,
     /// True when `lookup_prefetch_limit > 0` but prefetch does nothing, because
     /// `enable_lookup` or `lookup_async` is false (warned about at connect).
     pub prefetch_inactive: bool,

@@ -1,6 +1,7 @@
 //! [`LookupClient`]: the handle a scheduler keeps (DESIGN.md, "lookup-tokio").
 
 mod config;
+mod handle;
 mod observer;
 mod wait;
 
@@ -19,6 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{ClientConfig, ClientStats};
+pub use handle::LookupHandle;
 
 use crate::clock;
 use crate::io::direct::DirectWire;
@@ -26,6 +28,7 @@ use crate::io::zmq::{ZmqWire, open_dealer};
 use crate::io::{IoConfig, IoLinks, IoTask, ToIo, TransportStats, Wire};
 use crate::warn::WarnLimiter;
 use crate::{Error, Transport};
+use handle::Announce;
 use observer::ClientObserver;
 
 /// Answer of a probe that can know nothing: no external tokens to load.
@@ -115,6 +118,10 @@ pub struct LookupClient {
     warn: WarnLimiter,
     /// [`Transport::Direct`]: the I/O task's master client, once connected.
     master: Option<Arc<OnceLock<MasterClient>>>,
+    /// What [`LookupHandle`]s announce.
+    announced: UnboundedReceiver<Announce>,
+    /// Kept so that [`handle`](Self::handle) can make more.
+    announce: UnboundedSender<Announce>,
 }
 
 impl LookupClient {
@@ -245,6 +252,7 @@ impl LookupClient {
             task,
             transport,
         } = spawned;
+        let (announce, announced) = tokio::sync::mpsc::unbounded_channel();
         Self {
             core,
             commands,
@@ -258,6 +266,8 @@ impl LookupClient {
             waits_gave_up: 0,
             warn: WarnLimiter::default(),
             master,
+            announced,
+            announce,
         }
     }
 
@@ -286,6 +296,26 @@ impl LookupClient {
     #[must_use]
     pub fn answer_of(&self, request_id: RequestId) -> Option<lookup_core::Answer> {
         self.core.answer_of(request_id)
+    }
+
+    /// A cloneable, `Send` handle that other tasks use to announce arrivals and
+    /// finishes into this client (applied at its next call).
+    #[must_use]
+    pub fn handle(&self) -> LookupHandle {
+        LookupHandle {
+            tx: self.announce.clone(),
+        }
+    }
+
+    /// Ends every request not seen (no arrival, no probe) for longer than
+    /// `older_than`, as [`on_finished`](Self::on_finished) would, and returns how
+    /// many: the sweep for schedulers that may lose requests without finishing them
+    /// ([`Lookups::end_idle`]; [`ClientStats::tracked_requests`] shows what is held).
+    pub fn end_idle(&mut self, older_than: Duration) -> usize {
+        let now = self.begin();
+        let ended = self.core.end_idle(older_than, now);
+        self.end();
+        ended
     }
 
     /// Rule 8: the request got its blocks; its lookup is consumed. Never blocks.
@@ -386,6 +416,7 @@ impl LookupClient {
             events_dropped: self.core.stats().events_dropped,
             waits_gave_up: self.waits_gave_up,
             prefetch_inactive: prefetch_inactive(self.core.config()).is_some(),
+            tracked_requests: self.core.tracked_requests(),
             master: self
                 .master
                 .as_ref()
@@ -406,6 +437,12 @@ impl LookupClient {
     fn begin(&mut self) -> Instant {
         let now = clock::now();
         self.core.observer_mut().clock = now;
+        while let Ok(announce) = self.announced.try_recv() {
+            match announce {
+                Announce::Arrival(req) => self.core.on_new_request(&req, now),
+                Announce::Finished(request_id) => self.core.on_finished(request_id),
+            }
+        }
         loop {
             match self.wire_events.try_recv() {
                 Ok(event) => self.apply(event),

@@ -44,6 +44,76 @@ impl LookupClient {
         }
     }
 
+    /// Prefetch plus a bounded wait, in one call: probes and, while the answer is
+    /// pending, waits for the I/O task's reports at most `budget`, then answers what
+    /// is known. `Pending` when the budget passed (defer the request to the next step,
+    /// as vLLM's skip-and-continue does); `Ready` as soon as the reply is in. A
+    /// `budget` of zero is [`probe`](Self::probe). Use it with `lookup_async = true`
+    /// and prefetch on, so that most lookups are answered before their first probe.
+    #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
+    pub async fn probe_within(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        budget: Duration,
+    ) -> Probe {
+        let mut now = self.begin();
+        let until = deadline_after(now, budget);
+        loop {
+            let answer = self.core.probe(req, num_computed_tokens, now);
+            self.end();
+            if answer != Probe::Pending || now >= until {
+                return answer;
+            }
+            self.progressed = false;
+            while !self.progressed {
+                if now >= until {
+                    return Probe::Pending;
+                }
+                let got = recv_until(&mut self.wire_events, until).await;
+                self.after_wait(got);
+                now = self.begin();
+            }
+        }
+    }
+
+    /// As [`probe_within`](Self::probe_within), blocking the calling thread (a
+    /// thread-based scheduler); the same placement rules as
+    /// [`probe_blocking`](Self::probe_blocking).
+    ///
+    /// # Errors
+    /// [`Error::BlockingInRuntime`] on a thread of a current-thread runtime.
+    pub fn probe_within_blocking(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        budget: Duration,
+    ) -> Result<Probe, Error> {
+        let in_worker = match Handle::try_current() {
+            Err(_) => false,
+            Ok(current) if current.runtime_flavor() == RuntimeFlavor::MultiThread => true,
+            Ok(_) => return Err(Error::BlockingInRuntime),
+        };
+        let mut now = self.begin();
+        let until = deadline_after(now, budget);
+        loop {
+            let answer = self.core.probe(req, num_computed_tokens, now);
+            self.end();
+            if answer != Probe::Pending || now >= until {
+                return Ok(answer);
+            }
+            self.progressed = false;
+            while !self.progressed {
+                if now >= until {
+                    return Ok(Probe::Pending);
+                }
+                let got = self.block_until(until, in_worker);
+                self.after_wait(got);
+                now = self.begin();
+            }
+        }
+    }
+
     /// As [`probe_wait`](Self::probe_wait), blocking the calling thread, for
     /// schedulers that are not async.
     ///

@@ -291,3 +291,58 @@ async fn huge_timeouts_saturate_in_the_driver() {
     assert_eq!(client.probe_wait(&req(1, 4), 0).await, ready(64));
     assert_eq!(client.stats().rpcs_sent, 1);
 }
+
+/// prefetch+wait as one call: a lookup answered within the budget is `Ready`; one
+/// that is not is `Pending` when the budget passes, to the instant.
+#[tokio::test(start_paused = true)]
+async fn probe_within_waits_at_most_its_budget() {
+    let _only = process_wide().await;
+    let knobs = Knobs {
+        latency: (3 * MS, 3 * MS),
+        hit: |n| n / 16 * 16,
+        ..Knobs::default()
+    };
+    let (wire, knobs, _) = FakeWire::new(10, knobs);
+    let mut client = LookupClient::with_wire(config(200), wire, &Handle::current()).unwrap();
+    let t0 = Instant::now();
+    assert_eq!(client.probe_within(&req(1, 4), 0, 5 * MS).await, ready(64));
+    assert_eq!(Instant::now() - t0, 3 * MS);
+    knobs.lock().unwrap().latency = (8 * MS, 8 * MS);
+    let t1 = Instant::now();
+    assert_eq!(
+        client.probe_within(&req(2, 4), 0, 5 * MS).await,
+        Probe::Pending
+    );
+    assert_eq!(Instant::now() - t1, 5 * MS);
+    client.wait_progress(10 * MS).await;
+    assert_eq!(Instant::now() - t1, 8 * MS);
+    assert_eq!(client.probe(&req(2, 4), 0), ready(64));
+}
+
+/// Another task announces arrivals and finishes through a cloned handle; the client
+/// applies them at its next call.
+#[tokio::test(start_paused = true)]
+async fn a_handle_announces_arrivals_and_finishes_from_another_task() {
+    let _only = process_wide().await;
+    let knobs = Knobs {
+        hit: |n| n / 16 * 16,
+        ..Knobs::default()
+    };
+    let (wire, _, _) = FakeWire::new(11, knobs);
+    let mut client = LookupClient::with_wire(config(200), wire, &Handle::current()).unwrap();
+    let handle = client.handle();
+    let front = tokio::spawn(async move {
+        for id in 1..=3 {
+            handle.on_new_request(req(id, 4)).unwrap();
+        }
+        handle.on_finished(RequestId(3)).unwrap();
+    });
+    front.await.unwrap();
+    client.drive();
+    let stats = client.stats();
+    assert_eq!(stats.core.lookups_arrival, 3);
+    assert_eq!(stats.tracked_requests, 2);
+    tokio::time::sleep(2 * MS).await;
+    assert_eq!(client.probe(&req(1, 4), 0), ready(64));
+    drop(client);
+}
