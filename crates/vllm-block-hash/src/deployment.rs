@@ -101,7 +101,9 @@ pub struct Deployment {
 impl Deployment {
     /// Engines serving `--model` `model` (the raw value; [`model_name`] is applied)
     /// with one full-attention group of `block_size` tokens, one rank, 8 KV heads, no
-    /// cache prefix, the default `LBHNC` layout and no store TP.
+    /// cache prefix, the default `LBHNC` layout and no store TP. Set the model's real
+    /// KV-head count with [`with_num_kv_heads`](Self::with_num_kv_heads) whenever
+    /// `tp_size` may exceed it: TP ranks holding the same heads share one namespace.
     #[must_use]
     pub fn new(model: impl Into<String>, block_size: u32) -> Self {
         Self {

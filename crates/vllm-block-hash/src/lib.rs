@@ -64,7 +64,8 @@
 //!   (vllm/config/vllm.py), so store keys never use them.
 //! - Block hashes extended token by token: [`BlockHasher::request_block_hashes`]
 //!   hashes a token list in one pass, as the engine does for the prompt when a
-//!   request arrives. (With well-formed multi-modal items both ways agree.)
+//!   request arrives (later blocks re-find their multi-modal cursor by bisection,
+//!   `get_mm_features_in_window`, which is not ported).
 //! - The keys of sliding-window and Mamba KV-cache groups, and fine-grained
 //!   partial-hash lookups (see [`deployment`]).
 //! - A string that is one Python object in two places of one block's key would be
