@@ -13,6 +13,9 @@
 //! - [`Dispatcher`]: the send queue a driver keeps next to its socket: priority,
 //!   `max_in_flight`, cancellation of lookups not sent yet.
 //! - [`wire`]: both vLLM wire formats of `spec/wire.md`, client and server side.
+//! - [`answer`]: what a lookup's answer is (blocks to check, leading run, hit tokens),
+//!   shared by the server and by a client that asks the store itself.
+//! - [`Endpoint`]: where the lookup channel lives (`spec/wire.md`, "Transport").
 //!
 //! # Driving loop
 //!
@@ -59,8 +62,10 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod answer;
 mod config;
 mod dispatch;
+mod endpoint;
 mod hashes;
 mod lookups;
 mod types;
@@ -68,6 +73,7 @@ pub mod wire;
 
 pub use config::Config;
 pub use dispatch::{Dispatcher, Outgoing};
+pub use endpoint::Endpoint;
 pub use hashes::BlockHashes;
 pub use lookups::Lookups;
 pub use types::*;
@@ -94,5 +100,14 @@ pub enum Error {
         hash_len: u16,
         /// Bytes given.
         bytes: usize,
+    },
+    /// Caller misuse: an endpoint string that does not parse (`spec/wire.md`,
+    /// "Transport").
+    #[error("bad endpoint `{endpoint}`: {why}")]
+    Endpoint {
+        /// What was given.
+        endpoint: String,
+        /// What is wrong.
+        why: String,
     },
 }

@@ -32,7 +32,7 @@
 //! have to drain the writers' pending puts, which only the worker that owns the store
 //! client can do. A reset (rule 13) is therefore never sent: it ends at once as
 //! [`ResetOutcome::Failed`](lookup_core::ResetOutcome::Failed) and every key stays
-//! stored, as [`MooncakeIndex`](crate::MooncakeIndex) answers it through the server.
+//! stored, as `lookup_server::MooncakeIndex` answers it through the server.
 //!
 //! [`LookupClient::connect`]: crate::LookupClient::connect
 
@@ -44,17 +44,18 @@ use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
+use lookup_core::answer::{blocks_to_check, hit_tokens};
 use lookup_core::{BlockHashes, Dispatcher, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
-use mooncake_master::{MasterClient, MasterConfig, MasterError};
+use mooncake_master::{KeyLayout, MasterClient, MasterConfig, MasterError};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
+use crate::Error;
 use crate::actor::{Completion, SendQueue, ToActor, TransportCounters, WarnLimiter};
 use crate::metrics::ActorMetrics;
-use crate::{Error, KeyLayout, blocks_to_check, hit_tokens};
 
 /// The master's default read lease (`default_kv_lease_ttl`, 10 s), granted to every key
 /// an existence query answers `true` (`spec/mooncake-master-rpc.md`, "The call").
@@ -100,7 +101,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
     /// A lookup server over ZeroMQ (a vLLM MooncakeStoreConnector worker, or our
-    /// [`LookupServer`](crate::LookupServer)) at
+    /// `lookup_server::LookupServer`) at
     /// [`ClientConfig::endpoint`](crate::ClientConfig::endpoint), in
     /// [`ClientConfig::format`](crate::ClientConfig::format). The default.
     #[default]
