@@ -10,14 +10,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use client_support::{Answer, FakeServer, TempDir, free_tcp};
 use lookup_core::BlockHashes;
-use lookup_tokio::{Endpoint, InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
+use lookup_server::{Endpoint, InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
 
 const B: u32 = 16;
 
 /// Runs `lookup ARGS` off the runtime's threads.
 async fn lookup(args: &[&str]) -> Output {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let bin = lookup_tests::cargo_bin("lookup-tokio", "lookup", &[]);
+    let bin = lookup_tests::cargo_bin("lookup-cli", "lookup", &[]);
     tokio::task::spawn_blocking(move || Command::new(bin).args(&args).output())
         .await
         .expect("join")

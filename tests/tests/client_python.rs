@@ -15,9 +15,8 @@ use client_support::{TempDir, free_tcp, reference_hit, request};
 use lookup_core::BlockHashes;
 use lookup_core::wire::{self, Format, LookupReply};
 use lookup_core::{Probe, ResetOutcome};
-use lookup_tokio::{
-    ClientConfig, Endpoint, InMemoryIndex, KeyLayout, LookupClient, LookupServer, ServerConfig,
-};
+use lookup_server::{InMemoryIndex, LookupServer, ServerConfig};
+use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient};
 
 const B: u32 = 16;
 

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use client_support::{TempDir, free_tcp, reference_hit};
 use lookup_core::{BlockHashes, Probe, Request, RequestId};
-use lookup_tokio::{
-    ClientConfig, Endpoint, InMemoryIndex, KeyLayout, LookupClient, LookupServer, ServerConfig,
-};
+use lookup_server::{InMemoryIndex, LookupServer, ServerConfig};
+use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient};
 
 const B: u32 = 16;
 const LIMIT: Duration = Duration::from_secs(40);

@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use direct_support::{LIMIT, lookup_outcomes, request};
+use lookup_core::answer::hit_tokens;
 use lookup_core::{BlockHashes, Event, LookupOutcome, Probe, Request, RequestId, RpcFailure};
+use lookup_server::{LookupServer, MooncakeIndex, ServerConfig};
 use lookup_tokio::mooncake_master::MasterConfig;
-use lookup_tokio::{
-    ClientConfig, DirectConfig, Endpoint, KeyLayout, LookupClient, LookupServer, MooncakeIndex,
-    RankNamespace, ServerConfig, hit_tokens,
-};
+use lookup_tokio::{ClientConfig, DirectConfig, Endpoint, KeyLayout, LookupClient, RankNamespace};
 use mooncake_common::{Master, Writer};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

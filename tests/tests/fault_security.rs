@@ -22,7 +22,7 @@ use bytes::Bytes;
 use fault_support::{B, ChainIndex, Harness, async_config, chain, expected_hit, layout, request};
 use futures::{SinkExt, StreamExt};
 use lookup_core::wire::{self, Format, MAX_HASHES};
-use lookup_tokio::{Endpoint, Error, LookupServer, ServerConfig};
+use lookup_server::{Endpoint, Error, LookupServer, ServerConfig};
 
 const LIMIT: Duration = Duration::from_secs(10);
 

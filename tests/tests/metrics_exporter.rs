@@ -21,10 +21,8 @@ use client_support::{FakeServer, free_tcp, request};
 use futures::{SinkExt, StreamExt};
 use lookup_core::wire::{self, Format};
 use lookup_core::{BlockHashes, Probe, Request, RequestId, ResetOutcome};
-use lookup_tokio::{
-    ClientConfig, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout, LookupClient, LookupServer,
-    ServerConfig,
-};
+use lookup_server::{DelayedIndex, InMemoryIndex, LookupServer, ServerConfig};
+use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient};
 
 const B: u32 = 16;
 const LIMIT: Duration = Duration::from_secs(20);
@@ -165,6 +163,8 @@ async fn call(endpoint: &Endpoint, frames: &[&[u8]]) -> Vec<Bytes> {
 async fn exporter_reports_a_known_sequence() {
     let metrics_addr = free_addr();
     let handle = lookup_tokio::metrics::install_prometheus(metrics_addr).expect("install");
+    // One recorder per process: the server's metrics are described on it too.
+    lookup_server::metrics::describe();
 
     // The server stores blocks 1, 2 (chain 1-2-3) and 4 (chain 4-5-6).
     let layout = KeyLayout::default();
@@ -417,7 +417,7 @@ async fn exporter_reports_a_known_sequence() {
 async fn lookup_server_program_serves_metrics() {
     let metrics_addr = free_addr();
     let bin = tokio::task::spawn_blocking(|| {
-        lookup_tests::cargo_bin("lookup-tokio", "lookup-server", &["prometheus"])
+        lookup_tests::cargo_bin("lookup-cli", "lookup-server", &["prometheus"])
     })
     .await
     .expect("join");

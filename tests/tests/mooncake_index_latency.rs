@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use lookup_core::BlockHashes;
 use lookup_core::wire::Format;
-use lookup_tokio::mooncake_master::MasterConfig;
-use lookup_tokio::{
+use lookup_server::{
     Endpoint, InMemoryIndex, KeyLayout, LookupServer, MooncakeIndex, RankNamespace, ServerConfig,
 };
+use lookup_tokio::mooncake_master::MasterConfig;
 use mooncake_common::{Master, Writer};
 use server_support::{Req, hit, lookup};
 use tempfile::TempDir;

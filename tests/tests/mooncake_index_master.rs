@@ -15,11 +15,9 @@ use std::time::{Duration, Instant};
 
 use lookup_core::wire::{self, Format};
 use lookup_core::{BlockHashes, Probe, Request, RequestId};
+use lookup_server::{LookupServer, MooncakeIndex, ServerConfig};
 use lookup_tokio::mooncake_master::MasterConfig;
-use lookup_tokio::{
-    ClientConfig, Endpoint, KeyLayout, LookupClient, LookupServer, MooncakeIndex, RankNamespace,
-    ServerConfig,
-};
+use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient, RankNamespace};
 use mooncake_common::{Master, Writer};
 use server_support::{DealerClient, Req, hit, lookup};
 use tempfile::TempDir;
@@ -373,7 +371,7 @@ async fn mooncake_master_lookup_server_program_answers_from_the_master() {
 
     let dir = TempDir::new().expect("temp dir");
     let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
-    let bin = lookup_tests::cargo_bin("lookup-tokio", "lookup-server", &[]);
+    let bin = lookup_tests::cargo_bin("lookup-cli", "lookup-server", &[]);
     let mut child = lookup_tests::KilledOnDrop(
         Command::new(bin)
             .args(["--bind", &endpoint.url()])

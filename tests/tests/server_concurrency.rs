@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lookup_core::wire::Format;
-use lookup_tokio::{BlockIndex, DelayedIndex, InMemoryIndex, KeyLayout, ServerConfig};
+use lookup_server::{BlockIndex, DelayedIndex, InMemoryIndex, KeyLayout, ServerConfig};
 use server_support::{
     BarrierIndex, DealerClient, GateIndex, Req, Transport, hit, key, lookup, start_with, store,
 };

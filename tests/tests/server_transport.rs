@@ -9,7 +9,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 
 use lookup_core::wire::Format;
-use lookup_tokio::{Endpoint, Error, InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
+use lookup_server::{Endpoint, Error, InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
 use server_support::{Req, hit, lookup, store};
 use tempfile::TempDir;
 

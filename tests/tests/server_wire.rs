@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use lookup_core::wire::{self, Format};
-use lookup_tokio::{KeyLayout, RankNamespace, ServerConfig};
+use lookup_server::{KeyLayout, RankNamespace, ServerConfig};
 use server_support::{
     FailingIndex, PanickingIndex, Req, ShortAnswerIndex, Transport, hit, key, lookup, start,
     start_with, store,

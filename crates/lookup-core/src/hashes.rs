@@ -136,8 +136,7 @@ impl BlockHashes {
 
     /// Iterates over the hashes in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
-        let n = usize::from(self.hash_len.max(1));
-        self.data.chunks_exact(n)
+        self.into_iter()
     }
 
     /// True when `other` is the same chain: same hash length, same count and same
@@ -148,5 +147,17 @@ impl BlockHashes {
         self.hash_len == other.hash_len
             && self.data.len() == other.data.len()
             && self.last() == other.last()
+    }
+}
+
+/// The hashes in order, each `hash_len` bytes: what a key layout turns into store keys
+/// (`mooncake_master::key::KeyLayout::chain_keys` takes `&BlockHashes`).
+impl<'a> IntoIterator for &'a BlockHashes {
+    type Item = &'a [u8];
+    type IntoIter = std::slice::ChunksExact<'a, u8>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let n = usize::from(self.hash_len.max(1));
+        self.data.chunks_exact(n)
     }
 }

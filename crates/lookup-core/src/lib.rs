@@ -14,6 +14,9 @@
 //! - [`Dispatcher`]: the wire's half, kept by the driver next to its socket: send
 //!   priority, `max_in_flight`, cancellation of lookups not sent yet, deadlines.
 //! - [`wire`]: both vLLM wire formats of `spec/wire.md`, client and server side.
+//! - [`answer`]: what a lookup's answer is (blocks to check, leading run, hit tokens),
+//!   shared by the server and by a client that asks the store itself.
+//! - [`Endpoint`]: where the lookup channel lives (`spec/wire.md`, "Transport").
 //!
 //! # Who owns what
 //!
@@ -83,8 +86,10 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod answer;
 mod config;
 mod dispatch;
+mod endpoint;
 mod hashes;
 mod lookups;
 pub mod timer;
@@ -93,6 +98,7 @@ pub mod wire;
 
 pub use config::Config;
 pub use dispatch::{Dispatcher, DispatcherStats, Outgoing};
+pub use endpoint::Endpoint;
 pub use hashes::BlockHashes;
 pub use lookups::{Lookups, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN};
 pub use types::*;
@@ -119,5 +125,14 @@ pub enum Error {
         hash_len: u16,
         /// Bytes given.
         bytes: usize,
+    },
+    /// Caller misuse: an endpoint string that does not parse (`spec/wire.md`,
+    /// "Transport").
+    #[error("bad endpoint `{endpoint}`: {why}")]
+    Endpoint {
+        /// What was given.
+        endpoint: String,
+        /// What is wrong.
+        why: String,
     },
 }

@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use lookup_core::{BlockHashes, Probe, Request, RequestId};
-use lookup_tokio::{
-    ClientConfig, Endpoint, InMemoryIndex, KeyLayout, LookupClient, LookupServer, ServerConfig,
-};
+use lookup_server::{InMemoryIndex, LookupServer, ServerConfig};
+use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient};
 
 const B: u32 = 16;
 

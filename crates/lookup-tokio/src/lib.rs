@@ -1,32 +1,25 @@
 //! Tokio driver of [`lookup_core`] over ZeroMQ (`tmq`): the scheduler's
-//! `LookupClient` and the reference `LookupServer`.
+//! `LookupClient`.
 //!
 //! The core's state lives with the client handle on the scheduler's thread; one tokio
 //! task owns the socket (DESIGN.md, "lookup-tokio"). The client can also skip the
-//! server and ask the Mooncake master directly ([`Transport::Direct`]).
+//! server and ask the Mooncake master directly ([`Transport::Direct`]). The worker
+//! side of the channel, the reference `LookupServer`, is the `lookup-server` crate.
 
 mod client;
 mod clock;
-mod endpoint;
 mod error;
-mod index;
 mod io;
 pub mod metrics;
-mod mooncake;
-mod server;
 mod warn;
 
 pub use client::{ClientConfig, ClientStats, LookupClient, LookupHandle};
-pub use endpoint::Endpoint;
 pub use error::Error;
-pub use index::{
-    BlockIndex, DelayedIndex, InMemoryIndex, IndexError, IndexFuture, KeyLayout, RankNamespace,
-};
 pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
-pub use mooncake::{MooncakeIndex, MooncakeIndexStats};
-/// The Mooncake master client behind [`MooncakeIndex`] (its configuration and errors).
+/// Where the lookup server listens (`spec/wire.md`, "Transport").
+pub use lookup_core::Endpoint;
+/// The Mooncake master client behind [`Transport::Direct`] (its configuration and
+/// errors).
 pub use mooncake_master;
-pub use server::{
-    DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, LookupServer, ServerConfig, ServerStats,
-    blocks_to_check, hit_tokens, leading_run,
-};
+/// How [`DirectConfig`] turns block hashes into store keys.
+pub use mooncake_master::{KeyLayout, RankNamespace};

@@ -1,11 +1,12 @@
-//! Metrics of the lookup client and server, through the [`metrics`] facade.
+//! Metrics of the lookup client, through the [`metrics`] facade.
 //!
 //! Nothing is recorded unless the process installs a recorder
 //! ([`metrics::set_global_recorder`], or `install_prometheus` with the `prometheus`
-//! feature). Each [`LookupClient`] and
-//! [`LookupServer`] takes its metric handles from the recorder installed when it is
-//! created (connect, bind), so **install the recorder first**; without one every
-//! handle is a no-op and recording costs a branch.
+//! feature). Each [`LookupClient`] takes its metric handles from the recorder
+//! installed when it connects, so **install the recorder first**; without one every
+//! handle is a no-op and recording costs a branch. The reference server's metrics
+//! (`lookup_server_*`) are `lookup_server::metrics`'; a process with both installs one
+//! recorder and calls both crates' `describe`.
 //!
 //! The client records off the probe's path where it can: lookup outcomes and latencies
 //! from the core's [`Event`](lookup_core::Event)s as the handle drains them, counters
@@ -50,33 +51,18 @@
 //! For a ratio over a window rather than the process's life, use the counters:
 //! `rate(lookup_first_probes_total{result="ready"}[5m]) / rate(lookup_first_probes_total[5m])`.
 //!
-//! # Server metrics
-//!
-//! | name | type | unit | labels | what |
-//! |---|---|---|---|---|
-//! | `lookup_server_requests_total` | counter | requests | `format`, `kind` | messages received: `kind` `lookup`, `reset`, `malformed`, `unknown`, `no_delimiter`; `format` `tagged-blob`, `msgpack-hex`, `unknown` (neither), `none` (no delimiter) |
-//! | `lookup_server_keys_checked_total` | counter | keys | — | store keys asked about (blocks × rank namespaces) |
-//! | `lookup_server_index_latency_seconds` | histogram | seconds | — | per index call, failed ones included |
-//! | `lookup_server_decode_errors_total` | counter | requests | `format` | malformed lookups, answered with hit 0 (`spec/wire.md`) |
-//!
 //! [`LookupClient`]: crate::LookupClient
-//! [`LookupServer`]: crate::LookupServer
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lookup_core::wire::{Format, ServerRequest};
 use lookup_core::{LookupOutcome, ResetOutcome, RpcFailure, Stats};
 use metrics::{Counter, Gauge, Histogram, Unit};
 
-/// Upper bounds (seconds) of the histogram buckets that `install_prometheus` (feature
-/// `prometheus`) exports: from 50 µs (a lookup answered from a local index) to 10 s
-/// (beyond the default `lookup_timeout_s` of 5 s).
-pub const LATENCY_BUCKETS_SECONDS: [f64; 17] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0,
-];
+pub use lookup_metrics::LATENCY_BUCKETS_SECONDS;
+#[cfg(feature = "prometheus")]
+pub use lookup_metrics::{MetricsError, PrometheusHandle};
 
 /// Registers the description and unit of every metric of the module's tables with the
 /// installed recorder (exporters print them as `# HELP`). `install_prometheus` calls
@@ -153,113 +139,25 @@ pub fn describe() {
         Unit::Count,
         "Reset RPCs ended, by outcome"
     );
-    describe_counter!(
-        "lookup_server_requests_total",
-        Unit::Count,
-        "Messages received by the lookup server, by format and kind"
-    );
-    describe_counter!(
-        "lookup_server_keys_checked_total",
-        Unit::Count,
-        "Store keys asked about by the lookup server"
-    );
-    describe_histogram!(
-        "lookup_server_index_latency_seconds",
-        Unit::Seconds,
-        "Index calls of the lookup server"
-    );
-    describe_counter!(
-        "lookup_server_decode_errors_total",
-        Unit::Count,
-        "Malformed lookups received by the lookup server, by format"
-    );
 }
 
+/// Installs the Prometheus exporter ([`lookup_metrics::install_prometheus`]: the
+/// process's global recorder, served at `http://{addr}/metrics` from a thread of its
+/// own, histograms with [`LATENCY_BUCKETS_SECONDS`]), then [`describe`]s this crate's
+/// metrics. Call it before connecting clients: they take their handles from the
+/// recorder of that moment. The listener answers scrapes while the caller's runtime
+/// is busy or blocked; this call waits only for the bind. Returns a handle that
+/// renders the same text in-process.
+///
+/// # Errors
+/// [`MetricsError::Exporter`] when `addr` cannot be bound or a recorder is already
+/// installed (a process has one); [`MetricsError::Thread`] when the exporter's thread
+/// or runtime cannot be started.
 #[cfg(feature = "prometheus")]
-pub use prometheus::{MetricsError, PrometheusHandle, install_prometheus};
-
-#[cfg(feature = "prometheus")]
-mod prometheus {
-    use std::net::SocketAddr;
-
-    pub use metrics_exporter_prometheus::PrometheusHandle;
-    use metrics_exporter_prometheus::{BuildError, ExporterFuture, PrometheusBuilder};
-
-    use super::{LATENCY_BUCKETS_SECONDS, describe};
-
-    /// Why [`install_prometheus`] failed.
-    #[derive(Debug, thiserror::Error)]
-    #[non_exhaustive]
-    pub enum MetricsError {
-        /// The exporter could not be built: the address is in use or not allowed
-        /// (I/O), or another recorder is installed already (caller misuse: one
-        /// recorder per process).
-        #[error("prometheus exporter: {0}")]
-        Exporter(#[from] BuildError),
-        /// I/O: the exporter's thread or runtime could not be started.
-        #[error("prometheus exporter thread: {0}")]
-        Thread(#[from] std::io::Error),
-    }
-
-    /// Installs a Prometheus recorder as the process's global [`metrics`] recorder and
-    /// serves its text exposition at `http://{addr}/metrics` (any path answers),
-    /// histograms with [`LATENCY_BUCKETS_SECONDS`]. Call it before connecting clients
-    /// or binding servers: they take their handles from the recorder of that moment.
-    ///
-    /// The listener runs on a thread of its own with its own runtime, so scrapes are
-    /// answered while the caller's runtime is busy or blocked; this call waits only
-    /// for the bind. Every address is accepted: the exposition holds counts and
-    /// timings, no keys or prompts. Returns a handle that renders the same text
-    /// in-process.
-    ///
-    /// # Errors
-    /// [`MetricsError::Exporter`] when `addr` cannot be bound or a recorder is already
-    /// installed (a process has one); [`MetricsError::Thread`] when the thread or its
-    /// runtime cannot be started.
-    pub fn install_prometheus(addr: SocketAddr) -> Result<PrometheusHandle, MetricsError> {
-        let (ready, started) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name("lookup-metrics".to_owned())
-            .spawn(move || match start(addr) {
-                Ok((handle, exporter, runtime)) => {
-                    let _ = ready.send(Ok(handle));
-                    if let Err(error) = runtime.block_on(exporter) {
-                        tracing::error!(?error, "prometheus exporter stopped");
-                    }
-                }
-                // The runtime is dropped here, on this thread, never in the caller's
-                // async context.
-                Err(error) => {
-                    let _ = ready.send(Err(error));
-                }
-            })?;
-        let handle = started.recv().map_err(|_| {
-            MetricsError::Thread(std::io::Error::other("the exporter thread ended early"))
-        })??;
-        describe();
-        tracing::info!(%addr, "prometheus metrics served over http");
-        Ok(handle)
-    }
-
-    /// On the exporter's thread: its runtime, the bound listener, the global recorder.
-    fn start(
-        addr: SocketAddr,
-    ) -> Result<(PrometheusHandle, ExporterFuture, tokio::runtime::Runtime), MetricsError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let (recorder, exporter) = {
-            // The listener and the upkeep task register with this runtime.
-            let _entered = runtime.enter();
-            PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .set_buckets(&LATENCY_BUCKETS_SECONDS)?
-                .build()?
-        };
-        let handle = recorder.handle();
-        metrics::set_global_recorder(recorder).map_err(BuildError::from)?;
-        Ok((handle, exporter, runtime))
-    }
+pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<PrometheusHandle, MetricsError> {
+    let handle = lookup_metrics::install_prometheus(addr)?;
+    describe();
+    Ok(handle)
 }
 
 // ---------------------------------------------------------------------------------
@@ -453,6 +351,7 @@ impl ClientMetrics {
         self.resets[i].increment(1);
     }
 
+
     /// Publishes what changed in the core's counters since the last call; returns how
     /// many lookups joined a shared RPC meanwhile (for the caller's log). A handful
     /// of integer comparisons when nothing changed, as after a cached probe.
@@ -593,77 +492,6 @@ impl Drop for ActorMetrics {
     }
 }
 
-// ---------------------------------------------------------------------------------
-// Server
-// ---------------------------------------------------------------------------------
-
-/// The metric handles of one [`LookupServer`](crate::LookupServer).
-pub(crate) struct ServerMetrics {
-    /// By [`ServerMetrics::request_index`].
-    requests: [Counter; 7],
-    keys_checked: Counter,
-    index_latency: Histogram,
-    /// `tagged-blob`, `msgpack-hex`.
-    decode_errors: [Counter; 2],
-}
-
-impl ServerMetrics {
-    /// Handles from the recorder installed now (no-ops without one).
-    pub(crate) fn new() -> Self {
-        use metrics::{counter, histogram};
-        Self {
-            requests: [
-                counter!("lookup_server_requests_total", "format" => "tagged-blob", "kind" => "lookup"),
-                counter!("lookup_server_requests_total", "format" => "msgpack-hex", "kind" => "lookup"),
-                counter!("lookup_server_requests_total", "format" => "tagged-blob", "kind" => "reset"),
-                counter!("lookup_server_requests_total", "format" => "tagged-blob", "kind" => "malformed"),
-                counter!("lookup_server_requests_total", "format" => "msgpack-hex", "kind" => "malformed"),
-                counter!("lookup_server_requests_total", "format" => "unknown", "kind" => "unknown"),
-                counter!("lookup_server_requests_total", "format" => "none", "kind" => "no_delimiter"),
-            ],
-            keys_checked: counter!("lookup_server_keys_checked_total"),
-            index_latency: histogram!("lookup_server_index_latency_seconds"),
-            decode_errors: [
-                counter!("lookup_server_decode_errors_total", "format" => "tagged-blob"),
-                counter!("lookup_server_decode_errors_total", "format" => "msgpack-hex"),
-            ],
-        }
-    }
-
-    fn format_index(format: Format) -> usize {
-        match format {
-            Format::TaggedBlob => 0,
-            Format::MsgpackHex => 1,
-        }
-    }
-
-    /// A decoded request arrived.
-    pub(crate) fn request(&self, request: &ServerRequest) {
-        let i = match request {
-            ServerRequest::Lookup { format, .. } => Self::format_index(*format),
-            ServerRequest::Reset => 2,
-            ServerRequest::Malformed { format, .. } => {
-                self.decode_errors[Self::format_index(*format)].increment(1);
-                3 + Self::format_index(*format)
-            }
-            ServerRequest::Unknown => 5,
-        };
-        self.requests[i].increment(1);
-    }
-
-    /// A message without the empty delimiter frame arrived (dropped).
-    pub(crate) fn no_delimiter(&self) {
-        self.requests[6].increment(1);
-    }
-
-    /// An index call asked about `keys` keys and took `took`.
-    pub(crate) fn index_call(&self, keys: usize, took: Duration) {
-        self.keys_checked
-            .increment(u64::try_from(keys).unwrap_or(u64::MAX));
-        self.index_latency.record(took.as_secs_f64());
-    }
-}
-
 /// Held by tests that drive clients, and by the test of the process-wide first-probe
 /// ratio, so that the ratio's inputs do not move while it is checked.
 #[cfg(test)]
@@ -671,8 +499,6 @@ pub(crate) static PROCESS_WIDE: tokio::sync::Mutex<()> = tokio::sync::Mutex::con
 
 #[cfg(test)]
 mod tests {
-    use lookup_core::BlockHashes;
-    use lookup_core::wire::WireError;
     use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
     use super::*;
@@ -894,60 +720,5 @@ mod tests {
         assert_eq!(value(&text, "lookup_late_replies_total"), Some(1.0));
         drop(actor);
         assert_eq!(value(&handle.render(), "lookup_in_flight"), Some(0.0));
-    }
-
-    #[test]
-    fn server_requests_by_format_and_kind() {
-        let recorder = recorder();
-        let handle = recorder.handle();
-        let server = metrics::with_local_recorder(&recorder, ServerMetrics::new);
-        let lookup = |format| ServerRequest::Lookup {
-            format,
-            num_tokens: 32,
-            block_hashes: BlockHashes::from_u64s(&[1, 2]),
-        };
-        server.request(&lookup(Format::TaggedBlob));
-        server.request(&lookup(Format::TaggedBlob));
-        server.request(&lookup(Format::MsgpackHex));
-        server.request(&ServerRequest::Reset);
-        server.request(&ServerRequest::Malformed {
-            format: Format::MsgpackHex,
-            error: WireError::WrongFrameCount {
-                expected: 2,
-                got: 3,
-            },
-        });
-        server.request(&ServerRequest::Unknown);
-        server.no_delimiter();
-        server.index_call(6, Duration::from_micros(200));
-        server.index_call(2, Duration::from_millis(30));
-        let text = handle.render();
-        let get = |series: &str| value(&text, series);
-        let req = |format: &str, kind: &str| {
-            get(&format!(
-                "lookup_server_requests_total{{format=\"{format}\",kind=\"{kind}\"}}"
-            ))
-        };
-        assert_eq!(req("tagged-blob", "lookup"), Some(2.0));
-        assert_eq!(req("msgpack-hex", "lookup"), Some(1.0));
-        assert_eq!(req("tagged-blob", "reset"), Some(1.0));
-        assert_eq!(req("tagged-blob", "malformed"), Some(0.0));
-        assert_eq!(req("msgpack-hex", "malformed"), Some(1.0));
-        assert_eq!(req("unknown", "unknown"), Some(1.0));
-        assert_eq!(req("none", "no_delimiter"), Some(1.0));
-        assert_eq!(
-            get("lookup_server_decode_errors_total{format=\"msgpack-hex\"}"),
-            Some(1.0)
-        );
-        assert_eq!(
-            get("lookup_server_decode_errors_total{format=\"tagged-blob\"}"),
-            Some(0.0)
-        );
-        assert_eq!(get("lookup_server_keys_checked_total"), Some(8.0));
-        assert_eq!(get("lookup_server_index_latency_seconds_count"), Some(2.0));
-        assert_eq!(
-            get("lookup_server_index_latency_seconds_bucket{le=\"0.00025\"}"),
-            Some(1.0)
-        );
     }
 }

@@ -4,6 +4,15 @@
 //! `[{cache_prefix}@]{model}@tp_rank:{t}@pcp{c}@dcp{d}@pp_rank:{p}@group:{g}@{hex(hash)}`
 //!
 //! one key per rank namespace, `hex` the lowercase hex of the block hash's bytes.
+//!
+//! - [`RankNamespace`]: the ranks of one KV shard;
+//! - [`KeyLayout`]: a deployment's model, cache prefix and namespaces, which turns
+//!   block hashes into keys (what the lookup server and a direct client ask about);
+//! - [`KeyFormat`]: the formatter behind it, the part before the hash built once.
+
+use std::fmt;
+
+use crate::MasterError;
 
 /// One rank namespace: the ranks of the worker that stored a block's KV shard. A block
 /// is present only when its key exists in every namespace of the deployment.
@@ -116,6 +125,140 @@ impl KeyFormat {
     }
 }
 
+/// How block hashes become store keys (`spec/wire.md`, "What the server computes",
+/// step 2):
+///
+/// `[{cache_prefix}@]{model}@tp_rank:{t}@pcp{c}@dcp{d}@pp_rank:{p}@group:{g}@{hex(hash)}`
+///
+/// with one key per [`RankNamespace`] and `hex` the lowercase hex of the hash bytes.
+/// The namespace part of each key is formatted once, at construction.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyLayout {
+    cache_prefix: Option<String>,
+    model: String,
+    namespaces: Vec<RankNamespace>,
+    /// The formatter of these keys (the part before the hash, built once).
+    format: KeyFormat,
+}
+
+impl fmt::Debug for KeyLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyLayout")
+            .field("cache_prefix", &self.cache_prefix)
+            .field("model", &self.model)
+            .field("namespaces", &self.namespaces)
+            .finish()
+    }
+}
+
+impl Default for KeyLayout {
+    /// Model name `"model"`, no cache prefix, the single namespace of rank 0.
+    fn default() -> Self {
+        Self::new("model")
+    }
+}
+
+impl KeyLayout {
+    /// The layout of an unsharded deployment of `model`: no cache prefix, one namespace
+    /// with every rank and the group 0.
+    #[must_use]
+    pub fn new(model: impl Into<String>) -> Self {
+        let mut layout = Self {
+            cache_prefix: None,
+            model: model.into(),
+            namespaces: vec![RankNamespace::default()],
+            format: KeyFormat::new(None, "", &[]),
+        };
+        layout.rebuild();
+        layout
+    }
+
+    /// Sets the optional `{cache_prefix}@` in front of every key; `None` or an empty
+    /// string means no prefix.
+    #[must_use]
+    pub fn with_cache_prefix(mut self, cache_prefix: Option<String>) -> Self {
+        self.cache_prefix = cache_prefix.filter(|p| !p.is_empty());
+        self.rebuild();
+        self
+    }
+
+    /// Replaces the rank namespaces; a block is present only when its key exists in
+    /// every one of them.
+    ///
+    /// # Errors
+    /// [`MasterError::InvalidConfig`] (`namespaces`) for an empty list: with no
+    /// namespace every block would count as present.
+    pub fn with_namespaces(mut self, namespaces: Vec<RankNamespace>) -> Result<Self, MasterError> {
+        if namespaces.is_empty() {
+            return Err(MasterError::InvalidConfig {
+                what: "namespaces",
+                why: "a key layout needs at least one rank namespace".to_owned(),
+            });
+        }
+        self.namespaces = namespaces;
+        self.rebuild();
+        Ok(self)
+    }
+
+    fn rebuild(&mut self) {
+        self.format = KeyFormat::new(self.cache_prefix.as_deref(), &self.model, &self.namespaces);
+    }
+
+    /// The cache prefix, if any.
+    #[must_use]
+    pub fn cache_prefix(&self) -> Option<&str> {
+        self.cache_prefix.as_deref()
+    }
+
+    /// The model name.
+    #[must_use]
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The rank namespaces, never empty.
+    #[must_use]
+    pub fn namespaces(&self) -> &[RankNamespace] {
+        &self.namespaces
+    }
+
+    /// The key of block `hash` in namespace number `namespace` (an index into
+    /// [`namespaces`](Self::namespaces)), or `None` past the end.
+    #[must_use]
+    pub fn key(&self, namespace: usize, hash: &[u8]) -> Option<String> {
+        let prefix = self.format.prefix(namespace)?;
+        let mut key = String::with_capacity(prefix.len() + 2 * hash.len());
+        key.push_str(prefix);
+        push_hex(&mut key, hash);
+        Some(key)
+    }
+
+    /// Every key of block `hash`, one per namespace, in namespace order.
+    #[must_use]
+    pub fn block_keys(&self, hash: &[u8]) -> Vec<String> {
+        self.format.block_keys(hash)
+    }
+
+    /// The keys of the first `blocks` blocks of `block_hashes` (fewer if the chain is
+    /// shorter), block-major: block 0's key in every namespace, then block 1's, ...;
+    /// `blocks * namespaces().len()` keys. `block_hashes` yields each block's hash
+    /// bytes in chain order (`&lookup_core::BlockHashes` does).
+    #[must_use]
+    pub fn chain_keys<'h, I>(&self, block_hashes: I, blocks: usize) -> Vec<String>
+    where
+        I: IntoIterator<Item = &'h [u8]>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let block_hashes = block_hashes.into_iter();
+        let blocks = blocks.min(block_hashes.len());
+        let mut out = Vec::with_capacity(blocks * self.namespaces.len());
+        for hash in block_hashes.take(blocks) {
+            self.format.push_block_keys(&mut out, hash);
+        }
+        out
+    }
+}
+
 /// Appends the lowercase hex of `bytes` (two digits a byte), as vLLM's `hash.hex()`.
 pub fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -127,7 +270,13 @@ pub fn push_hex(out: &mut String, bytes: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    use lookup_core::BlockHashes;
+
     use super::*;
+
+    fn hashes(ids: &[u64]) -> BlockHashes {
+        BlockHashes::from_u64s(ids)
+    }
 
     #[test]
     fn keys_follow_the_wire_spec_layout() {
@@ -156,5 +305,80 @@ mod tests {
             KeyFormat::new(Some(""), "m", &[RankNamespace::default()]).block_keys(&[1]),
             ["m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@01"]
         );
+    }
+
+    #[test]
+    fn key_format_single_namespace() {
+        let layout = KeyLayout::new("meta-llama/Llama-3.1-8B");
+        assert_eq!(
+            layout.key(0, &[0xab, 0x01, 0xff]).unwrap(),
+            "meta-llama/Llama-3.1-8B@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@ab01ff"
+        );
+        assert_eq!(layout.key(1, &[0xab]), None);
+    }
+
+    #[test]
+    fn key_format_with_cache_prefix_and_ranks() {
+        let ns = RankNamespace {
+            tp_rank: 3,
+            pcp_rank: 1,
+            dcp_rank: 2,
+            pp_rank: 4,
+            group: 5,
+        };
+        let layout = KeyLayout::new("m")
+            .with_cache_prefix(Some("pfx".to_owned()))
+            .with_namespaces(vec![ns])
+            .unwrap();
+        assert_eq!(
+            layout.key(0, &[0x00, 0x0a]).unwrap(),
+            "pfx@m@tp_rank:3@pcp1@dcp2@pp_rank:4@group:5@000a"
+        );
+        // An empty prefix is no prefix.
+        let layout = layout.with_cache_prefix(Some(String::new()));
+        assert_eq!(layout.cache_prefix(), None);
+        assert_eq!(
+            layout.key(0, &[0x10]).unwrap(),
+            "m@tp_rank:3@pcp1@dcp2@pp_rank:4@group:5@10"
+        );
+    }
+
+    #[test]
+    fn empty_namespace_list_is_refused() {
+        let err = KeyLayout::new("m").with_namespaces(Vec::new()).unwrap_err();
+        assert!(matches!(
+            err,
+            MasterError::InvalidConfig {
+                what: "namespaces",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn grid_is_tp_major() {
+        let grid = RankNamespace::grid(2, 2);
+        let pairs: Vec<(u32, u32)> = grid.iter().map(|n| (n.tp_rank, n.pp_rank)).collect();
+        assert_eq!(pairs, vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
+        assert_eq!(RankNamespace::grid(0, 0), vec![RankNamespace::default()]);
+    }
+
+    #[test]
+    fn chain_keys_are_block_major_and_bounded_by_the_chain() {
+        let layout = KeyLayout::new("m")
+            .with_namespaces(RankNamespace::grid(2, 1))
+            .unwrap();
+        let keys = layout.chain_keys(&hashes(&[1, 2]), 5);
+        assert_eq!(
+            keys,
+            vec![
+                "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@0000000000000001",
+                "m@tp_rank:1@pcp0@dcp0@pp_rank:0@group:0@0000000000000001",
+                "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@0000000000000002",
+                "m@tp_rank:1@pcp0@dcp0@pp_rank:0@group:0@0000000000000002",
+            ]
+        );
+        assert_eq!(layout.chain_keys(&hashes(&[1, 2]), 1).len(), 2);
+        assert!(layout.chain_keys(&BlockHashes::empty(), 3).is_empty());
     }
 }

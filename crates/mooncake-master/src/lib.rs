@@ -13,7 +13,8 @@
 //!   clone, per-call timeouts, reconnect with backoff, the `tenant_id` signature with a
 //!   fall-back for pre-0.3.12 masters, key lists chunked with an early stop for
 //!   leading-run queries.
-//! - [`key`]: store keys of KV blocks as vLLM writes them (`spec/wire.md`).
+//! - [`key`]: store keys of KV blocks as vLLM writes them (`spec/wire.md`):
+//!   [`KeyLayout`] turns a chain of block hashes into the keys to ask about.
 //!
 //! Every positive answer grants the object a read lease on the master (10 s by
 //! default), exactly as the C++ client's `batch_is_exist` does: probe once per lookup,
@@ -28,3 +29,4 @@ pub mod key;
 pub use client::{MasterClient, MasterConfig, MasterStats};
 pub use codec::{ExistResult, FunctionId, TypeLiteral};
 pub use error::{MasterError, StoreErrorCode};
+pub use key::{KeyLayout, RankNamespace};

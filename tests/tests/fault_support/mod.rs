@@ -23,14 +23,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+use lookup_core::answer::{blocks_to_check, hit_tokens};
 use lookup_core::wire::{self, LookupReply, ServerRequest};
 use lookup_core::{
     BlockHashes, Event, LookupOutcome, Probe, Request, RequestId, ResetOutcome, RpcId,
 };
-use lookup_tokio::{
-    BlockIndex, ClientConfig, ClientStats, Endpoint, IndexFuture, KeyLayout, LookupClient,
-    LookupServer, ServerConfig, blocks_to_check, hit_tokens,
-};
+use lookup_server::{BlockIndex, IndexFuture, LookupServer, ServerConfig};
+use lookup_tokio::{ClientConfig, ClientStats, Endpoint, KeyLayout, LookupClient};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use lookup_core::BlockHashes;
 use lookup_core::wire::{self, Format};
-use lookup_tokio::{
+use lookup_server::{
     BlockIndex, Endpoint, InMemoryIndex, IndexError, IndexFuture, KeyLayout, LookupServer,
     ServerConfig,
 };

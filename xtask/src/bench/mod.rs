@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use lookup_tokio::{Endpoint, KeyLayout, ServerConfig};
+use lookup_server::{Endpoint, KeyLayout, ServerConfig};
 
 use ours::Placement;
 pub use peers::DelayKind;

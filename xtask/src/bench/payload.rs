@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use lookup_core::wire::{self, Format, LookupReply};
 use lookup_core::{BlockHashes, Request, RequestId};
-use lookup_tokio::{InMemoryIndex, KeyLayout};
+use lookup_server::{InMemoryIndex, KeyLayout};
 
 /// The benchmark's lookup: `blocks` block hashes of `hash_len` bytes (hash `i` is
 /// `hash_len` bytes of value `i mod 256`, the bytes the Python script builds too), a

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use bytes::Bytes;
-use lookup_tokio::{
+use lookup_server::{
     BlockIndex, DelayedIndex, Endpoint, InMemoryIndex, IndexError, IndexFuture, LookupServer,
     ServerConfig,
 };
@@ -228,7 +228,7 @@ pub enum DelayKind {
     /// high-resolution timer, tens of microseconds late), so calls wait concurrently
     /// and close to the asked time.
     Precise,
-    /// `lookup_tokio::DelayedIndex`: a tokio timer, which ticks in whole milliseconds,
+    /// `lookup_server::DelayedIndex`: a tokio timer, which ticks in whole milliseconds,
     /// so a 1 ms latency waits 1-2 ms.
     Tokio,
 }

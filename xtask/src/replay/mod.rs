@@ -36,11 +36,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lookup_server::{LookupServer, MooncakeIndex, ServerConfig};
 use lookup_tokio::mooncake_master::MasterConfig;
-use lookup_tokio::{
-    ClientConfig, DirectConfig, Endpoint, KeyLayout, LookupClient, LookupServer, MooncakeIndex,
-    RankNamespace, ServerConfig,
-};
+use lookup_tokio::{ClientConfig, DirectConfig, Endpoint, KeyLayout, LookupClient, RankNamespace};
 use serde::Serialize;
 
 use self::engine::{BlockSink, Engine, EngineModel, EngineResult, Prepared};

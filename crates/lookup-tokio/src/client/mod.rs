@@ -71,10 +71,11 @@ const READY_ZERO: Probe = Probe::Ready {
 /// ```
 /// use std::sync::Arc;
 /// use lookup_core::{BlockHashes, Probe, Request, RequestId};
-/// use lookup_tokio::{ClientConfig, InMemoryIndex, KeyLayout, LookupClient, LookupServer, ServerConfig};
+/// use lookup_server::{InMemoryIndex, LookupServer, ServerConfig};
+/// use lookup_tokio::{ClientConfig, KeyLayout, LookupClient};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), lookup_tokio::Error> {
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// // A reference server on a free TCP port, storing the first two 16-token blocks.
 /// let layout = KeyLayout::default();
 /// let index = Arc::new(InMemoryIndex::new());
@@ -595,7 +596,7 @@ mod tests {
     use tracing_subscriber::fmt::format::FmtSpan;
 
     use super::*;
-    use crate::{InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
+    use lookup_server::{InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
 
     /// A log sink the test reads back.
     #[derive(Clone, Default)]

@@ -32,7 +32,7 @@
 //! have to drain the writers' pending puts, which only the worker that owns the store
 //! client can do. A reset (rule 13) is therefore never sent: it ends at once as
 //! [`ResetOutcome::Failed`](lookup_core::ResetOutcome::Failed) and every key stays
-//! stored, as [`MooncakeIndex`](crate::MooncakeIndex) answers it through the server.
+//! stored, as `lookup_server::MooncakeIndex` answers it through the server.
 //!
 //! [`LookupClient::connect`]: crate::LookupClient::connect
 
@@ -44,13 +44,14 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use lookup_core::answer::{blocks_to_check, hit_tokens};
 use lookup_core::{BlockHashes, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
-use mooncake_master::{MasterClient, MasterConfig, MasterError};
+use mooncake_master::{KeyLayout, MasterClient, MasterConfig, MasterError};
 use tracing::{Instrument, Span};
 
 use super::{SendError, Wire, WireInput};
+use crate::Error;
 use crate::warn::WarnLimiter;
-use crate::{Error, KeyLayout, blocks_to_check, hit_tokens};
 
 /// The master's default read lease (`default_kv_lease_ttl`, 10 s), granted to every key
 /// an existence query answers `true` (`spec/mooncake-master-rpc.md`, "The call").
@@ -93,7 +94,7 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
     /// A lookup server over ZeroMQ (a vLLM MooncakeStoreConnector worker, or our
-    /// [`LookupServer`](crate::LookupServer)) at
+    /// `lookup_server::LookupServer`) at
     /// [`ClientConfig::endpoint`](crate::ClientConfig::endpoint), in
     /// [`ClientConfig::format`](crate::ClientConfig::format). The default.
     #[default]

@@ -4,7 +4,7 @@
 //!
 //! It answers the way vLLM's MooncakeStoreConnector worker does (`spec/wire.md`, "What
 //! the server computes"): the server builds every rank-namespace key of the blocks in
-//! question with its [`KeyLayout`](crate::KeyLayout), and the index asks the master
+//! question with its [`KeyLayout`](mooncake_master::KeyLayout), and the index asks the master
 //! about them in one logical `BatchExistKey` query per lookup.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use mooncake_master::{MasterClient, MasterConfig, MasterError, MasterStats};
 use tracing::Instrument;
 
-use crate::index::{BlockIndex, IndexError, IndexFuture};
+use super::{BlockIndex, IndexError, IndexFuture};
 
 /// A [`BlockIndex`] over a Mooncake master: lookups are answered from the master's
 /// `BatchExistKey` RPC, exactly as vLLM's worker answers them through the C++ client's

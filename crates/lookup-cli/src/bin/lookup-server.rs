@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use lookup_tokio::mooncake_master::MasterConfig;
-use lookup_tokio::{
+use lookup_server::mooncake_master::MasterConfig;
+use lookup_server::{
     BlockIndex, DEFAULT_MAX_CONCURRENCY, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout,
     LookupServer, MooncakeIndex, RankNamespace, ServerConfig,
 };
@@ -121,9 +121,9 @@ struct Args {
     /// instead of refusing to start.
     #[arg(long)]
     take_over: bool,
-    /// Serve Prometheus metrics (`lookup_server_*`, see `lookup_tokio::metrics`) over
+    /// Serve Prometheus metrics (`lookup_server_*`, see `lookup_server::metrics`) over
     /// HTTP at this address, e.g. 127.0.0.1:9464. Needs a build with the `prometheus`
-    /// feature of lookup-tokio.
+    /// feature of lookup-cli.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -136,7 +136,7 @@ fn install_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), String> {
     };
     #[cfg(feature = "prometheus")]
     {
-        lookup_tokio::metrics::install_prometheus(addr)
+        lookup_server::metrics::install_prometheus(addr)
             .map(drop)
             .map_err(|e| format!("--metrics-addr {addr}: {e}"))
     }
@@ -144,7 +144,7 @@ fn install_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), String> {
     {
         Err(format!(
             "--metrics-addr {addr}: built without the `prometheus` feature \
-             (cargo build -p lookup-tokio --features prometheus)"
+             (cargo build -p lookup-cli --features prometheus)"
         ))
     }
 }

@@ -22,9 +22,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use futures::{SinkExt, StreamExt};
-use lookup_core::BlockHashes;
 use lookup_core::wire::{self, Format, LookupReply};
-use lookup_tokio::Endpoint;
+use lookup_core::{BlockHashes, Endpoint};
 
 /// Exit status for a reply that did not come in time, or a reset the server refused.
 const EXIT_FAILED: u8 = 1;
@@ -232,7 +231,7 @@ impl Target {
         if let Some(url) = &self.endpoint {
             return url
                 .parse()
-                .map_err(|e: lookup_tokio::Error| Failure::usage(e.to_string()));
+                .map_err(|e: lookup_core::Error| Failure::usage(e.to_string()));
         }
         let Some(port) = self.lookup_rpc_port else {
             return Err(Failure::usage(

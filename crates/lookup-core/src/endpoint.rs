@@ -1,4 +1,6 @@
-//! Where the lookup channel lives: a ZeroMQ URL, or vLLM's ipc path from its parts.
+//! Where the lookup channel lives (`spec/wire.md`, "Transport"): a ZeroMQ URL, or
+//! vLLM's ipc path from its parts. A name only: binding and connecting are the
+//! drivers' (`lookup-server`, `lookup-tokio`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,176 @@
+//! What the lookup server asks: which store keys exist.
+//!
+//! - [`BlockIndex`]: the store behind the server, asked once per lookup with every key
+//!   of the blocks in question (`spec/wire.md`, "What the server computes", step 3).
+//!   Dyn-compatible and async, so that an index making network calls to a Mooncake
+//!   master fits behind the same `Arc<dyn BlockIndex>` as the in-memory one. The keys
+//!   come from a [`KeyLayout`](mooncake_master::KeyLayout) (step 2).
+//! - [`InMemoryIndex`]: the embedded default: a key set with optional LRU capacity.
+//! - [`DelayedIndex`]: adds a fixed latency to every call of another index, to model a
+//!   slow store in benchmarks and tests.
+//! - [`MooncakeIndex`]: asks a real Mooncake master.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use lookup_core::answer::leading_run;
+
+mod delayed;
+mod memory;
+mod mooncake;
+
+pub use delayed::DelayedIndex;
+pub use memory::InMemoryIndex;
+pub use mooncake::{MooncakeIndex, MooncakeIndexStats};
+
+/// The future an index call returns: boxed so that [`BlockIndex`] stays
+/// dyn-compatible (`Arc<dyn BlockIndex>`), `Send` so that the server's socket task can
+/// hold it.
+pub type IndexFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, IndexError>> + Send + 'a>>;
+
+/// Why an index call failed. The server answers such a lookup with 0 hit tokens
+/// (a miss), never with an error frame, and counts it (`spec/wire.md`, "What the
+/// server computes", step 5).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IndexError {
+    /// I/O: the store could not be reached (connection refused, timed out, closed).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store was reached and answered with an error of its own.
+    #[error("store error: {0}")]
+    Store(String),
+    /// The store cannot do what was asked at all (for example a reset on a store
+    /// whose client has no way to remove every key); asking again will not help.
+    #[error("{operation} is not supported by this index: {why}")]
+    Unsupported {
+        /// The operation refused (`"reset"`).
+        operation: &'static str,
+        /// Why, for the log.
+        why: &'static str,
+    },
+    /// Index protocol violation: an existence answer with a different number of flags
+    /// than keys asked about. Raised where an answer is checked (the default
+    /// [`BlockIndex::leading_blocks`]).
+    #[error("the index answered {got} existence flags for {expected} keys")]
+    AnswerCount {
+        /// Keys asked about.
+        expected: usize,
+        /// Flags received.
+        got: usize,
+    },
+}
+
+/// A store of block keys that the lookup server asks about.
+///
+/// One [`exists`](Self::exists) call per lookup carries every key of every block in
+/// question (`spec/wire.md`, "What the server computes", step 3: one batched existence
+/// call); the server may run many calls at once, so implementations are `Sync` and
+/// must not assume calls arrive one at a time.
+pub trait BlockIndex: Send + Sync {
+    /// Whether each key exists: the answer has exactly `keys.len()` flags, in the order
+    /// of `keys` (the server treats any other length as
+    /// [`IndexError::AnswerCount`]).
+    ///
+    /// # Errors
+    /// [`IndexError`] when the store cannot answer; the server turns it into 0 hit
+    /// tokens.
+    fn exists<'a>(&'a self, keys: &'a [String]) -> IndexFuture<'a, Vec<bool>>;
+
+    /// Removes every key: the server's answer to a reset request (`spec/wire.md`,
+    /// `tagged-blob`, reset: vLLM drains pending puts, then `remove_all(force=True)`).
+    ///
+    /// # Errors
+    /// [`IndexError`] when the store could not be wiped; the server answers `0x00`.
+    fn clear(&self) -> IndexFuture<'_, ()>;
+
+    /// The number of leading blocks whose every key exists, for `keys` laid out
+    /// block-major with `keys_per_block` keys per block (one per rank namespace, as
+    /// [`KeyLayout::chain_keys`](mooncake_master::KeyLayout::chain_keys) builds them): the first block with a missing key ends
+    /// the run (`spec/wire.md`, "What the server computes", steps 2-3). A trailing
+    /// partial block never counts; `keys_per_block == 0` gives 0. The server asks this
+    /// once per lookup.
+    ///
+    /// The default asks [`exists`](Self::exists) once for every key and counts the
+    /// run. An index that can stop asking once the run has ended (a store whose
+    /// existence answers have side effects or cost per key, such as Mooncake's read
+    /// leases) overrides it; it must still answer from one logical existence query.
+    ///
+    /// # Errors
+    /// As [`exists`](Self::exists), and [`IndexError::AnswerCount`] when `exists`
+    /// answers a different number of flags than keys.
+    fn leading_blocks<'a>(
+        &'a self,
+        keys_per_block: usize,
+        keys: &'a [String],
+    ) -> IndexFuture<'a, usize> {
+        Box::pin(async move {
+            let flags = self.exists(keys).await?;
+            if flags.len() != keys.len() {
+                return Err(IndexError::AnswerCount {
+                    expected: keys.len(),
+                    got: flags.len(),
+                });
+            }
+            Ok(leading_run(&flags, keys_per_block))
+        })
+    }
+}
+
+impl<T: BlockIndex + ?Sized> BlockIndex for Arc<T> {
+    fn exists<'a>(&'a self, keys: &'a [String]) -> IndexFuture<'a, Vec<bool>> {
+        (**self).exists(keys)
+    }
+
+    fn leading_blocks<'a>(
+        &'a self,
+        keys_per_block: usize,
+        keys: &'a [String],
+    ) -> IndexFuture<'a, usize> {
+        (**self).leading_blocks(keys_per_block, keys)
+    }
+
+    fn clear(&self) -> IndexFuture<'_, ()> {
+        (**self).clear()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn default_leading_blocks_counts_whole_blocks_through_wrappers() {
+        let index = InMemoryIndex::new();
+        for key in ["a0", "a1", "b0", "c0", "c1"] {
+            index.insert(key);
+        }
+        let keys: Vec<String> = ["a0", "a1", "b0", "b1", "c0", "c1"]
+            .map(String::from)
+            .into();
+        assert_eq!(index.leading_blocks(2, &keys).await.unwrap(), 1);
+        assert_eq!(index.leading_blocks(1, &keys).await.unwrap(), 3);
+        assert_eq!(index.leading_blocks(0, &keys).await.unwrap(), 0);
+        let wrapped: Arc<dyn BlockIndex> =
+            Arc::new(DelayedIndex::new(index, Duration::from_millis(1)));
+        assert_eq!(wrapped.leading_blocks(2, &keys[..3]).await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn trait_calls_answer_and_clear() {
+        let index: Arc<dyn BlockIndex> = Arc::new(InMemoryIndex::new());
+        let inner = InMemoryIndex::new();
+        inner.insert("x");
+        let delayed = DelayedIndex::new(inner, Duration::ZERO);
+        assert_eq!(
+            delayed.exists(&["x".into(), "y".into()]).await.unwrap(),
+            vec![true, false]
+        );
+        delayed.clear().await.unwrap();
+        assert!(delayed.inner().is_empty());
+        assert_eq!(index.exists(&["x".into()]).await.unwrap(), vec![false]);
+    }
+}

@@ -1,0 +1,95 @@
+//! What a server counts: the live atomic counters its socket task and request futures
+//! bump, and the [`ServerStats`] snapshot read from them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of a server's counters since it was bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Messages received from the socket, whatever their content.
+    pub requests: u64,
+    /// Well-formed lookups, in either format.
+    pub lookups: u64,
+    /// Keys asked about in index calls (blocks × namespaces, summed). An index that
+    /// stops once the leading run has ended may send fewer to its store.
+    pub keys_checked: u64,
+    /// Hit tokens answered, summed (tokens).
+    pub hit_tokens: u64,
+    /// Malformed lookups, answered with hit 0 (`spec/wire.md`, "What the server
+    /// computes").
+    pub decode_errors: u64,
+    /// Requests of neither format, answered with `0x00`.
+    pub unknown_tags: u64,
+    /// Messages without the empty delimiter frame, dropped unanswered: they cannot
+    /// come from a REQ or well-behaved DEALER client, and have no routing envelope.
+    pub no_delimiter: u64,
+    /// Index calls that failed (or panicked, or answered the wrong number of flags);
+    /// each such lookup was answered with 0 hit tokens.
+    pub index_errors: u64,
+    /// Reset requests received.
+    pub resets: u64,
+    /// Resets whose wipe failed, answered with `0x00`.
+    pub reset_failures: u64,
+    /// Replies handed to the socket.
+    pub replies: u64,
+    /// Receive or send errors of the socket.
+    pub socket_errors: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) requests: AtomicU64,
+    pub(crate) lookups: AtomicU64,
+    pub(crate) keys_checked: AtomicU64,
+    pub(crate) hit_tokens: AtomicU64,
+    pub(crate) decode_errors: AtomicU64,
+    pub(crate) unknown_tags: AtomicU64,
+    pub(crate) no_delimiter: AtomicU64,
+    pub(crate) index_errors: AtomicU64,
+    pub(crate) resets: AtomicU64,
+    pub(crate) reset_failures: AtomicU64,
+    pub(crate) replies: AtomicU64,
+    pub(crate) socket_errors: AtomicU64,
+}
+
+/// Adds `n` and returns the new value.
+pub(crate) fn bump(counter: &AtomicU64, n: u64) -> u64 {
+    counter.fetch_add(n, Ordering::Relaxed) + n
+}
+
+/// Whether the `count`-th occurrence of a kind of bad input gets a warning: the 1st,
+/// 2nd, 4th, 8th, ... so that hostile input cannot flood the log.
+pub(crate) fn worth_a_warning(count: u64) -> bool {
+    count.is_power_of_two()
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> ServerStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServerStats {
+            requests: get(&self.requests),
+            lookups: get(&self.lookups),
+            keys_checked: get(&self.keys_checked),
+            hit_tokens: get(&self.hit_tokens),
+            decode_errors: get(&self.decode_errors),
+            unknown_tags: get(&self.unknown_tags),
+            no_delimiter: get(&self.no_delimiter),
+            index_errors: get(&self.index_errors),
+            resets: get(&self.resets),
+            reset_failures: get(&self.reset_failures),
+            replies: get(&self.replies),
+            socket_errors: get(&self.socket_errors),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_thin_out() {
+        let warned: Vec<u64> = (1..=20).filter(|&n| worth_a_warning(n)).collect();
+        assert_eq!(warned, vec![1, 2, 4, 8, 16]);
+    }
+}
