@@ -87,11 +87,9 @@ async fn burst(arrivals: u64) {
         let call = Instant::now();
         h.client.on_new_request(req);
         *time = call.elapsed();
-        let sent = h.client.stats().rpcs_sent;
         let core = h.client.core();
-        let stats = core.stats();
-        // Only arrival-time RPCs exist during the burst; none is cancelled or fails.
-        let unsent = stats.rpcs_created - sent;
+        // RPCs handed to the I/O task and not yet released to the wire.
+        let unsent = core.queued_rpcs() as u64;
         assert!(
             core.slots_in_use() <= PREFETCH_LIMIT,
             "{} slots in use",

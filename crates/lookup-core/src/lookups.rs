@@ -732,6 +732,13 @@ impl<O: Observe> Lookups<O> {
         self.rpcs.len()
     }
 
+    /// RPCs handed to the driver whose ticket is still queued: the backlog that
+    /// `max_queued` bounds (rule 2), exact wherever the driver runs.
+    #[must_use]
+    pub fn queued_rpcs(&self) -> usize {
+        self.backlog.load(Ordering::Relaxed)
+    }
+
     /// Requests with any state (a lookup, or a first-probe mark).
     #[must_use]
     pub fn tracked_requests(&self) -> usize {

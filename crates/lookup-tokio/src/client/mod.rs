@@ -128,8 +128,10 @@ pub struct LookupClient {
 impl LookupClient {
     /// Connects to `config.endpoint` (or, with [`Transport::Direct`], to the master)
     /// and spawns the I/O task on the current tokio runtime. The socket connects in
-    /// the background: a server that is not up yet is not an error (lookups sent
-    /// before it comes up wait in the socket, or time out). The direct transport
+    /// the background: a server that is not up yet is not an error. The client checks
+    /// that something listens at the endpoint: while nothing does (a missing ipc
+    /// socket file, a refused tcp port) lookups fail fast as unavailable, warned about
+    /// naming the endpoint, and they go out again as soon as a server binds. The direct transport
     /// connects to the master in the background too: lookups wait for the first
     /// attempt, and fail open while the master cannot be reached.
     ///

@@ -159,7 +159,16 @@ impl Wire for ZmqWire {
                 .map_err(|error| SendError::NotSent(format!("reset: {error}")))?,
         };
         if self.unreachable {
-            return Err(SendError::NotConnected);
+            // Check again now (a connect to a missing file or a refused port fails
+            // at once), so that lookups fail fast while nothing listens and go out
+            // again the moment a server binds.
+            if reachable(self.endpoint.clone()).await.is_err() {
+                return Err(SendError::NotConnected);
+            }
+            self.unreachable = false;
+            self.check = None;
+            self.recheck.reset();
+            tracing::info!(endpoint = %self.endpoint, "lookup endpoint reachable again");
         }
         let Some(socket) = self.socket.as_mut() else {
             return Err(SendError::NotConnected);
