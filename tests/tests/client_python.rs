@@ -122,6 +122,20 @@ fn ready(external_tokens: u32) -> Probe {
     }
 }
 
+/// Waits (at most 20 s) until a server has bound `endpoint`'s ipc socket file.
+fn wait_for_socket_file(endpoint: &Endpoint) {
+    let path = endpoint.ipc_path().expect("an ipc endpoint");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing bound {} within 20 s",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Our client (sync mode, DEALER with an RPC-id envelope) against peer.py's REP
 /// server: the server sees exactly the frames of `spec/wire.md`, and we decode its
 /// answers; in `tagged-blob`, a reset wipes its blocks.
@@ -146,6 +160,9 @@ async fn our_client_against_python_rep_server() {
             "--count",
             &count.to_string(),
         ]);
+        // Lookups sent before the peer binds fail fast as unavailable (the client
+        // checks its endpoint): wait until Python has started and bound.
+        wait_for_socket_file(&endpoint);
         let mut config = ClientConfig::new(endpoint.clone(), B);
         config.format = format;
         let mut client = LookupClient::connect(config).expect("connect");
