@@ -4,13 +4,15 @@
 use proptest::test_runner::Config as ProptestConfig;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 
-use crate::reference::{Model, RefState, Settings};
-use crate::server::Prompt;
+use crate::machine::Model;
+use crate::reference::RefState;
+use crate::server::{Prompt, Shape};
+use crate::settings::Settings;
 use crate::sut::LookupTest;
-use crate::transitions::{PromptChange, ReplyValue, Transition};
+use crate::transitions::{LocalHit, PromptChange, ReplyValue, Transition};
 
 /// Async lookup, no prefetch, sharing and priority on, one RPC on the wire at a time,
-/// the spec's TTL and timeout.
+/// the spec's TTL and timeout, block size 16 with 8-byte hashes, writes at once.
 fn settings() -> Settings {
     Settings {
         enable_lookup: true,
@@ -23,6 +25,12 @@ fn settings() -> Settings {
         priority: true,
         max_in_flight: 1,
         max_queued: 65_536,
+        shape: Shape {
+            block_size: 16,
+            hash_len: 8,
+        },
+        pool: 6,
+        deferred_writes: false,
     }
 }
 
@@ -31,6 +39,7 @@ fn prompt(num_tokens: u32, chain: u8) -> Prompt {
         num_tokens,
         chain,
         hashed: true,
+        extra_hashes: 0,
         skip: false,
     }
 }
@@ -67,13 +76,13 @@ fn a_lookup_after_reset_does_not_join_an_rpc_sent_before_it() {
             Transition::Probe {
                 slot: 0,
                 change: PromptChange::Same,
-                local_blocks: 0,
+                local: LocalHit::Blocks { blocks: 0 },
             },
             Transition::Reset,
             Transition::Probe {
                 slot: 0,
                 change: PromptChange::Same,
-                local_blocks: 0,
+                local: LocalHit::Blocks { blocks: 0 },
             },
             Transition::Answer {
                 wire_index: 0,
@@ -83,7 +92,7 @@ fn a_lookup_after_reset_does_not_join_an_rpc_sent_before_it() {
             Transition::Probe {
                 slot: 0,
                 change: PromptChange::Same,
-                local_blocks: 0,
+                local: LocalHit::Blocks { blocks: 0 },
             },
         ],
     );
@@ -112,7 +121,7 @@ fn a_ready_zero_probe_of_a_changed_prompt_drops_the_old_lookup() {
             Transition::Probe {
                 slot: 1,
                 change: PromptChange::Grow { tokens: 1 },
-                local_blocks: 2,
+                local: LocalHit::Blocks { blocks: 2 },
             },
             Transition::Answer {
                 wire_index: 0,
@@ -138,12 +147,12 @@ fn the_first_probe_mark_records_the_first_probe() {
             Transition::Probe {
                 slot: 0,
                 change: PromptChange::Same,
-                local_blocks: 0,
+                local: LocalHit::Blocks { blocks: 0 },
             },
             Transition::Probe {
                 slot: 0,
                 change: PromptChange::Grow { tokens: 16 },
-                local_blocks: 0,
+                local: LocalHit::Blocks { blocks: 0 },
             },
         ],
     );
