@@ -36,7 +36,8 @@
 //! (`answer_of`), the next deadline, and every counter of `Stats` and
 //! `DispatcherStats`.
 //!
-//! Layout: the model is `model/reference.rs` (the lifecycle), `model/dispatcher.rs`
+//! Layout: the model is `model/reference.rs` (the lifecycle's state and RPC
+//! bookkeeping), `model/probe.rs` (arrivals and probes), `model/dispatcher.rs`
 //! (the wire half), `model/machine.rs` (transitions applied), `model/settings.rs`
 //! (configuration, clock) and `model/counters.rs`; `model/sut.rs` is the harness,
 //! `model/transitions.rs` and `model/strategies.rs` what is generated,
@@ -49,6 +50,8 @@ mod counters;
 mod dispatcher;
 #[path = "model/machine.rs"]
 mod machine;
+#[path = "model/probe.rs"]
+mod probe;
 #[path = "model/reference.rs"]
 mod reference;
 #[path = "model/scenarios.rs"]
