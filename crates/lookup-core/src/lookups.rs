@@ -285,7 +285,10 @@ impl<O: Observe> Lookups<O> {
     /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch
     /// is on, it is eligible (rule 1), a slot is free (rules 2-3) and the backlog has
     /// room (`max_queued`). Otherwise nothing happens and the request is looked up at
-    /// its first probe. A request already tracked is left as it is.
+    /// its first probe. A request whose lookup is queued, in flight or done keeps it,
+    /// whatever prompt it arrives with this time; one without a lookup (refused a slot
+    /// at an earlier arrival, or after [`on_allocated`](Self::on_allocated) consumed
+    /// it) is prefetched as at a first arrival (rule 2).
     pub fn on_new_request(&mut self, req: &Request, now: Instant) {
         if self.closed || !self.config.prefetch_enabled() {
             return;

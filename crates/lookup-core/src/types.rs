@@ -367,7 +367,8 @@ pub enum ResetOutcome {
     Ok,
     /// The server said it failed (`0x00`) or the reply did not decode.
     Failed,
-    /// No reply within `lookup_timeout_s`, or the transport failed.
+    /// No reply within `lookup_timeout_s`, the transport failed, or the driver could
+    /// not send it ([`RpcFailure::NotSent`]).
     TimedOut,
 }
 
@@ -459,9 +460,13 @@ pub struct Stats {
     /// Lookups sent again for a request whose last lookup failed (rule 11), after the
     /// failure backoff.
     pub retries_after_failure: u64,
-    /// Eligible requests (rule 1) whose first probe was answered `Ready`.
+    /// Eligible requests (rule 1) whose first probe was answered `Ready`. Eligibility
+    /// is judged on the prompt the request had when the lookup first saw it: at its
+    /// arrival when prefetch is on, else at its first probe.
     pub first_probes_ready: u64,
-    /// Eligible requests (rule 1) whose first probe was answered `Pending`.
+    /// Eligible requests (rule 1, judged as for
+    /// [`first_probes_ready`](Self::first_probes_ready)) whose first probe was answered
+    /// `Pending`.
     pub first_probes_pending: u64,
     /// Reset RPCs created.
     pub resets: u64,

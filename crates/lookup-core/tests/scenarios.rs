@@ -441,6 +441,28 @@ fn ttl_zero_serves_the_waiting_probe_its_reply_and_reads_each_result_once() {
     assert_eq!(h.lookups.stats().ttl_refreshes, 1);
 }
 
+/// Rule 2 for an `on_new_request` of a request already tracked: one whose lookup is in
+/// flight or done keeps it; one whose lookup its allocation consumed (rule 8) is
+/// prefetched again, holding a slot.
+#[test]
+fn a_repeated_arrival_keeps_its_lookup_and_after_allocation_prefetches_again() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 48, &[1, 2, 3]);
+    h.arrive(&r);
+    h.arrive(&r);
+    assert_eq!(h.wire_ids(), vec![RpcId(1)], "an in-flight lookup is kept");
+    h.answer_hit(RpcId(1), 32);
+    h.arrive(&r);
+    assert_eq!(h.sent.len(), 1, "a done lookup is kept");
+    assert_eq!(h.probe(&r, 16), ready(16));
+    h.lookups.on_allocated(r.request_id);
+    h.arrive(&r);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)]);
+    assert_eq!(h.lookups.stats().lookups_arrival, 2);
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    assert_eq!(h.lookups.tracked_requests(), 1);
+}
+
 /// Issue regression (a failure is served from the cache): a failed lookup answers the
 /// probe that waited for it with an unavailable 0, then is looked up again only after
 /// the failure backoff (10 ms, doubling), one failed request at a time.
