@@ -90,6 +90,7 @@ pub mod answer;
 mod config;
 mod dispatch;
 mod endpoint;
+mod error;
 mod hashes;
 mod lookups;
 pub mod timer;
@@ -99,40 +100,7 @@ pub mod wire;
 pub use config::Config;
 pub use dispatch::{Dispatcher, DispatcherStats, Outgoing};
 pub use endpoint::Endpoint;
+pub use error::Error;
 pub use hashes::BlockHashes;
 pub use lookups::{Lookups, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN};
 pub use types::*;
-
-/// Errors of this crate. Lifecycle outcomes the scheduler must see (a timed-out or
-/// malformed lookup, a reset's result) are [`Event`]s and [`Stats`] counters, never
-/// errors (STYLE.md rule 9).
-#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Error {
-    /// Caller misuse: a configuration key has a value that makes no sense
-    /// (`spec/behaviour.md`, "Configuration").
-    #[error("invalid configuration `{key}`: {why}")]
-    InvalidConfig {
-        /// The vLLM key name (for example `block_size`).
-        key: &'static str,
-        /// What is wrong with it.
-        why: String,
-    },
-    /// Caller or peer misuse: hash bytes that do not split into equal hashes.
-    #[error("{bytes} bytes of block hashes do not split into hashes of {hash_len} bytes")]
-    BadHashes {
-        /// Claimed length of each hash (bytes).
-        hash_len: u16,
-        /// Bytes given.
-        bytes: usize,
-    },
-    /// Caller misuse: an endpoint string that does not parse (`spec/wire.md`,
-    /// "Transport").
-    #[error("bad endpoint `{endpoint}`: {why}")]
-    Endpoint {
-        /// What was given.
-        endpoint: String,
-        /// What is wrong.
-        why: String,
-    },
-}

@@ -35,7 +35,8 @@ use std::str::FromStr;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::BlockHashes;
+pub use crate::error::WireError;
+use crate::{BlockHashes, Error};
 
 /// Tag frame of a `tagged-blob` lookup request (`spec/wire.md`, `tagged-blob`, frame 0).
 const LOOKUP_TAG: &[u8] = b"lookup";
@@ -98,17 +99,17 @@ impl fmt::Display for Format {
 }
 
 impl FromStr for Format {
-    type Err = WireError;
+    type Err = Error;
 
     /// Parses `"tagged-blob"` or `"msgpack-hex"` (exact, lowercase).
     ///
     /// # Errors
-    /// [`WireError::UnknownFormat`] for any other name.
+    /// [`Error::UnknownFormat`] for any other name.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "tagged-blob" => Ok(Self::TaggedBlob),
             "msgpack-hex" => Ok(Self::MsgpackHex),
-            other => Err(WireError::UnknownFormat(other.to_owned())),
+            other => Err(Error::UnknownFormat(other.to_owned())),
         }
     }
 }
@@ -132,113 +133,6 @@ pub struct LookupReply {
     /// Tail-key boundaries, in wire order. Always empty in `msgpack-hex`, which has no
     /// room for them.
     pub boundaries: Vec<TailKeyBoundary>,
-}
-
-/// Everything that can go wrong encoding or decoding a lookup-channel message.
-///
-/// Almost every variant is a protocol violation by the peer (the server, for a reply
-/// a client decodes; the client, for a request a server decodes). A server turns one
-/// into [`ServerRequest::Malformed`] and answers hit 0; a client counts the lookup as
-/// failed (`spec/wire.md`, "Client-side guards"). [`WireError::NoReset`] and
-/// [`WireError::UnknownFormat`] are caller misuse.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum WireError {
-    /// Peer protocol violation: a message had the wrong number of frames.
-    #[error("expected {expected} frame(s), got {got}")]
-    WrongFrameCount {
-        /// Frames the format requires.
-        expected: usize,
-        /// Frames received.
-        got: usize,
-    },
-    /// Peer protocol violation: a fixed-size field had the wrong byte length.
-    #[error("field `{what}` must be {expected} bytes, got {got}")]
-    BadLength {
-        /// The field's name in `spec/wire.md` (`num_tokens`, `hash_len`, `token_len`).
-        what: &'static str,
-        /// Bytes the field must have.
-        expected: usize,
-        /// Bytes received.
-        got: usize,
-    },
-    /// Peer protocol violation: a lookup reply of this many bytes. `tagged-blob` needs
-    /// 4 + 8k bytes (k ≥ 0); `msgpack-hex` exactly 4 (`spec/wire.md`, lookup reply).
-    #[error("malformed lookup reply of {0} bytes")]
-    ReplyLength(usize),
-    /// Peer protocol violation: the hash frame of a `tagged-blob` lookup does not split
-    /// into hashes of `hash_len` bytes (or is not empty while `hash_len` is 0).
-    #[error("{bytes} bytes of block hashes do not split into hashes of {hash_len} bytes")]
-    HashBytes {
-        /// Claimed length of each hash (bytes).
-        hash_len: u16,
-        /// Bytes in the hash frame.
-        bytes: usize,
-    },
-    /// Peer protocol violation: more hashes than [`MAX_HASHES`] (counted or claimed).
-    #[error("{count} block hashes, at most {max} accepted")]
-    TooManyHashes {
-        /// Hashes counted in, or claimed by, the request.
-        count: usize,
-        /// [`MAX_HASHES`].
-        max: usize,
-    },
-    /// Peer protocol violation: a hash longer than [`MAX_HASH_LEN`] bytes.
-    #[error("block hash of {len} bytes, at most {max} accepted")]
-    HashTooLong {
-        /// Claimed hash length (bytes, not hex digits).
-        len: usize,
-        /// [`MAX_HASH_LEN`].
-        max: usize,
-    },
-    /// Peer protocol violation: a hash of zero bytes in a `msgpack-hex` lookup (an
-    /// empty string cannot name a block).
-    #[error("block hash {index} is empty")]
-    EmptyHash {
-        /// 0-based index of the hash in the array.
-        index: usize,
-    },
-    /// Peer protocol violation: the `msgpack-hex` hash frame is not one MessagePack
-    /// array of strings (wrong type, or a header cut short). Carries rmp's message.
-    #[error("malformed msgpack: {0}")]
-    Msgpack(String),
-    /// Peer protocol violation: the `msgpack-hex` hash frame is shorter than its
-    /// headers claim (bytes).
-    #[error("msgpack hash frame truncated: needs at least {needed} more bytes, has {available}")]
-    Truncated {
-        /// Bytes still needed, at least (a lower bound computed from the claims).
-        needed: usize,
-        /// Bytes left in the frame.
-        available: usize,
-    },
-    /// Peer protocol violation: bytes after the `msgpack-hex` hash array.
-    #[error("{0} trailing bytes after the msgpack array")]
-    TrailingBytes(usize),
-    /// Peer protocol violation: a `msgpack-hex` hash string that is not hex digits of
-    /// even length.
-    #[error("block hash {index} is not hex of even length")]
-    BadHex {
-        /// 0-based index of the hash in the array.
-        index: usize,
-    },
-    /// Peer protocol violation: a `msgpack-hex` hash whose length differs from the
-    /// first one's.
-    #[error("block hash {index} differs in length from hash 0")]
-    UnequalHashLengths {
-        /// 0-based index of the first hash that differs.
-        index: usize,
-    },
-    /// Peer protocol violation: a reset reply other than the single byte `0x01` or
-    /// `0x00`. Holds at most its first 16 bytes.
-    #[error("malformed reset reply {0:02x?}")]
-    ResetReply(Vec<u8>),
-    /// Caller misuse: a reset was asked for in `msgpack-hex`, which has no reset
-    /// message (`spec/wire.md`, `msgpack-hex`).
-    #[error("format msgpack-hex has no reset message")]
-    NoReset,
-    /// Caller misuse: a format name other than `tagged-blob` or `msgpack-hex`.
-    #[error("unknown wire format `{0}` (expected `tagged-blob` or `msgpack-hex`)")]
-    UnknownFormat(String),
 }
 
 // ---------------------------------------------------------------------------------
@@ -310,11 +204,11 @@ fn encode_hex_array(block_hashes: &BlockHashes) -> Vec<u8> {
 /// (`spec/wire.md`, `tagged-blob`, reset request).
 ///
 /// # Errors
-/// [`WireError::NoReset`] for `msgpack-hex`, which has no reset message.
-pub fn encode_reset(format: Format) -> Result<Vec<Bytes>, WireError> {
+/// [`Error::NoReset`] for `msgpack-hex`, which has no reset message.
+pub fn encode_reset(format: Format) -> Result<Vec<Bytes>, Error> {
     match format {
         Format::TaggedBlob => Ok(vec![Bytes::from_static(RESET_TAG)]),
-        Format::MsgpackHex => Err(WireError::NoReset),
+        Format::MsgpackHex => Err(Error::NoReset),
     }
 }
 

@@ -2,10 +2,10 @@
 //! malformed inputs, and property tests (round trips, never panicking).
 
 use bytes::Bytes;
-use lookup_core::BlockHashes;
 use lookup_core::wire::{
     self, Format, LookupReply, MAX_HASH_LEN, MAX_HASHES, ServerRequest, TailKeyBoundary, WireError,
 };
+use lookup_core::{BlockHashes, Error};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ fn format_names_parse_and_display() {
     assert_eq!(Format::MsgpackHex.to_string(), "msgpack-hex");
     assert_eq!(
         "msgpack".parse::<Format>(),
-        Err(WireError::UnknownFormat("msgpack".to_owned()))
+        Err(Error::UnknownFormat("msgpack".to_owned()))
     );
 }
 
@@ -180,10 +180,7 @@ fn golden_reset_request_and_replies() {
         wire::encode_reset(Format::TaggedBlob),
         Ok(frames(&[b"reset"]))
     );
-    assert_eq!(
-        wire::encode_reset(Format::MsgpackHex),
-        Err(WireError::NoReset)
-    );
+    assert_eq!(wire::encode_reset(Format::MsgpackHex), Err(Error::NoReset));
     assert_eq!(wire::encode_reset_reply(true).as_ref(), &[0x01]);
     assert_eq!(wire::encode_reset_reply(false).as_ref(), &[0x00]);
     assert_eq!(wire::decode_reset_reply(&frames(&[&[0x01]])), Ok(true));

@@ -23,7 +23,7 @@ use crate::bind::{
     IpcFile, bare_host, is_loopback_host, last_endpoint, prepare_ipc_path, tcp_host,
 };
 use crate::index::{BlockIndex, IndexError};
-use crate::stats::{Counters, bump, worth_a_warning};
+use crate::stats::{ServerCounters, bump, worth_a_warning};
 use crate::{Error, ServerConfig, ServerStats};
 
 /// A running lookup server: one tokio task owning a bound ROUTER socket.
@@ -34,7 +34,7 @@ use crate::{Error, ServerConfig, ServerStats};
 #[derive(Debug)]
 pub struct LookupServer {
     local: Endpoint,
-    counters: Arc<Counters>,
+    counters: Arc<ServerCounters>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -44,7 +44,7 @@ struct Shared {
     block_size: u32,
     layout: KeyLayout,
     index: Arc<dyn BlockIndex>,
-    counters: Arc<Counters>,
+    counters: Arc<ServerCounters>,
     /// Handles of `crate::metrics` (no-ops without a recorder at bind).
     metrics: crate::metrics::ServerMetrics,
 }
@@ -136,7 +136,7 @@ impl LookupServer {
             ),
         };
 
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(ServerCounters::default());
         let shared = Arc::new(Shared {
             block_size: config.block_size,
             layout: config.layout,
@@ -247,7 +247,7 @@ async fn serve(
 }
 
 /// Writes one reply, counting it or the error.
-async fn send(socket: &mut tmq::router::Router, counters: &Counters, reply: Multipart) {
+async fn send(socket: &mut tmq::router::Router, counters: &ServerCounters, reply: Multipart) {
     match socket.send(reply).await {
         Ok(()) => {
             bump(&counters.replies, 1);

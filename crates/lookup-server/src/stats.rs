@@ -36,8 +36,11 @@ pub struct ServerStats {
     pub socket_errors: u64,
 }
 
+/// The live counters behind [`ServerStats`], one atomic per field of the same name,
+/// bumped by the socket task and the request futures (relaxed: each is a count on its
+/// own, read as a snapshot).
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub(crate) struct ServerCounters {
     pub(crate) requests: AtomicU64,
     pub(crate) lookups: AtomicU64,
     pub(crate) keys_checked: AtomicU64,
@@ -63,7 +66,7 @@ pub(crate) fn worth_a_warning(count: u64) -> bool {
     count.is_power_of_two()
 }
 
-impl Counters {
+impl ServerCounters {
     pub(crate) fn snapshot(&self) -> ServerStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ServerStats {

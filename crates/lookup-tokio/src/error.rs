@@ -1,21 +1,22 @@
 //! The crate's one error type.
 
-/// Errors of `lookup-tokio`. Lookup outcomes (timeouts, malformed replies) are not
-/// errors: they are [`lookup_core::Event`]s and counters, and probes fail open.
+/// Errors of `lookup-tokio`, the client; each variant says who is at fault (the
+/// caller, or I/O). A server or master that misbehaves is never an error here: lookup
+/// outcomes (timeouts, malformed replies) are [`lookup_core::Event`]s and counters,
+/// and probes fail open.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Caller misuse: an invalid configuration (see [`lookup_core::Config::validate`]),
-    /// or an endpoint that does not parse.
+    /// Caller misuse, from the core: an invalid configuration (see
+    /// [`lookup_core::Config::validate`]), an endpoint that does not parse, or another
+    /// of [`lookup_core::Error`]'s caller-misuse variants.
     #[error(transparent)]
     Core(#[from] lookup_core::Error),
     /// I/O: a ZeroMQ socket could not be created or connected.
     #[error("zeromq: {0}")]
     Zmq(#[from] tmq::TmqError),
-    /// I/O: a file-system operation on the ipc socket file failed.
-    #[error("io: {0}")]
-    Io(#[from] std::io::Error),
-    /// The client was closed, or its I/O task ended.
+    /// Caller misuse: the client was closed before the call; or I/O: its I/O task
+    /// ended (the runtime that hosted it shut down).
     #[error("the lookup client is closed")]
     Closed,
     /// Caller misuse: `LookupClient::connect` was called outside a tokio runtime

@@ -16,51 +16,20 @@ use std::sync::Arc;
 
 use lookup_core::answer::leading_run;
 
+pub use crate::error::IndexError;
+
 mod delayed;
 mod memory;
 mod mooncake;
 
 pub use delayed::DelayedIndex;
 pub use memory::InMemoryIndex;
-pub use mooncake::{MooncakeIndex, MooncakeIndexStats};
+pub use mooncake::{IndexStats, MooncakeIndex};
 
 /// The future an index call returns: boxed so that [`BlockIndex`] stays
 /// dyn-compatible (`Arc<dyn BlockIndex>`), `Send` so that the server's socket task can
 /// hold it.
 pub type IndexFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, IndexError>> + Send + 'a>>;
-
-/// Why an index call failed. The server answers such a lookup with 0 hit tokens
-/// (a miss), never with an error frame, and counts it (`spec/wire.md`, "What the
-/// server computes", step 5).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum IndexError {
-    /// I/O: the store could not be reached (connection refused, timed out, closed).
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The store was reached and answered with an error of its own.
-    #[error("store error: {0}")]
-    Store(String),
-    /// The store cannot do what was asked at all (for example a reset on a store
-    /// whose client has no way to remove every key); asking again will not help.
-    #[error("{operation} is not supported by this index: {why}")]
-    Unsupported {
-        /// The operation refused (`"reset"`).
-        operation: &'static str,
-        /// Why, for the log.
-        why: &'static str,
-    },
-    /// Index protocol violation: an existence answer with a different number of flags
-    /// than keys asked about. Raised where an answer is checked (the default
-    /// [`BlockIndex::leading_blocks`]).
-    #[error("the index answered {got} existence flags for {expected} keys")]
-    AnswerCount {
-        /// Keys asked about.
-        expected: usize,
-        /// Flags received.
-        got: usize,
-    },
-}
 
 /// A store of block keys that the lookup server asks about.
 ///

@@ -46,13 +46,13 @@ use super::{BlockIndex, IndexError, IndexFuture};
 ///   malformed reply) fails the whole query with an [`IndexError`]; the server answers
 ///   0 hit tokens and counts it in `ServerStats::index_errors` (`spec/wire.md`, step
 ///   5: vLLM's worker answers 0 when the store call fails). The index counts it too
-///   ([`MooncakeIndexStats::errors`]). Calls fail fast while the connection is down;
+///   ([`IndexStats::errors`]). Calls fail fast while the connection is down;
 ///   the client reconnects in the background with backoff, so lookups succeed again
 ///   once the master is back on the same address.
 /// - A key the master answers with an application `ErrorCode` (inside an otherwise
 ///   good reply) is not present: vLLM's worker counts only answers equal to 1 (the C++
 ///   client turns such a key into `-1`), so the leading run ends at that key's block
-///   (`spec/wire.md`, step 2). Counted in [`MooncakeIndexStats::key_errors`].
+///   (`spec/wire.md`, step 2). Counted in [`IndexStats::key_errors`].
 ///
 /// # Reset
 ///
@@ -62,17 +62,18 @@ use super::{BlockIndex, IndexError, IndexFuture};
 /// that owns the store client can do. So [`clear`](BlockIndex::clear) removes nothing
 /// and fails with [`IndexError::Unsupported`]: the server answers a reset request with
 /// `0x00` (failed) and counts it in `ServerStats::reset_failures` and
-/// [`MooncakeIndexStats::resets_refused`]; every key stays in the store.
+/// [`IndexStats::resets_refused`]; every key stays in the store.
 #[derive(Debug)]
 pub struct MooncakeIndex {
     master: MasterClient,
-    counters: Counters,
+    counters: IndexCounters,
 }
 
-/// A snapshot of a [`MooncakeIndex`]'s counters since it was created.
+/// A snapshot of a [`MooncakeIndex`]'s counters since it was created (the index's
+/// counterpart of `ServerStats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct MooncakeIndexStats {
+pub struct IndexStats {
     /// Leading-run queries ([`BlockIndex::leading_blocks`]): one per lookup the server
     /// asked about (lookups with no full block never reach the index).
     pub lookups: u64,
@@ -95,8 +96,9 @@ pub struct MooncakeIndexStats {
     pub master: MasterStats,
 }
 
+/// The live counters behind [`IndexStats`], one atomic per field of the same name.
 #[derive(Debug, Default)]
-struct Counters {
+struct IndexCounters {
     lookups: AtomicU64,
     exists_calls: AtomicU64,
     blocks_found: AtomicU64,
@@ -155,7 +157,7 @@ impl MooncakeIndex {
     pub fn new(master: MasterClient) -> Self {
         Self {
             master,
-            counters: Counters::default(),
+            counters: IndexCounters::default(),
         }
     }
 
@@ -167,10 +169,10 @@ impl MooncakeIndex {
 
     /// The counters so far, with the master client's.
     #[must_use]
-    pub fn stats(&self) -> MooncakeIndexStats {
+    pub fn stats(&self) -> IndexStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        MooncakeIndexStats {
+        IndexStats {
             lookups: get(&c.lookups),
             exists_calls: get(&c.exists_calls),
             blocks_found: get(&c.blocks_found),
