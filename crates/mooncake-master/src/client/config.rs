@@ -36,6 +36,21 @@ pub struct MasterConfig {
     /// the connection as a protocol violation instead of allocating. Default 16 MiB
     /// (a 1,024-key answer is ~2 KiB).
     pub max_reply_bytes: u32,
+    /// Cluster id of an `etcd://` address given as a string to
+    /// [`MasterClient::connect`](super::MasterClient::connect); `None` (the default)
+    /// takes `$MC_STORE_CLUSTER_ID`, else `mooncake_cluster`
+    /// ([`MasterAddr::parse`](crate::MasterAddr::parse)).
+    pub cluster_id: Option<String>,
+    /// Longest wait for one etcd read of the leader's view (connect, request and
+    /// answer), per endpoint. Default 1 s.
+    pub etcd_timeout: Duration,
+    /// How often the leader's view is re-read while every call succeeds. Default 10 s:
+    /// a failover breaks the connection, and a broken connection triggers a read at
+    /// once, so this only bounds how long a silent change goes unnoticed.
+    pub view_refresh: Duration,
+    /// How often the view is re-read while calls fail or no connection is up (besides
+    /// a read at once after each RPC error, at most one per 200 ms). Default 1 s.
+    pub view_retry: Duration,
 }
 
 impl Default for MasterConfig {
@@ -49,6 +64,10 @@ impl Default for MasterConfig {
             backoff_min: Duration::from_millis(20),
             backoff_max: Duration::from_secs(1),
             max_reply_bytes: 16 << 20,
+            cluster_id: None,
+            etcd_timeout: Duration::from_secs(1),
+            view_refresh: Duration::from_secs(10),
+            view_retry: Duration::from_secs(1),
         }
     }
 }
@@ -72,6 +91,15 @@ impl MasterConfig {
         }
         if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
             return invalid("backoff_min", "must be positive and at most backoff_max");
+        }
+        for (what, value) in [
+            ("etcd_timeout", self.etcd_timeout),
+            ("view_refresh", self.view_refresh),
+            ("view_retry", self.view_retry),
+        ] {
+            if value.is_zero() {
+                return invalid(what, "must be positive");
+            }
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::stats::{Counters, bump};
 use super::{Inner, MasterClient, lock};
 use crate::MasterError;
+use crate::addr::Endpoint;
 use crate::codec::{
     self, CodecError, ERR_FUNCTION_NOT_REGISTERED, ERR_INVALID_ARGUMENTS, FunctionId,
     REPLY_HEADER_LEN, ReplyHeader,
@@ -43,6 +44,8 @@ struct Pending {
 /// what this master accepts.
 pub(super) struct Conn {
     id: u64,
+    /// The master this connection reached.
+    pub(super) addr: Endpoint,
     frames: mpsc::UnboundedSender<Vec<u8>>,
     pending: Mutex<Pending>,
     /// The master refused the `tenant_id` signatures (err_code 4) and accepted the
@@ -50,6 +53,17 @@ pub(super) struct Conn {
     /// upgraded master.
     legacy_signatures: AtomicBool,
     pub(super) shutdown: CancellationToken,
+}
+
+/// The client's connection and where the next connect goes, under one lock so that
+/// a leader change and a reconnect never disagree.
+pub(super) struct State {
+    pub(super) link: Link,
+    /// Where the next connect goes: the fixed address, or the leader etcd names;
+    /// `None` while no leader is elected.
+    pub(super) target: Option<Endpoint>,
+    /// Version of the view `target` came from; 0 for a fixed address. Never decreases.
+    pub(super) version: i64,
 }
 
 pub(super) enum Link {
@@ -86,7 +100,7 @@ impl MasterClient {
                 .await?;
             if retry.header.err_code == 0 && !conn.legacy_signatures.swap(true, Ordering::Relaxed) {
                 bump(&self.inner.counters.signature_fallbacks, 1);
-                tracing::info!(addr = %self.inner.addr, "master takes no tenant_id: using the pre-0.3.12 signatures on this connection");
+                tracing::info!(addr = %conn.addr, "master takes no tenant_id: using the pre-0.3.12 signatures on this connection");
             }
             reply = retry;
         }
@@ -110,10 +124,13 @@ impl MasterClient {
         self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The live connection, or a fast failure that may start a reconnect attempt.
+    /// The live connection, or a fast failure that may start a reconnect attempt
+    /// (never while no leader is known).
     pub(super) fn conn(&self) -> Result<Arc<Conn>, MasterError> {
-        let mut link = lock(&self.inner.link);
-        match &mut *link {
+        let inner = &self.inner;
+        let mut state = lock(&inner.state);
+        let State { link, target, .. } = &mut *state;
+        match link {
             Link::Up(conn) => Ok(conn.clone()),
             Link::Down {
                 retry_at,
@@ -121,15 +138,20 @@ impl MasterClient {
                 last_error,
                 ..
             } => {
-                if !*connecting && Instant::now() >= *retry_at {
+                if target.is_some() && !*connecting && Instant::now() >= *retry_at {
                     *connecting = true;
-                    tokio::spawn(reconnect(self.inner.clone()));
+                    spawn_reconnect(inner.clone());
                 }
-                bump(&self.inner.counters.failed_fast, 1);
-                Err(MasterError::Unavailable {
-                    addr: self.inner.addr.clone(),
+                bump(&inner.counters.failed_fast, 1);
+                let err = MasterError::Unavailable {
+                    addr: target
+                        .as_ref()
+                        .map_or_else(|| inner.addr_text.clone(), ToString::to_string),
                     last_error: last_error.clone(),
-                })
+                };
+                drop(state);
+                inner.trouble(false);
+                Err(err)
             }
         }
     }
@@ -141,9 +163,12 @@ impl MasterClient {
         seq: u32,
         frame: Vec<u8>,
     ) -> Result<RawReply, MasterError> {
-        let lost = |reason: &str| MasterError::ConnectionLost {
-            addr: self.inner.addr.clone(),
-            reason: reason.to_owned(),
+        let lost = |reason: &str| {
+            self.inner.trouble(true);
+            MasterError::ConnectionLost {
+                addr: conn.addr.to_string(),
+                reason: reason.to_owned(),
+            }
         };
         let (tx, rx) = oneshot::channel();
         {
@@ -165,6 +190,7 @@ impl MasterClient {
             Ok(Err(_)) => Err(lost("connection closed")),
             Err(_) => {
                 bump(&self.inner.counters.timeouts, 1);
+                self.inner.trouble(true);
                 Err(MasterError::Timeout {
                     function,
                     after: self.inner.config.call_timeout,
@@ -206,18 +232,18 @@ pub(super) fn check(function: FunctionId, reply: RawReply) -> Result<Vec<u8>, Ma
     })
 }
 
-/// Connects and starts the connection's reader and writer tasks.
-pub(super) async fn open(inner: &Arc<Inner>) -> Result<Arc<Conn>, MasterError> {
+/// Connects to `target` and starts the connection's reader and writer tasks.
+pub(super) async fn open(inner: &Arc<Inner>, target: &Endpoint) -> Result<Arc<Conn>, MasterError> {
     let connect_error = |source: std::io::Error| {
         bump(&inner.counters.connect_failures, 1);
         MasterError::Connect {
-            addr: inner.addr.clone(),
+            addr: target.to_string(),
             source: Arc::new(source),
         }
     };
     let stream = match tokio::time::timeout(
         inner.config.connect_timeout,
-        TcpStream::connect(inner.addr.as_str()),
+        TcpStream::connect((target.host().trim_matches(['[', ']']), target.port())),
     )
     .await
     {
@@ -238,13 +264,14 @@ pub(super) async fn open(inner: &Arc<Inner>) -> Result<Arc<Conn>, MasterError> {
     let (frames, queue) = mpsc::unbounded_channel();
     let conn = Arc::new(Conn {
         id: inner.next_conn_id.fetch_add(1, Ordering::Relaxed),
+        addr: target.clone(),
         frames,
         pending: Mutex::new(Pending::default()),
         legacy_signatures: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
     });
     bump(&inner.counters.connects, 1);
-    tracing::debug!(addr = %inner.addr, conn = conn.id, "connected to the Mooncake master");
+    tracing::debug!(addr = %target, conn = conn.id, "connected to the Mooncake master");
     let weak = Arc::downgrade(inner);
     tokio::spawn(read_loop(
         weak.clone(),
@@ -257,35 +284,75 @@ pub(super) async fn open(inner: &Arc<Inner>) -> Result<Arc<Conn>, MasterError> {
     Ok(conn)
 }
 
-/// One reconnect attempt; on failure the next waits for the doubled backoff.
+/// Starts one reconnect attempt to the current target; on failure the next waits for
+/// the doubled backoff. Only with `Link::Down { connecting: true }`, set by the caller.
+pub(super) fn spawn_reconnect(inner: Arc<Inner>) {
+    tokio::spawn(reconnect(inner));
+}
+
 async fn reconnect(inner: Arc<Inner>) {
-    let result = open(&inner).await;
-    let mut link = lock(&inner.link);
+    let target = lock(&inner.state).target.clone();
+    let result = match &target {
+        Some(target) => open(&inner, target).await,
+        None => Err(MasterError::Unavailable {
+            addr: inner.addr_text.clone(),
+            last_error: "no leader elected".to_owned(),
+        }),
+    };
+    let mut state = lock(&inner.state);
+    let State {
+        link,
+        target: now_target,
+        ..
+    } = &mut *state;
+    let Link::Down {
+        retry_at,
+        backoff,
+        connecting,
+        last_error,
+    } = link
+    else {
+        // Only this task connects while `connecting` is set; nothing else brings the
+        // link up.
+        if let Ok(conn) = result {
+            conn.shutdown.cancel();
+        }
+        return;
+    };
+    if *now_target != target {
+        // The leader moved while this attempt ran: try the new one at once.
+        if let Ok(conn) = &result {
+            conn.shutdown.cancel();
+        }
+        *retry_at = Instant::now();
+        *backoff = inner.config.backoff_min;
+        if now_target.is_some() {
+            spawn_reconnect(inner.clone());
+        } else {
+            *connecting = false;
+        }
+        return;
+    }
     match result {
         Ok(conn) => {
-            tracing::info!(addr = %inner.addr, conn = conn.id, "reconnected to the Mooncake master");
+            tracing::info!(addr = %conn.addr, conn = conn.id, "connected to the Mooncake master again");
             *link = Link::Up(conn);
         }
         Err(e) => {
-            if let Link::Down {
-                retry_at,
-                backoff,
-                connecting,
-                last_error,
-            } = &mut *link
-            {
-                *connecting = false;
-                *retry_at = Instant::now() + *backoff;
-                *backoff = (*backoff * 2).min(inner.config.backoff_max);
-                *last_error = e.to_string();
-            }
+            *connecting = false;
+            *retry_at = Instant::now() + *backoff;
+            *backoff = (*backoff * 2).min(inner.config.backoff_max);
+            *last_error = e.to_string();
+            drop(state);
+            inner.trouble(true);
         }
     }
 }
 
 /// Marks `conn` broken: fails its waiting calls, and if it is still the client's
-/// connection, replaces it by a pending reconnect (started at once).
-fn fail(weak: &Weak<Inner>, conn: &Conn, reason: String) {
+/// connection, replaces it by a pending reconnect (started at once when a target is
+/// known).
+pub(super) fn fail(weak: &Weak<Inner>, conn: &Conn, reason: String) {
     conn.shutdown.cancel();
     let waiters = {
         let mut pending = lock(&conn.pending);
@@ -296,24 +363,29 @@ fn fail(weak: &Weak<Inner>, conn: &Conn, reason: String) {
         std::mem::take(&mut pending.waiters)
     };
     let Some(inner) = weak.upgrade() else { return };
-    tracing::warn!(addr = %inner.addr, conn = conn.id, %reason, "connection to the Mooncake master lost");
+    tracing::warn!(addr = %conn.addr, conn = conn.id, %reason, "connection to the Mooncake master lost");
     bump(&inner.counters.connections_lost, 1);
     for (_, waiter) in waiters {
         let _ = waiter.send(Err(MasterError::ConnectionLost {
-            addr: inner.addr.clone(),
+            addr: conn.addr.to_string(),
             reason: reason.clone(),
         }));
     }
-    let mut link = lock(&inner.link);
-    if matches!(&*link, Link::Up(current) if current.id == conn.id) {
-        *link = Link::Down {
+    let mut state = lock(&inner.state);
+    if matches!(&state.link, Link::Up(current) if current.id == conn.id) {
+        let reconnecting = state.target.is_some();
+        state.link = Link::Down {
             retry_at: Instant::now(),
             backoff: inner.config.backoff_min,
-            connecting: true,
+            connecting: reconnecting,
             last_error: reason,
         };
-        tokio::spawn(reconnect(inner.clone()));
+        if reconnecting {
+            spawn_reconnect(inner.clone());
+        }
     }
+    drop(state);
+    inner.trouble(true);
 }
 
 async fn read_loop(

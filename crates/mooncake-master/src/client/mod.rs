@@ -8,23 +8,33 @@
 //! is down fail fast with [`MasterError::Unavailable`] and start the next attempt when
 //! the backoff allows.
 //!
+//! With an `etcd://` address the connection goes to the leader etcd names, and moves
+//! when a newer leader is elected (`spec/mooncake-master-rpc.md`, "High
+//! availability"); nothing on the call path changes: a call takes the live
+//! connection or fails fast.
+//!
 //! Submodules: `config` ([`MasterConfig`]), `stats` ([`MasterStats`] and the shared
-//! counters), `conn` (one connection, its reader and writer tasks, the call path).
+//! counters), `conn` (one connection, its reader and writer tasks, the call path),
+//! `leader` (following the leader through etcd).
 
 mod config;
 mod conn;
+mod leader;
 mod stats;
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use config::MasterConfig;
-use conn::{Link, check, open};
+use conn::{Link, State, check, open};
+use leader::Follow;
 pub use stats::MasterStats;
 use stats::{Counters, bump};
 
+use crate::addr::{MasterAddr, MasterView};
 use crate::codec::{self, ExistResult, FunctionId};
 use crate::{MasterError, StoreErrorCode};
 
@@ -35,18 +45,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 struct Inner {
-    addr: String,
+    addr: MasterAddr,
+    /// `addr` as text, for errors and logs.
+    addr_text: String,
     config: MasterConfig,
     next_seq: AtomicU32,
     next_conn_id: AtomicU64,
-    link: Mutex<Link>,
+    state: Mutex<State>,
     counters: Arc<Counters>,
+    /// The leader follower, for an `etcd://` address.
+    follow: Option<Arc<Follow>>,
+    /// The leader in use (`None` for a fixed address).
+    views: watch::Sender<Option<MasterView>>,
+}
+
+impl Inner {
+    /// A call failed: the follower (if any) reads the view sooner.
+    fn trouble(&self, now: bool) {
+        if let Some(follow) = &self.follow {
+            follow.trouble(now);
+        }
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Link::Up(conn) = &*lock(&self.link) {
+        if let Link::Up(conn) = &lock(&self.state).link {
             conn.shutdown.cancel();
+        }
+        if let Some(follow) = &self.follow {
+            follow.shutdown.cancel();
         }
     }
 }
@@ -79,45 +107,118 @@ pub struct MasterClient {
 impl std::fmt::Debug for MasterClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MasterClient")
-            .field("addr", &self.inner.addr)
+            .field("addr", &self.inner.addr_text)
+            .field("leader", &*self.inner.views.borrow())
             .field("connected", &self.is_connected())
             .finish_non_exhaustive()
     }
 }
 
 impl MasterClient {
-    /// Connects to the master at `addr` (`host:port`, e.g. `127.0.0.1:50051`). Must
-    /// run inside a tokio runtime, which then hosts the connection's tasks.
+    /// Connects to the master at `addr`: `host:port` (e.g. `127.0.0.1:50051`), or
+    /// `etcd://h1:p1;h2:p2` to follow the leader of a high-availability cluster whose
+    /// id is [`MasterConfig::cluster_id`], else `$MC_STORE_CLUSTER_ID`, else
+    /// `mooncake_cluster` ([`MasterAddr::parse`]). Must run inside a tokio runtime,
+    /// which then hosts the connection's tasks.
+    ///
+    /// # Errors
+    /// As [`connect_to`](Self::connect_to), and [`MasterError::InvalidAddress`] for
+    /// an address that does not parse.
+    pub async fn connect(addr: impl AsRef<str>, config: MasterConfig) -> Result<Self, MasterError> {
+        let addr = MasterAddr::parse(addr.as_ref(), config.cluster_id.as_deref())?;
+        Self::connect_to(addr, config).await
+    }
+
+    /// Connects to the master at `addr`. For [`MasterAddr::Etcd`] it reads the
+    /// leader's view first, connects to the leader, and starts a task that follows
+    /// later elections (`spec/mooncake-master-rpc.md`, "High availability").
     ///
     /// # Errors
     /// [`MasterError::InvalidConfig`] for an unusable `config`;
+    /// [`MasterError::Discovery`] when no etcd endpoint answers the view;
+    /// [`MasterError::Unavailable`] when no leader is elected;
     /// [`MasterError::Connect`] when the first connect fails (later failures are
     /// retried in the background instead).
-    #[tracing::instrument(level = "debug", skip(config), fields(addr = %addr.as_ref()))]
-    pub async fn connect(addr: impl AsRef<str>, config: MasterConfig) -> Result<Self, MasterError> {
+    #[tracing::instrument(level = "debug", skip(config), fields(addr = %addr))]
+    pub async fn connect_to(addr: MasterAddr, config: MasterConfig) -> Result<Self, MasterError> {
         config.validate()?;
+        let counters = Arc::<Counters>::default();
+        let addr_text = addr.to_string();
+        let (target, view, follow) = match &addr {
+            MasterAddr::Fixed(endpoint) => (endpoint.clone(), None, None),
+            MasterAddr::Etcd(cluster) => {
+                let follow = Follow::new(cluster, &config);
+                let view = follow.gateway.read_view().await.map_err(|reason| {
+                    bump(&counters.view_read_failures, 1);
+                    MasterError::Discovery {
+                        addr: addr_text.clone(),
+                        reason,
+                    }
+                })?;
+                bump(&counters.view_reads, 1);
+                let Some(view) = view else {
+                    return Err(MasterError::Unavailable {
+                        addr: addr_text,
+                        last_error: follow.no_leader(),
+                    });
+                };
+                (view.leader.clone(), Some(view), Some(Arc::new(follow)))
+            }
+        };
         let inner = Arc::new(Inner {
-            addr: addr.as_ref().to_owned(),
+            addr_text,
             next_seq: AtomicU32::new(1),
             next_conn_id: AtomicU64::new(1),
-            link: Mutex::new(Link::Down {
-                retry_at: Instant::now(),
-                backoff: config.backoff_min,
-                connecting: true,
-                last_error: "not connected yet".to_owned(),
+            state: Mutex::new(State {
+                link: Link::Down {
+                    retry_at: Instant::now(),
+                    backoff: config.backoff_min,
+                    connecting: true,
+                    last_error: "not connected yet".to_owned(),
+                },
+                target: Some(target.clone()),
+                version: view.as_ref().map_or(0, |v| v.version),
             }),
-            counters: Arc::default(),
+            counters,
+            follow,
+            views: watch::Sender::new(view),
+            addr,
             config,
         });
-        let conn = open(&inner).await?;
-        *lock(&inner.link) = Link::Up(conn);
+        let conn = open(&inner, &target).await?;
+        lock(&inner.state).link = Link::Up(conn);
+        if let Some(follow) = &inner.follow {
+            tokio::spawn(leader::follow(Arc::downgrade(&inner), follow.clone()));
+        }
         Ok(Self { inner })
     }
 
-    /// The master's address as given to [`connect`](Self::connect).
+    /// The master's address as given to [`connect`](Self::connect) (for `etcd://`,
+    /// the etcd endpoints; [`leader`](Self::leader) names the master).
     #[must_use]
     pub fn addr(&self) -> &str {
+        &self.inner.addr_text
+    }
+
+    /// The master's address, parsed.
+    #[must_use]
+    pub fn master_addr(&self) -> &MasterAddr {
         &self.inner.addr
+    }
+
+    /// The leader in use for an `etcd://` address (its endpoint and view version);
+    /// `None` for a fixed address.
+    #[must_use]
+    pub fn leader(&self) -> Option<MasterView> {
+        self.inner.views.borrow().clone()
+    }
+
+    /// A receiver that sees every leader change (the hook for a metric or a log):
+    /// it holds [`leader`](Self::leader) and is marked changed at each switch to a
+    /// newer leader. For a fixed address it holds `None` and never changes.
+    #[must_use]
+    pub fn subscribe_leader(&self) -> watch::Receiver<Option<MasterView>> {
+        self.inner.views.subscribe()
     }
 
     /// The configuration in use.
@@ -129,7 +230,7 @@ impl MasterClient {
     /// Whether a connection is up right now (a call may still find it broken).
     #[must_use]
     pub fn is_connected(&self) -> bool {
-        matches!(&*lock(&self.inner.link), Link::Up(_))
+        matches!(&lock(&self.inner.state).link, Link::Up(_))
     }
 
     /// The counters so far.
@@ -288,6 +389,34 @@ impl MasterClient {
             })
             .await?;
         Ok(run)
+    }
+
+    /// `RemoveAll`: removes every object of the tenant ([`MasterConfig::tenant_id`])
+    /// from the store, whichever client wrote it, and returns how many were removed
+    /// (`spec/mooncake-master-rpc.md`, "Removing everything"). With `force` objects
+    /// holding a read lease go too (every positive existence answer grants one); what
+    /// vLLM's reset calls through the store (`remove_all(force=True)`). Without it,
+    /// leased objects stay. Tenant-wide: every engine sharing the store loses its
+    /// cached blocks, not only the caller's.
+    ///
+    /// The master answers 0 also when it refuses the tenant id (the RPC has no error
+    /// result).
+    ///
+    /// # Errors
+    /// Connection errors ([`MasterError::Unavailable`], [`MasterError::ConnectionLost`],
+    /// [`MasterError::Timeout`]); RPC refusals; [`MasterError::MalformedReply`].
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn remove_all(&self, force: bool) -> Result<i64, MasterError> {
+        let function = FunctionId::REMOVE_ALL;
+        let tenant = self.inner.config.tenant_id.as_str();
+        let literal = self.inner.config.type_literal;
+        let reply = self
+            .call_with_fallback(function, |out, seq, legacy| {
+                codec::encode_remove_all(out, seq, force, (!legacy).then_some(tenant), literal)
+            })
+            .await?;
+        codec::decode_remove_all_reply(&reply)
+            .map_err(|source| MasterError::MalformedReply { function, source })
     }
 
     /// Sends `body` (already struct_pack-encoded arguments) to function `function`

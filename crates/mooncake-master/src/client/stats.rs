@@ -30,6 +30,15 @@ pub struct MasterStats {
     /// Connections that switched to the pre-0.3.12 signatures (no `tenant_id`) after
     /// an `err_code` 4.
     pub signature_fallbacks: u64,
+    /// Times the client moved to a newer leader (a higher view version in etcd); the
+    /// first leader found is not a change. Always 0 for a fixed address.
+    pub leader_changes: u64,
+    /// Reads of the leader's view from etcd that got an answer (the first included).
+    pub view_reads: u64,
+    /// Reads of the view that failed at every etcd endpoint.
+    pub view_read_failures: u64,
+    /// Views older than the one in use (a lower version), ignored.
+    pub stale_views: u64,
 }
 
 #[derive(Debug, Default)]
@@ -45,6 +54,10 @@ pub(super) struct Counters {
     pub(super) connect_failures: AtomicU64,
     pub(super) connections_lost: AtomicU64,
     pub(super) signature_fallbacks: AtomicU64,
+    pub(super) leader_changes: AtomicU64,
+    pub(super) view_reads: AtomicU64,
+    pub(super) view_read_failures: AtomicU64,
+    pub(super) stale_views: AtomicU64,
 }
 
 impl Counters {
@@ -62,6 +75,10 @@ impl Counters {
             connect_failures: get(&self.connect_failures),
             connections_lost: get(&self.connections_lost),
             signature_fallbacks: get(&self.signature_fallbacks),
+            leader_changes: get(&self.leader_changes),
+            view_reads: get(&self.view_reads),
+            view_read_failures: get(&self.view_read_failures),
+            stale_views: get(&self.stale_views),
         }
     }
 }
