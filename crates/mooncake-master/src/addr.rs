@@ -244,6 +244,17 @@ pub struct MasterView {
     pub version: i64,
 }
 
+/// What [`MasterClient::subscribe_leader`](crate::MasterClient::subscribe_leader)
+/// watches: the leader in use and how many times it changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaderState {
+    /// The leader in use; `None` for a fixed address.
+    pub view: Option<MasterView>,
+    /// Leader changes so far (as [`MasterStats::leader_changes`](crate::MasterStats::leader_changes)):
+    /// a watcher that wakes once for two changes still sees both.
+    pub changes: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,7 +32,7 @@ mod error;
 mod etcd;
 pub mod key;
 
-pub use addr::{MasterAddr, MasterView};
+pub use addr::{LeaderState, MasterAddr, MasterView};
 pub use client::{MasterClient, MasterConfig, MasterStats};
 pub use codec::{ExistResult, FunctionId, TypeLiteral};
 pub use error::{MasterError, StoreErrorCode};

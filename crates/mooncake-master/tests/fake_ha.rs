@@ -265,7 +265,9 @@ async fn follows_a_newer_leader_and_never_an_older_one() {
         errors.len()
     );
     assert!(changes.has_changed().unwrap());
-    let leader = changes.borrow_and_update().clone().unwrap();
+    let state = changes.borrow_and_update().clone();
+    assert_eq!(state.changes, 1);
+    let leader = state.view.unwrap();
     assert_eq!(
         (leader.leader.to_string(), leader.version),
         (b.addr.clone(), 7)

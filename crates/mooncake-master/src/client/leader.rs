@@ -164,7 +164,10 @@ pub(super) fn apply_view(inner: &Arc<Inner>, follow: &Follow, view: Option<Maste
         "the leader moved to {} (view {})",
         view.leader, view.version
     );
-    inner.views.send_replace(Some(view));
+    inner.views.send_modify(|state| {
+        state.view = Some(view);
+        state.changes += 1;
+    });
     let old = match link {
         Link::Up(conn) if Some(&conn.addr) == target.as_ref() => None,
         Link::Up(conn) => {

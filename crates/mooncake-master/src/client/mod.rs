@@ -34,7 +34,7 @@ use leader::Follow;
 pub use stats::MasterStats;
 use stats::{Counters, bump};
 
-use crate::addr::{MasterAddr, MasterView};
+use crate::addr::{LeaderState, MasterAddr, MasterView};
 use crate::codec::{self, ExistResult, FunctionId};
 use crate::{MasterError, StoreErrorCode};
 
@@ -55,8 +55,8 @@ struct Inner {
     counters: Arc<Counters>,
     /// The leader follower, for an `etcd://` address.
     follow: Option<Arc<Follow>>,
-    /// The leader in use (`None` for a fixed address).
-    views: watch::Sender<Option<MasterView>>,
+    /// The leader in use (`None` for a fixed address) and the changes so far.
+    views: watch::Sender<LeaderState>,
 }
 
 impl Inner {
@@ -108,7 +108,7 @@ impl std::fmt::Debug for MasterClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MasterClient")
             .field("addr", &self.inner.addr_text)
-            .field("leader", &*self.inner.views.borrow())
+            .field("leader", &self.inner.views.borrow().view)
             .field("connected", &self.is_connected())
             .finish_non_exhaustive()
     }
@@ -181,7 +181,7 @@ impl MasterClient {
             }),
             counters,
             follow,
-            views: watch::Sender::new(view),
+            views: watch::Sender::new(LeaderState { view, changes: 0 }),
             addr,
             config,
         });
@@ -210,14 +210,16 @@ impl MasterClient {
     /// `None` for a fixed address.
     #[must_use]
     pub fn leader(&self) -> Option<MasterView> {
-        self.inner.views.borrow().clone()
+        self.inner.views.borrow().view.clone()
     }
 
     /// A receiver that sees every leader change (the hook for a metric or a log):
-    /// it holds [`leader`](Self::leader) and is marked changed at each switch to a
-    /// newer leader. For a fixed address it holds `None` and never changes.
+    /// it holds [`leader`](Self::leader) and the number of changes so far, and is
+    /// marked changed at each switch to a newer leader. For a fixed address it holds
+    /// no view and never changes. Its `changed()` ends with an error once every
+    /// handle of this client is dropped.
     #[must_use]
-    pub fn subscribe_leader(&self) -> watch::Receiver<Option<MasterView>> {
+    pub fn subscribe_leader(&self) -> watch::Receiver<LeaderState> {
         self.inner.views.subscribe()
     }
 
