@@ -41,6 +41,8 @@ struct Figures {
     timed_out: usize,
     zero_answers: usize,
     lookups_after_kill: usize,
+    /// The slowest failed lookup.
+    slowest_failure: Duration,
 }
 
 /// Runs lookups every [`EVERY`], kills the leader after 1 s, and stops when `done`
@@ -101,6 +103,7 @@ fn check_samples(before: &[Sample], after: &[Sample], allow_zero: bool) -> Figur
         timed_out: 0,
         zero_answers: 0,
         lookups_after_kill: after.len(),
+        slowest_failure: Duration::ZERO,
     };
     for s in before.iter().chain(after) {
         assert!(
@@ -110,6 +113,9 @@ fn check_samples(before: &[Sample], after: &[Sample], allow_zero: bool) -> Figur
             s.took,
             s.answer
         );
+        if s.answer.is_err() {
+            figures.slowest_failure = figures.slowest_failure.max(s.took);
+        }
         match &s.answer {
             Ok(hit) if *hit == PRESENT => {
                 if s.at >= 0.0 && figures.gap.is_none() {
@@ -182,8 +188,12 @@ fn with_oplog_lookups_are_correct_again_within_15_s_of_killing_the_leader() {
         let gap = figures.gap.expect("a correct answer after the kill");
         eprintln!(
             "oplog failover: first correct answer {gap:.3} s after the kill; of {} lookups after it, \
-             {} failed fast as unavailable, {} timed out, {} answered 0",
-            figures.lookups_after_kill, figures.fast_unavailable, figures.timed_out, figures.zero_answers
+             {} failed fast as unavailable (slowest {:?}), {} timed out, {} answered 0",
+            figures.lookups_after_kill,
+            figures.fast_unavailable,
+            figures.slowest_failure,
+            figures.timed_out,
+            figures.zero_answers
         );
         assert!(gap < 15.0, "correct again only {gap:.3} s after the kill");
         // Once correct, correct: the new leader has the keys.
@@ -219,8 +229,12 @@ fn without_oplog_the_new_leader_is_empty_and_lookups_say_so() {
         let first = after.iter().position(|s| s.answer.is_ok()).unwrap();
         eprintln!(
             "no-oplog failover: the new leader answered {:.3} s after the kill; of {} lookups after \
-             it, {} failed fast as unavailable, {} timed out",
-            after[first].at, figures.lookups_after_kill, figures.fast_unavailable, figures.timed_out
+             it, {} failed fast as unavailable (slowest {:?}), {} timed out",
+            after[first].at,
+            figures.lookups_after_kill,
+            figures.fast_unavailable,
+            figures.slowest_failure,
+            figures.timed_out
         );
         for s in &after[first..] {
             assert_eq!(s.answer.as_ref().ok(), Some(&0), "at {:.3} s", s.at);
