@@ -341,3 +341,29 @@ async fn mooncake_master_unknown_function_and_wrong_arguments_are_typed_errors()
     assert_eq!((stats.connects, stats.connections_lost), (1, 0));
     assert_eq!(stats.signature_fallbacks, 0);
 }
+
+#[tokio::test]
+async fn mooncake_master_remove_all_removes_every_key_of_the_tenant() {
+    let master = Master::start();
+    let mut writer = Writer::start(&master);
+    let format = KeyFormat::new(None, MODEL, &namespaces(2));
+    let chain: Vec<String> = block_keys(&format, &hashes(9, 6)).concat();
+    writer.put(&chain);
+    let client = MasterClient::connect(master.addr(), config())
+        .await
+        .unwrap();
+    // The probe grants every key a read lease (10 s): without force they stay.
+    assert_eq!(client.leading_blocks_flat(&chain, 2).await.unwrap(), 6);
+    assert_eq!(client.remove_all(false).await.unwrap(), 0);
+    assert_eq!(writer.exist(&chain), vec![1; 12]);
+    // Force, as vLLM's reset asks: every key goes, whoever wrote it.
+    assert_eq!(client.remove_all(true).await.unwrap(), 12);
+    assert_eq!(
+        writer.exist(&chain),
+        vec![0; 12],
+        "the reference client sees them gone"
+    );
+    assert_eq!(client.leading_blocks_flat(&chain, 2).await.unwrap(), 0);
+    assert_eq!(client.remove_all(true).await.unwrap(), 0);
+    assert_eq!(client.stats().signature_fallbacks, 0);
+}

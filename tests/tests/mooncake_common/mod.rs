@@ -6,11 +6,14 @@
 //!   (`mooncake.store.MooncakeDistributedStore`) driven over stdin/stdout: it writes
 //!   blocks, and answers with its own `batch_is_exist` as the reference. It stays
 //!   alive for the test because the master drops a client's keys when it closes.
+//! - [`ha`]: a real etcd and masters in high-availability mode.
 //!
 //! Both come from `scripts/mooncake/install.sh` (the pinned wheel in `.venv`). A missing
 //! binary fails with a message naming that script: never skipped, never a hang.
 
 #![allow(dead_code, unreachable_pub)]
+
+pub mod ha;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -97,6 +100,13 @@ impl Master {
 
     /// Starts a master on `rpc_port` (e.g. again after [`stop`](Self::stop)).
     pub fn start_on(rpc_port: u16) -> Self {
+        let mut master = Self::spawn(rpc_port, &[]);
+        master.wait_ready(MASTER_START_SECS);
+        master
+    }
+
+    /// Runs `mooncake_master` on loopback with `extra` flags, without waiting.
+    pub fn spawn(rpc_port: u16, extra: &[String]) -> Self {
         let bin = master_bin();
         let metrics_port = free_port();
         let log = std::env::temp_dir().join(format!(
@@ -109,23 +119,26 @@ impl Master {
             .arg(format!("--rpc_port={rpc_port}"))
             .arg("--metrics_host=127.0.0.1")
             .arg(format!("--metrics_port={metrics_port}"))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("clone log handle"))
             .stderr(log_file)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}; {INSTALL_HINT}", bin.display()));
-        let mut master = Self {
+        Self {
             child: Some(child),
             rpc_port,
             metrics_port,
             log,
-        };
-        master.wait_ready();
-        master
+        }
     }
 
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(MASTER_START_SECS);
+    /// Waits until the RPC port accepts connections, for at most `secs` seconds.
+    ///
+    /// # Panics
+    /// When the master exits first or the time runs out, with its log's tail.
+    pub fn wait_ready(&mut self, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             if TcpStream::connect(("127.0.0.1", self.rpc_port)).is_ok() {
                 return;
@@ -143,7 +156,7 @@ impl Master {
             }
             assert!(
                 Instant::now() < deadline,
-                "mooncake_master did not listen on port {} within {MASTER_START_SECS} s:\n{}",
+                "mooncake_master did not listen on port {} within {secs} s:\n{}",
                 self.rpc_port,
                 self.log_tail()
             );
@@ -161,6 +174,18 @@ impl Master {
         self.rpc_port
     }
 
+    /// The admin HTTP port (`GET /leader`, `/metrics`).
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Kills the master (SIGKILL: no goodbye on its connections) and reaps it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -176,7 +201,7 @@ impl Master {
 }
 
 /// The last 20 lines of a log file.
-fn tail(path: &Path) -> String {
+pub fn tail(path: &Path) -> String {
     let mut text = String::new();
     if let Ok(mut f) = std::fs::File::open(path) {
         let _ = f.read_to_string(&mut text);
@@ -203,6 +228,13 @@ pub struct Writer {
 impl Writer {
     /// Starts a writer connected to `master` and waits for its `ready`.
     pub fn start(master: &Master) -> Self {
+        Self::start_at(&master.addr(), &[])
+    }
+
+    /// Starts a writer with the master address `addr` (`host:port` or
+    /// `etcd://h:p`) and extra environment variables (`MC_STORE_CLUSTER_ID`), and
+    /// waits for its `ready`.
+    pub fn start_at(addr: &str, env: &[(&str, &str)]) -> Self {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let script = workspace_root().join("scripts/mooncake/writer.py");
         // The native client logs a lot: kept in a file, shown when something fails.
@@ -214,7 +246,8 @@ impl Writer {
         let log_file = std::fs::File::create(&log).expect("create the writer's log file");
         let mut child = Command::new(python_bin())
             .arg(&script)
-            .arg(master.addr())
+            .arg(addr)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log_file)

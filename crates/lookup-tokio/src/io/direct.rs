@@ -27,10 +27,11 @@
 //!
 //! # Reset
 //!
-//! The master's RPC spec defines no remove-all (`spec/mooncake-master-rpc.md` lists
-//! `BatchExistKey`, `ExistKey`, `ServiceReady` and `Ping` only), and a wipe would also
-//! have to drain the writers' pending puts, which only the worker that owns the store
-//! client can do. A reset (rule 13) is therefore never sent: it ends at once as
+//! The master's only reset, `RemoveAll` (`spec/mooncake-master-rpc.md`, "Removing
+//! everything"), is tenant-wide: it removes every engine's blocks, not only this
+//! scheduler's; and a wipe would also have to drain the writers' pending puts, which
+//! only the worker that owns the store client can do. A reset (rule 13) is therefore
+//! never sent: it ends at once as
 //! [`ResetOutcome::Failed`](lookup_core::ResetOutcome::Failed) and every key stays
 //! stored, as `lookup_server::MooncakeIndex` answers it through the server.
 //!
@@ -46,7 +47,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lookup_core::answer::{blocks_to_check, hit_tokens};
 use lookup_core::{BlockHashes, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
-use mooncake_master::{KeyLayout, MasterClient, MasterConfig, MasterError};
+use mooncake_master::{KeyLayout, MasterAddr, MasterClient, MasterConfig, MasterError};
 use tracing::{Instrument, Span};
 
 use super::{SendError, Wire, WireInput};
@@ -71,7 +72,8 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 ///   its `default_kv_lease_ttl` (10 s by default), exactly as through vLLM's worker.
 ///   Keep `lookup_prefetch_ttl_s` (2 s by default) below it, so that a cached result
 ///   is backed by the lease for its whole life ([`DirectConfig::lease_ttl`]).
-/// - **Reset.** The master's RPC has no remove-all: a reset is never sent and ends as
+/// - **Reset.** The master's only reset (`RemoveAll`) is tenant-wide: a reset is
+///   never sent and ends as
 ///   [`ResetOutcome::Failed`](lookup_core::ResetOutcome::Failed); every key stays.
 ///
 /// # Failures
@@ -109,7 +111,10 @@ pub enum Transport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirectConfig {
     /// The master's RPC address, `host:port` (`--rpc_address:--rpc_port`; port 50051
-    /// by default).
+    /// by default), or `etcd://h1:p1;h2:p2` for a high-availability cluster whose
+    /// leader the master client finds and follows (cluster id:
+    /// `master_config.cluster_id`, else `$MC_STORE_CLUSTER_ID`, else
+    /// `mooncake_cluster`; `spec/mooncake-master-rpc.md`, "High availability").
     pub master: String,
     /// How block hashes become store keys: the same cache prefix, model and rank
     /// namespaces as the workers that write the blocks (`spec/wire.md`, "What the
@@ -127,7 +132,7 @@ pub struct DirectConfig {
 }
 
 impl DirectConfig {
-    /// The master at `master` (`host:port`), keys laid out by `layout`, the master
+    /// The master at `master` (`host:port` or `etcd://...`), keys laid out by `layout`, the master
     /// client's defaults and the master's default lease of 10 s.
     #[must_use]
     pub fn new(master: impl Into<String>, layout: KeyLayout) -> Self {
@@ -143,8 +148,8 @@ impl DirectConfig {
     /// that the mistake is an error of `connect`, not a stream of failed lookups.
     ///
     /// # Errors
-    /// [`Error::InvalidClientConfig`] naming the field: an empty `master`; a
-    /// `master_config` with `chunk_keys` 0, a zero `call_timeout` or
+    /// [`Error::InvalidClientConfig`] naming the field: an empty or malformed
+    /// `master`; a `master_config` with `chunk_keys` 0, a zero `call_timeout` or
     /// `connect_timeout`, or a `backoff_min` that is zero or above `backoff_max`.
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &'static str, why: &str| {
@@ -156,6 +161,9 @@ impl DirectConfig {
         let m = &self.master_config;
         if self.master.trim().is_empty() {
             return bad("master", "the master's host:port is empty");
+        }
+        if let Err(e) = MasterAddr::parse(&self.master, m.cluster_id.as_deref()) {
+            return bad("master", &e.to_string());
         }
         if m.chunk_keys == 0 {
             return bad("master_config.chunk_keys", "must be at least 1");
@@ -345,7 +353,7 @@ impl Wire for DirectWire {
                     "no_reset",
                     crate::clock::now(),
                     format_args!(
-                        "reset refused: the Mooncake master's RPC has no remove-all; no key was removed"
+                        "reset refused: the Mooncake master's RemoveAll is tenant-wide; no key was removed"
                     ),
                 );
                 self.ready.push_back(WireInput::Reply {
@@ -479,6 +487,18 @@ mod tests {
             other => panic!("expected InvalidClientConfig, got {other:?}"),
         };
         assert_eq!(key_of(DirectConfig::new(" ", layout.clone())), "master");
+        for bad in ["127.0.0.1", "etcd://", "redis://h:1"] {
+            assert_eq!(
+                key_of(DirectConfig::new(bad, layout.clone())),
+                "master",
+                "{bad}"
+            );
+        }
+        assert!(
+            DirectConfig::new("etcd://127.0.0.1:2379;h:2380", layout.clone())
+                .validate()
+                .is_ok()
+        );
         let mut config = DirectConfig::new("127.0.0.1:50051", layout.clone());
         config.master_config.chunk_keys = 0;
         assert_eq!(key_of(config), "master_config.chunk_keys");
