@@ -40,6 +40,7 @@ use lookup_tokio::{ClientStats, LookupClient};
 
 use super::model::Entry;
 pub use super::model::{BlockSink, EngineModel, EngineResult, Outcomes, Prepared};
+use crate::simulate::budget::{RecentLatency, WaitBudget};
 use crate::simulate::mode::Mode;
 
 /// A request in the engine.
@@ -57,7 +58,9 @@ struct Live {
 pub struct Engine<'a> {
     model: &'a EngineModel,
     mode: Mode,
-    wait_budget: Duration,
+    wait_budget: WaitBudget,
+    /// On-wire times of the last answered lookups (the adaptive wait budget).
+    recent: RecentLatency,
     reqs: &'a [Prepared],
     arrivals: VecDeque<usize>,
     client: LookupClient,
@@ -86,7 +89,7 @@ impl<'a> Engine<'a> {
     pub fn new(
         model: &'a EngineModel,
         mode: Mode,
-        wait_budget: Duration,
+        wait_budget: WaitBudget,
         reqs: &'a [Prepared],
         arrivals: VecDeque<usize>,
         client: LookupClient,
@@ -97,6 +100,7 @@ impl<'a> Engine<'a> {
             model,
             mode,
             wait_budget,
+            recent: RecentLatency::default(),
             reqs,
             arrivals,
             client,
@@ -311,7 +315,8 @@ impl<'a> Engine<'a> {
             }
             Mode::PrefetchWait => {
                 let started = Instant::now();
-                let give_up = started + self.wait_budget;
+                let budget = self.wait_budget.seconds(&self.recent);
+                let give_up = started + Duration::from_secs_f64(budget);
                 let mut answer = self.client.probe(core, 0);
                 while answer == Probe::Pending {
                     let now = Instant::now();
@@ -381,6 +386,8 @@ impl<'a> Engine<'a> {
             else {
                 continue;
             };
+            let outcome_answered =
+                matches!(outcome, LookupOutcome::Hit { .. } | LookupOutcome::Miss);
             let o = &mut self.result.outcomes;
             match outcome {
                 LookupOutcome::Hit { .. } => o.hit += 1,
@@ -392,6 +399,10 @@ impl<'a> Engine<'a> {
             let _ = self.result.total_us.record(micros(total));
             if let Some(on_wire) = on_wire {
                 let _ = self.result.on_wire_us.record(micros(on_wire));
+                if outcome_answered {
+                    self.recent
+                        .record(u64::try_from(on_wire.as_nanos()).unwrap_or(u64::MAX));
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
 //! `cargo xtask replay`: a slice of a Mooncake trace in real time, against a real
-//! Mooncake master, through the real [`LookupClient`] in a lookup mode and over a
+//! Mooncake master, through the real [`LookupClient`](lookup_tokio::LookupClient) in a lookup mode and over a
 //! transport, with lookup latency measured rather than modelled.
 //!
 //! For each (mode, transport) run, one after another:
@@ -8,11 +8,11 @@
 //!    `--master`), and the Python store client (`scripts/mooncake/writer.py`) that
 //!    writes blocks, under a model name of the run's own, so runs never see each
 //!    other's blocks;
-//! 2. the transport: `zmq`, our [`LookupServer`] with a [`MooncakeIndex`] on that
+//! 2. the transport: `zmq`, our [`LookupServer`](lookup_server::LookupServer) with a [`MooncakeIndex`](lookup_server::MooncakeIndex) on that
 //!    master, in this process, over ipc; or `direct`, each client asking the master
 //!    itself ([`Transport::Direct`](lookup_tokio::Transport::Direct));
-//! 3. `--engines` real-time engine models ([`engine`]), one [`LookupClient`] each
-//!    (the mode's configuration is the simulator's, [`Mode::config`]), requests routed
+//! 3. `--engines` real-time engine models ([`engine`]), one [`LookupClient`](lookup_tokio::LookupClient) each
+//!    (the mode's configuration is the simulator's, [`Mode::config`](crate::simulate::mode::Mode::config)), requests routed
 //!    round robin, arrivals at the trace's timestamps divided by `--rate-scale`;
 //! 4. when a request's prefill ends its blocks are put into Mooncake for real (one key
 //!    per block and rank namespace, the layout's key format), so later requests with

@@ -7,6 +7,7 @@ use anyhow::bail;
 use super::Transport;
 use super::engine::EngineModel;
 use super::peers;
+use crate::simulate::budget::BudgetArg;
 use crate::simulate::mode::{LookupParams, Mode};
 
 /// Command-line flags of `cargo xtask replay`.
@@ -76,9 +77,13 @@ pub struct Args {
     /// `lookup_timeout_s` (seconds).
     #[arg(long, default_value_t = LookupParams::default().timeout_s)]
     pub lookup_timeout_s: f64,
-    /// `prefetch+wait`: longest wait for a lookup already queued or on the wire (ms).
-    #[arg(long, default_value_t = LookupParams::default().wait_budget_s * 1e3)]
-    pub wait_budget_ms: f64,
+    /// `prefetch+wait`: longest wait for a lookup already queued or on the wire: `auto`
+    /// (the client's recent on-wire p90, within `--wait-budget-bounds-ms`) or ms.
+    #[arg(long, default_value = "auto")]
+    pub wait_budget_ms: BudgetArg,
+    /// Bounds of the `auto` wait budget (ms): MIN,MAX.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,10")]
+    pub wait_budget_bounds_ms: Vec<f64>,
 
     /// Engine: token budget per step.
     #[arg(long, default_value_t = EngineModel::default().max_num_batched_tokens)]
@@ -179,7 +184,6 @@ impl Args {
         for (flag, v) in [
             ("--prefetch-ttl-s", self.prefetch_ttl_s),
             ("--lookup-timeout-s", self.lookup_timeout_s),
-            ("--wait-budget-ms", self.wait_budget_ms),
             ("--step-fixed-ms", self.step_fixed_ms),
             ("--prefill-token-us", self.prefill_token_us),
             ("--prefill-pair-ns", self.prefill_pair_ns),
@@ -191,6 +195,9 @@ impl Args {
                 bail!("{flag} must be a finite number >= 0, got {v}");
             }
         }
+        let [min_ms, max_ms] = self.wait_budget_bounds_ms[..] else {
+            bail!("--wait-budget-bounds-ms takes two numbers MIN,MAX");
+        };
         let master = match &self.master {
             Some(addr) => MasterSource::External {
                 addr: addr.clone(),
@@ -213,7 +220,7 @@ impl Args {
                 prefetch_limit: self.prefetch_limit,
                 prefetch_ttl_s: self.prefetch_ttl_s,
                 timeout_s: self.lookup_timeout_s,
-                wait_budget_s: self.wait_budget_ms / 1e3,
+                wait_budget: self.wait_budget_ms.budget((min_ms, max_ms)),
             },
             engine: EngineModel {
                 max_num_batched_tokens: self.max_num_batched_tokens,
@@ -237,7 +244,7 @@ impl Args {
 }
 
 impl ReplayParams {
-    /// Checks what [`replay`] cannot run with.
+    /// Checks what [`replay`](super::replay) cannot run with.
     ///
     /// # Errors
     /// A rate scale that is not a finite number above 0; no mode or transport; 0
@@ -249,6 +256,7 @@ impl ReplayParams {
                 self.rate_scale
             );
         }
+        self.lookup.wait_budget.validate()?;
         if self.modes.is_empty() {
             bail!("--modes names no mode");
         }

@@ -153,7 +153,7 @@ async fn run_one(
             Engine::new(
                 &params.engine,
                 mode,
-                Duration::from_secs_f64(params.lookup.wait_budget_s),
+                params.lookup.wait_budget,
                 &reqs,
                 arrivals,
                 client,

@@ -12,6 +12,8 @@ use lookup_core::{
     Stats,
 };
 
+use super::budget::RecentLatency;
+use super::engine::LookupFigures;
 use super::server::LookupServer;
 use super::store::ExternalStore;
 
@@ -40,6 +42,10 @@ pub(crate) struct Connector {
     /// Lookup RPCs that ended with at least one live asker.
     answered: HashSet<RpcId>,
     counts: ConnectorCounts,
+    /// Latencies and keys of the lookups.
+    figures: LookupFigures,
+    /// The last answered lookups' on-wire times (`prefetch+wait`'s adaptive budget).
+    recent: RecentLatency,
 }
 
 impl Connector {
@@ -56,6 +62,8 @@ impl Connector {
             useless: HashSet::new(),
             answered: HashSet::new(),
             counts: ConnectorCounts::default(),
+            figures: LookupFigures::default(),
+            recent: RecentLatency::default(),
         })
     }
 
@@ -69,6 +77,14 @@ impl Connector {
 
     pub(crate) fn counts(&self) -> &ConnectorCounts {
         &self.counts
+    }
+
+    pub(crate) fn lookups(&self) -> &LookupFigures {
+        &self.figures
+    }
+
+    pub(crate) fn recent_on_wire(&self) -> &RecentLatency {
+        &self.recent
     }
 
     /// A request arrived (vLLM `on_new_request`). Returns the RPC its prefetch created,
@@ -230,8 +246,10 @@ impl Connector {
                     num_tokens,
                     block_hashes,
                 } => {
-                    let (done, hit) = self.server.accept(*num_tokens, block_hashes, store, now);
-                    self.replies.push(Reverse((done, out.rpc_id, hit)));
+                    let served = self.server.accept(*num_tokens, block_hashes, store, now);
+                    self.figures.served(*num_tokens, &served.keys);
+                    self.replies
+                        .push(Reverse((served.done, out.rpc_id, served.hit_tokens)));
                 }
                 RpcBody::Reset => {
                     // The simulator never resets; answer at once as a server would.
@@ -246,13 +264,28 @@ impl Connector {
                 rpc_id,
                 outcome,
                 requests,
-                ..
+                total,
+                on_wire,
             } = event
             {
                 if let lookup_core::LookupOutcome::Failed(_) = outcome {
                     // A timed-out RPC no longer occupies the wire (its late reply, if
                     // any, is dropped by the core as unknown).
                     self.dispatcher.on_done(rpc_id);
+                    self.figures.failed += 1;
+                } else {
+                    self.figures.answered += 1;
+                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                    let _ = self.figures.total_us.record(us(total));
+                    if let Some(w) = on_wire {
+                        let _ = self.figures.on_wire_us.record(us(w));
+                        let _ = self
+                            .figures
+                            .server_queue_us
+                            .record(us(total.saturating_sub(w)));
+                        self.recent
+                            .record(u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
+                    }
                 }
                 if self.useless.remove(&rpc_id) || requests == 0 {
                     self.counts.rpcs_wasted += 1;

@@ -48,10 +48,9 @@
 
 mod params;
 mod replica;
+mod result;
 mod scheduler;
 mod world;
-
-use std::collections::VecDeque;
 
 use anyhow::{Context, bail};
 
@@ -59,98 +58,72 @@ pub use self::params::{
     ArrivalHandling, EngineParams, PendingPolicy, Router, SimParams, StoreParams,
 };
 use self::replica::Engine;
-use self::world::World;
-pub use self::world::{FirstPending, ModeResult};
+pub use self::result::{
+    BUCKET_FLOORS, Breakdown, BreakdownSums, Bucket, FirstPending, LookupFigures, ModeResult,
+    RequestRecord, Waits, bucket_of, histogram,
+};
+use self::world::{Feed, World, mix};
 use super::connector::Connector;
 use super::mode::Mode;
 use super::server::LookupServer;
-use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
+use super::trace::{TraceError, TraceRequest};
 
-/// A stable 64-bit mix (SplitMix64's finaliser) for prefix routing.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// The engine each request goes to.
-fn route(trace: &[TraceRequest], engines: u32, router: Router) -> Vec<usize> {
-    let n = engines as usize;
-    trace
-        .iter()
-        .enumerate()
-        .map(|(i, r)| match (router, r.hash_ids.get(1)) {
-            (Router::Prefix, Some(&id)) => (mix(id) % engines as u64) as usize,
-            _ => i % n,
-        })
-        .collect()
-}
-
-/// Runs `trace` through the engines in `mode`. `on_finished` is called once per
-/// finished request (for a progress bar).
+/// Runs the requests of `trace` (read one at a time, in arrival order) through the
+/// engines in `mode`. `on_finished` is called once per finished request, with its
+/// figures (for a progress bar, or to stream per-request results); the run itself
+/// keeps only histograms and sums.
 ///
 /// # Errors
-/// A request that cannot fit a GPU's KV cache even alone, or arrives later than 10^18
-/// ns (naming its 1-based position in the trace); an invalid lookup configuration; a rate scale that is not a
-/// finite positive number; no engine; a stalled simulation (a bug, reported rather
+/// A bad trace line; a request that cannot fit a GPU's KV cache even alone, or
+/// arrives later than 10^18 ns (naming its 1-based position in the trace); invalid
+/// parameters ([`SimParams::validate`]); a stalled simulation (a bug, reported rather
 /// than hung).
-pub fn simulate(
-    trace: &[TraceRequest],
+pub fn simulate<I>(
+    trace: I,
     mode: Mode,
     params: &SimParams,
-    on_finished: &dyn Fn(),
-) -> anyhow::Result<ModeResult> {
+    on_finished: &dyn Fn(&RequestRecord),
+) -> anyhow::Result<ModeResult>
+where
+    I: IntoIterator<Item = Result<TraceRequest, TraceError>>,
+{
+    params.validate()?;
     let e = &params.engine;
-    if !(params.rate_scale.is_finite() && params.rate_scale > 0.0) {
-        bail!(
-            "--rate-scale must be a finite number > 0, got {}",
-            params.rate_scale
-        );
-    }
-    if e.engines == 0 || e.max_num_batched_tokens == 0 || e.max_num_seqs == 0 {
-        bail!("--engines, --max-num-batched-tokens and --max-num-seqs must be at least 1");
-    }
-    for (i, r) in trace.iter().enumerate() {
-        let positions = u64::from(r.input_length) + u64::from(r.output_length) - 1;
-        let need = positions.div_ceil(u64::from(TRACE_BLOCK_TOKENS));
-        if need > e.gpu_kv_blocks || positions > u64::from(u32::MAX) {
-            bail!(
-                "request {} ({} input + {} output tokens) needs {need} KV blocks of {TRACE_BLOCK_TOKENS} tokens; \
-                 a GPU has {} (--gpu-kv-blocks)",
-                i + 1,
-                r.input_length,
-                r.output_length,
-                e.gpu_kv_blocks
-            );
-        }
-        // Virtual time is u64 nanoseconds: keep arrivals far from overflowing it.
-        if r.timestamp as f64 * 1e6 / params.rate_scale > 1e18 {
-            bail!(
-                "request {} arrives at {} ms, beyond what the simulator's clock holds at rate scale {}",
-                i + 1,
-                r.timestamp,
-                params.rate_scale
-            );
-        }
-    }
-    let routes = route(trace, e.engines, e.router);
     let mut engines = Vec::with_capacity(e.engines as usize);
-    for id in 0..e.engines as usize {
+    for id in 0..e.engines {
         let config = mode.config(&params.lookup, params.server.concurrency.max(1));
-        let server = LookupServer::new(params.server.clone(), mix(params.seed ^ mix(id as u64)));
+        let server =
+            LookupServer::new(params.server.clone(), mix(params.seed ^ mix(u64::from(id))));
         let conn = Connector::new(config, server).context("lookup configuration")?;
-        let arrivals: VecDeque<usize> = (0..trace.len()).filter(|&i| routes[i] == id).collect();
-        engines.push(Engine::new(arrivals, conn, e.gpu_kv_blocks));
+        engines.push(Engine::new(conn, e.gpu_kv_blocks));
     }
-    let mut world = World::new(trace, mode, params);
+    let feed = Feed::new(Box::new(trace.into_iter()));
+    let mut world = World::new(feed, mode, params, on_finished);
     loop {
         let next = engines
             .iter()
             .enumerate()
             .filter_map(|(i, en)| en.next_time(&world).map(|t| (t, i)))
             .min();
+        // Every request arriving by the next event is routed first.
+        if let Some(arrival) = world.feed.peek(params)? {
+            if next.is_none_or(|(t, _)| arrival <= t) {
+                let (engine, slot) = world.admit_next().expect("a request was read");
+                engines[engine].route(slot);
+                continue;
+            }
+        }
         let Some((t, i)) = next else { break };
-        engines[i].act(t, &mut world, on_finished)?;
+        engines[i].act(t, &mut world)?;
     }
-    Ok(world.result(mode, &engines))
+    if let Some(stuck) = engines.iter().find(|en| en.unfinished() > 0) {
+        bail!(stuck.stalled(&world));
+    }
+    let mut result = std::mem::replace(&mut world.result, ModeResult::new(mode, e.engines));
+    for en in &engines {
+        en.add_to(&mut result);
+    }
+    result.store_blocks = world.store.len() as u64;
+    result.live_peak = world.reqs.peak() as u64;
+    Ok(result)
 }

@@ -1,6 +1,7 @@
 //! The run's parameters: the engines and their cost model, the external store, and
 //! the whole run's [`SimParams`].
 
+use anyhow::bail;
 use serde::Serialize;
 
 use crate::simulate::mode::LookupParams;
@@ -165,5 +166,52 @@ impl Default for SimParams {
             rate_scale: 1.0,
             seed: 0,
         }
+    }
+}
+
+impl SimParams {
+    /// Checks what a run cannot work with.
+    ///
+    /// # Errors
+    /// A duration that is negative, NaN or infinite, a rate scale that is not above 0,
+    /// no engine, a token budget or sequence limit of 0, a timeout of 0, or a server
+    /// or wait budget that does not validate ([`ServerParams::validate`],
+    /// [`WaitBudget::validate`](crate::simulate::budget::WaitBudget::validate)). Each
+    /// message names the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let e = &self.engine;
+        for (flag, v) in [
+            ("--prefetch-ttl-s", self.lookup.prefetch_ttl_s),
+            ("--lookup-timeout-s", self.lookup.timeout_s),
+            ("--step-fixed-ms", e.step_fixed_s * 1e3),
+            ("--prefill-token-us", e.prefill_token_s * 1e6),
+            ("--prefill-pair-ns", e.prefill_pair_s * 1e9),
+            ("--decode-seq-us", e.decode_seq_s * 1e6),
+            ("--decode-ctx-ns", e.decode_ctx_token_s * 1e9),
+            ("--scheduler-ms", e.scheduler_s * 1e3),
+            ("--load-block-ms", self.store.load_block_s * 1e3),
+            ("--load-fixed-ms", self.store.load_fixed_s * 1e3),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                bail!("{flag} must be a finite number >= 0, got {v}");
+            }
+        }
+        if self.lookup.timeout_s == 0.0 {
+            bail!("--lookup-timeout-s must be > 0 (an RPC needs time to answer), got 0");
+        }
+        if !(self.rate_scale.is_finite() && self.rate_scale > 0.0) {
+            bail!(
+                "--rate-scale must be a finite number > 0, got {}",
+                self.rate_scale
+            );
+        }
+        if e.engines == 0 {
+            bail!("--engines must be at least 1");
+        }
+        if e.max_num_batched_tokens == 0 || e.max_num_seqs == 0 {
+            bail!("--max-num-batched-tokens and --max-num-seqs must be at least 1");
+        }
+        self.server.validate()?;
+        self.lookup.wait_budget.validate()
     }
 }

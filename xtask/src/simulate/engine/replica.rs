@@ -3,11 +3,9 @@
 
 use std::collections::VecDeque;
 
-use anyhow::bail;
-use lookup_core::RequestId;
-
 use super::params::ArrivalHandling;
-use super::world::{FirstPending, Phase, Step, World};
+use super::result::{FirstPending, ModeResult, Waits, add_stats};
+use super::world::{Phase, Step, World};
 use crate::simulate::connector::Connector;
 use crate::simulate::store::LocalCache;
 
@@ -17,16 +15,17 @@ pub(super) enum State {
     /// About to run its loop (handle new requests, schedule) at its clock.
     Top,
     /// Waiting until `until` for the output of `awaiting` (or, idle, for something to
-    /// happen); lookup replies and, by default, new requests are handled meanwhile.
+    /// happen; `u64::MAX`: for a request); lookup replies and, by default, new
+    /// requests are handled meanwhile.
     Wait { until: u64 },
-    /// Every request routed here finished.
-    Done,
 }
 
 pub(super) struct Engine {
     pub(super) conn: Connector,
     pub(super) local: LocalCache,
+    /// Requests routed here that have not arrived yet (slots, in arrival order).
     pub(super) arrivals: VecDeque<usize>,
+    /// Requests routed here that have not finished.
     pub(super) unfinished: usize,
     pub(super) waiting: VecDeque<usize>,
     pub(super) running: Vec<usize>,
@@ -46,20 +45,21 @@ pub(super) struct Engine {
     pub(super) local_hit_tokens: u64,
     pub(super) external_hit_tokens: u64,
     pub(super) first_pending: FirstPending,
+    pub(super) waits: Waits,
+    pub(super) kv_held_block_ns: u128,
+    pub(super) kv_time_ns: u128,
+    pub(super) kv_peak_blocks: u64,
+    pub(super) waiting_peak: usize,
 }
 
 impl Engine {
-    pub(super) fn new(arrivals: VecDeque<usize>, conn: Connector, gpu_kv_blocks: u64) -> Self {
+    pub(super) fn new(conn: Connector, gpu_kv_blocks: u64) -> Self {
         Self {
             conn,
             local: LocalCache::new(gpu_kv_blocks),
-            unfinished: arrivals.len(),
-            state: if arrivals.is_empty() {
-                State::Done
-            } else {
-                State::Top
-            },
-            arrivals,
+            unfinished: 0,
+            state: State::Top,
+            arrivals: VecDeque::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             in_flight: VecDeque::new(),
@@ -76,17 +76,33 @@ impl Engine {
             local_hit_tokens: 0,
             external_hit_tokens: 0,
             first_pending: FirstPending::default(),
+            waits: Waits::default(),
+            kv_held_block_ns: 0,
+            kv_time_ns: 0,
+            kv_peak_blocks: 0,
+            waiting_peak: 0,
         }
     }
 
-    fn next_arrival(&self, w: &World<'_>) -> Option<u64> {
-        self.arrivals.front().map(|&i| w.arrival_ns[i])
+    /// Request `slot` was routed here; it arrives at its time.
+    pub(super) fn route(&mut self, slot: usize) {
+        self.arrivals.push_back(slot);
+        self.unfinished += 1;
     }
 
-    /// When this engine next does something, if ever.
+    /// Requests routed here that have not finished.
+    pub(super) fn unfinished(&self) -> usize {
+        self.unfinished
+    }
+
+    fn next_arrival(&self, w: &World<'_>) -> Option<u64> {
+        self.arrivals.front().map(|&i| w.reqs[i].arrival)
+    }
+
+    /// When this engine next does something, if it knows (a request routed to it
+    /// later may wake it).
     pub(super) fn next_time(&self, w: &World<'_>) -> Option<u64> {
         match self.state {
-            State::Done => None,
             State::Top => Some(self.t),
             State::Wait { until } => {
                 let mut next = until;
@@ -98,20 +114,14 @@ impl Engine {
                         next = next.min(a.max(self.t));
                     }
                 }
-                Some(next)
+                (next < u64::MAX).then_some(next)
             }
         }
     }
 
     /// Does what is due at `now` (= [`next_time`](Self::next_time)).
-    pub(super) fn act(
-        &mut self,
-        now: u64,
-        w: &mut World<'_>,
-        on_finished: &dyn Fn(),
-    ) -> anyhow::Result<()> {
+    pub(super) fn act(&mut self, now: u64, w: &mut World<'_>) -> anyhow::Result<()> {
         match self.state {
-            State::Done => Ok(()),
             State::Top => self.top(w),
             State::Wait { until } if now < until => {
                 // Something happens while the thread waits: a reply, or a new request
@@ -136,7 +146,7 @@ impl Engine {
                 self.t = self.t.max(until);
                 self.state = State::Top;
                 if let Some(step) = self.awaiting.take() {
-                    self.process_output(step, w, on_finished);
+                    self.process_output(step, w);
                 }
                 Ok(())
             }
@@ -145,12 +155,13 @@ impl Engine {
 
     /// One turn of the engine loop at the engine's clock.
     fn top(&mut self, w: &mut World<'_>) -> anyhow::Result<()> {
-        if self.unfinished == 0 {
-            self.state = State::Done;
-            return Ok(());
-        }
         while self.next_arrival(w).is_some_and(|a| a <= self.t) {
             self.handle_arrival(self.t, w);
+        }
+        if self.unfinished == 0 {
+            // Nothing routed here is left: wait for a request (or a late reply).
+            self.state = State::Wait { until: u64::MAX };
+            return Ok(());
         }
         self.conn.advance_to(self.t, &w.store);
         if self.in_flight.len() < 2 && !(self.running.is_empty() && self.waiting.is_empty()) {
@@ -180,22 +191,22 @@ impl Engine {
             .into_iter()
             .flatten()
             .min();
-        match next {
-            Some(until) => {
-                self.state = State::Wait { until };
-                Ok(())
-            }
-            None => {
-                bail!(
-                    "{} mode stalled at {:.3} s with {} requests waiting and {} running \
-                     (KV cache held by requests that cannot proceed)",
-                    w.mode,
-                    self.t as f64 / 1e9,
-                    self.waiting.len(),
-                    self.running.len()
-                )
-            }
-        }
+        self.state = State::Wait {
+            until: next.unwrap_or(u64::MAX),
+        };
+        Ok(())
+    }
+
+    /// The error of an engine left with requests and nothing that could move them.
+    pub(super) fn stalled(&self, w: &World<'_>) -> anyhow::Error {
+        anyhow::anyhow!(
+            "{} mode stalled at {:.3} s with {} requests waiting and {} running \
+             (KV cache held by requests that cannot proceed)",
+            w.mode,
+            self.t as f64 / 1e9,
+            self.waiting.len(),
+            self.running.len()
+        )
     }
 
     fn next_load_done(&self, w: &World<'_>) -> Option<u64> {
@@ -222,18 +233,25 @@ impl Engine {
 
     fn launch(&mut self, step: Step) {
         let start = self.t.max(self.gpu_free);
-        self.gpu_busy_ns += step.end - start;
+        let gpu = step.end - start;
+        self.gpu_busy_ns += gpu;
         self.gpu_free = step.end;
         self.steps += 1;
+        let held = self.local.held();
+        self.kv_held_block_ns += u128::from(held) * u128::from(gpu);
+        self.kv_time_ns += u128::from(gpu);
+        self.kv_peak_blocks = self.kv_peak_blocks.max(held);
         self.in_flight.push_back(step);
     }
 
     /// vLLM `update_from_output` at the engine thread's time: first tokens, prefill
     /// ends (blocks written to the store), finished requests.
-    fn process_output(&mut self, step: Step, w: &mut World<'_>, on_finished: &dyn Fn()) {
+    fn process_output(&mut self, step: Step, w: &mut World<'_>) {
         let now = self.t;
         for en in step.entries {
-            let r = &mut w.reqs[en.req];
+            let Some(r) = w.reqs.get_mut(en.req, en.seq) else {
+                continue;
+            };
             if r.epoch != en.epoch || r.phase != Phase::Running {
                 continue;
             }
@@ -246,22 +264,43 @@ impl Engine {
                 // Prefill ended: the first token (unless recomputing after preemption),
                 // and the prompt's full blocks are written to the store.
                 if r.ttft.is_none() {
-                    r.ttft = Some(now - r.arrival);
+                    r.first_token(now);
                 }
                 w.store.put(&r.hashes);
             }
             if after >= r.target {
-                r.phase = Phase::Finished;
                 Self::release(&mut self.local, r);
+                let id = r.core.request_id;
                 if let Some(pos) = self.running.iter().position(|&x| x == en.req) {
                     self.running.remove(pos);
                 }
-                self.conn
-                    .on_finished(RequestId(en.req as u64), now, &w.store);
+                self.conn.on_finished(id, now, &w.store);
                 self.unfinished -= 1;
                 self.makespan_ns = self.makespan_ns.max(now);
-                on_finished();
+                w.finish(en.req, now);
             }
         }
+    }
+
+    /// Adds this engine's figures to the run's.
+    pub(super) fn add_to(&self, r: &mut ModeResult) {
+        r.blocked_ns += self.blocked_ns;
+        r.gpu_busy_ns += self.gpu_busy_ns;
+        r.makespan_ns = r.makespan_ns.max(self.makespan_ns);
+        r.steps += self.steps;
+        r.deferred += self.deferred;
+        r.preemptions += self.preemptions;
+        r.local_hit_tokens += self.local_hit_tokens;
+        r.external_hit_tokens += self.external_hit_tokens;
+        r.rpcs_wasted += self.conn.counts().rpcs_wasted;
+        r.first_pending.add(&self.first_pending);
+        r.waits.add(&self.waits);
+        r.lookups.add(self.conn.lookups());
+        add_stats(&mut r.stats, self.conn.stats());
+        r.kv_held_block_ns += self.kv_held_block_ns;
+        r.kv_time_ns += self.kv_time_ns;
+        let cap = self.local.capacity().max(1) as f64;
+        r.kv_peak = r.kv_peak.max(self.kv_peak_blocks as f64 / cap);
+        r.waiting_peak = r.waiting_peak.max(self.waiting_peak as u64);
     }
 }

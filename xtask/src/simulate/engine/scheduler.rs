@@ -1,7 +1,7 @@
 //! One call of vLLM's `Scheduler.schedule`: running requests, then the waiting
 //! queue with its probes, block allocation, preemption, and the step's cost.
 
-use lookup_core::{Probe, RequestId};
+use lookup_core::Probe;
 
 use super::params::PendingPolicy;
 use super::replica::Engine;
@@ -60,9 +60,11 @@ impl Engine {
         r.core.num_tokens = r.prefill_len;
         r.epoch += 1;
         r.phase = Phase::Waiting;
+        r.preemptions += 1;
+        let id = r.core.request_id;
         self.preemptions += 1;
         self.waiting.push_front(idx);
-        self.conn.on_preempted(RequestId(idx as u64), now, &w.store);
+        self.conn.on_preempted(id, now, &w.store);
     }
 
     /// One call of vLLM's `Scheduler.schedule` at the engine thread's time. Advances
@@ -73,6 +75,7 @@ impl Engine {
         let mut budget = w.p.engine.max_num_batched_tokens;
         let mut entries = Vec::new();
         let mut preempted = false;
+        self.waiting_peak = self.waiting_peak.max(self.waiting.len());
 
         // Running requests first.
         let mut i = 0;
@@ -106,6 +109,7 @@ impl Engine {
             let r = &mut w.reqs[idx];
             entries.push(Entry {
                 req: idx,
+                seq: r.seq,
                 epoch: r.epoch,
                 before: r.num_computed,
                 new,
@@ -150,6 +154,7 @@ impl Engine {
                     hits = r.hashes[..hit_blocks].to_vec();
                     let first_probe = !r.probed;
                     r.probed = true;
+                    r.first_probe.get_or_insert(now);
                     if first_probe
                         && let Some(rpc) = r.prefetch_rpc
                         && local_tokens >= cap_blocks as u32 * TRACE_BLOCK_TOKENS
@@ -176,14 +181,21 @@ impl Engine {
                     if answer == Probe::Pending && w.mode == Mode::PrefetchWait {
                         // Its lookup is queued or on the wire (a Pending probe always
                         // leaves one): a short wait beats deferring a whole step.
-                        let deadline = now + nanos(w.p.lookup.wait_budget_s);
+                        let budget_ns =
+                            nanos(w.p.lookup.wait_budget.seconds(self.conn.recent_on_wire()));
                         let (ready, at) = self.conn.wait_ready_until(
                             &w.reqs[idx].core,
                             local_tokens,
                             now,
-                            deadline,
+                            now + budget_ns,
                             &w.store,
                         );
+                        self.waits.started += 1;
+                        self.waits.budget_ns += budget_ns;
+                        self.waits.waited_ns += at - now;
+                        if ready != Probe::Pending {
+                            self.waits.caught += 1;
+                        }
                         self.blocked_ns += at - now;
                         now = at;
                         answer = ready;
@@ -218,7 +230,8 @@ impl Engine {
                     }
                     computed = local_tokens;
                 }
-                let id = RequestId(idx as u64);
+                w.reqs[idx].ready_at.get_or_insert(now);
+                let id = w.reqs[idx].core.request_id;
                 if external_tokens > 0 {
                     // Load asynchronously: blocks now, compute once loaded.
                     let end = local_tokens + external_tokens;
@@ -240,6 +253,9 @@ impl Engine {
                         tokens: end,
                     };
                     r.first_scheduled.get_or_insert(now);
+                    r.load_done.get_or_insert(done_at);
+                    r.local_hit_tokens += local_tokens;
+                    r.external_hit_tokens += external_tokens;
                     self.local_hit_tokens += u64::from(local_tokens);
                     self.external_hit_tokens += u64::from(external_tokens);
                     self.waiting.pop_front();
@@ -255,10 +271,13 @@ impl Engine {
                 self.conn.on_allocated(id, now, &w.store);
                 self.local_hit_tokens += u64::from(local_tokens);
                 let r = &mut w.reqs[idx];
+                r.local_hit_tokens += local_tokens;
                 r.first_scheduled.get_or_insert(now);
+                r.first_compute.get_or_insert(now);
                 r.phase = Phase::Running;
                 entries.push(Entry {
                     req: idx,
+                    seq: r.seq,
                     epoch: r.epoch,
                     before: computed,
                     new,

@@ -1,70 +1,21 @@
-//! What the engines share ([`World`]: the requests' states and the external store),
-//! a request's state ([`Req`]), and what a run measured ([`ModeResult`]).
+//! What the engines share ([`World`]: the trace being read, the live requests, the
+//! external store, the run's figures), and a request's state ([`Req`]).
+//!
+//! The trace is read one request ahead of the virtual clock ([`Feed`]) and a request
+//! is dropped when it finishes, after its figures went into the run's histograms:
+//! what a run holds is the requests in the engines, not the trace.
 
-use lookup_core::{BlockHashes, Request, RequestId, RpcId, Stats};
-use serde::Serialize;
+use std::ops::{Index, IndexMut};
+
+use anyhow::bail;
+use lookup_core::{BlockHashes, Request, RequestId, RpcId};
 
 use super::SimParams;
-use super::replica::Engine;
+use super::params::Router;
+use super::result::{Breakdown, ModeResult, RequestRecord};
 use crate::simulate::mode::Mode;
 use crate::simulate::store::ExternalStore;
-use crate::simulate::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
-
-/// What one mode's run measured, summed over the engines. Times in nanoseconds of
-/// virtual time.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ModeResult {
-    /// The mode.
-    pub mode: Mode,
-    /// Engines.
-    pub engines: u32,
-    /// TTFT of each request, in trace order (ns).
-    pub ttft_ns: Vec<u64>,
-    /// Queue wait of each request (arrival to first scheduling), in trace order (ns).
-    pub queue_wait_ns: Vec<u64>,
-    /// Engine-thread time blocked on lookups (sync probes), ns.
-    pub blocked_ns: u64,
-    /// GPU busy time, all engines, ns.
-    pub gpu_busy_ns: u64,
-    /// Time the last request finished, ns from the trace start.
-    pub makespan_ns: u64,
-    /// Steps run.
-    pub steps: u64,
-    /// Probes answered `Pending` that deferred a request to a later step.
-    pub deferred: u64,
-    /// Preemptions.
-    pub preemptions: u64,
-    /// Tokens served from the GPU prefix caches at scheduling.
-    pub local_hit_tokens: u64,
-    /// Tokens loaded from the external store.
-    pub external_hit_tokens: u64,
-    /// The core's counters, summed over the engines' connectors.
-    pub stats: Stats,
-    /// RPCs sent whose answer was of no use (see `ModeSummary::rpcs_wasted`).
-    pub rpcs_wasted: u64,
-    /// Why first probes answered `Pending`.
-    pub first_pending: FirstPending,
-    /// Blocks in the external store at the end.
-    pub store_blocks: u64,
-}
-
-/// Why first probes answered `Pending` (each eligible request's first probe at most
-/// once). In sync mode these are the probes that blocked.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct FirstPending {
-    /// Not prefetched (a mode without prefetch, every slot taken, backlog full): the
-    /// probe started the lookup.
-    pub not_prefetched: u64,
-    /// Prefetched, but its lookup was still queued or on the wire: the probe came
-    /// sooner after arrival than the lookup took.
-    pub on_the_wire: u64,
-    /// Of `on_the_wire`: the engine had nothing running and no step in flight, so it
-    /// scheduled at once on arrival.
-    pub on_the_wire_idle: u64,
-    /// Prefetched and answered, but older than `lookup_prefetch_ttl_s` by the first
-    /// probe: looked up again (rule 6).
-    pub expired: u64,
-}
+use crate::simulate::trace::{TRACE_BLOCK_TOKENS, TraceError, TraceRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -72,15 +23,20 @@ pub(super) enum Phase {
     Waiting,
     Loading { done_at: u64, tokens: u32 },
     Running,
-    Finished,
 }
 
+/// A live request. About 200 bytes plus 16 bytes per full 512-token block (its ids
+/// and their hashes) and 8 per block it holds on the GPU.
 #[derive(Debug)]
 pub(super) struct Req {
+    /// 0-based position in the trace: its `RequestId`.
+    pub(super) seq: u64,
+    pub(super) engine: u32,
     pub(super) core: Request,
     pub(super) hashes: Vec<u64>,
     pub(super) arrival: u64,
     pub(super) input: u32,
+    pub(super) output: u32,
     /// Positions to compute in all: prompt + outputs − 1.
     pub(super) target: u32,
     /// Prompt to (re)compute: the input, plus outputs already produced after a preemption.
@@ -99,12 +55,101 @@ pub(super) struct Req {
     pub(super) prefetched: bool,
     pub(super) probed: bool,
     pub(super) first_scheduled: Option<u64>,
+    /// First probe.
+    pub(super) first_probe: Option<u64>,
+    /// The probe answered `Ready` (after any wait).
+    pub(super) ready_at: Option<u64>,
+    /// Its load of external tokens ended.
+    pub(super) load_done: Option<u64>,
+    /// Its first tokens were scheduled for compute.
+    pub(super) first_compute: Option<u64>,
     pub(super) ttft: Option<u64>,
+    pub(super) breakdown: Breakdown,
+    pub(super) local_hit_tokens: u32,
+    pub(super) external_hit_tokens: u32,
+    pub(super) preemptions: u32,
 }
 
+impl Req {
+    fn new(seq: u64, engine: u32, tr: TraceRequest, arrival: u64) -> Self {
+        let hashes = tr.hash_ids[..tr.full_blocks()].to_vec();
+        Self {
+            seq,
+            engine,
+            core: Request {
+                request_id: RequestId(seq),
+                num_tokens: tr.input_length,
+                block_hashes: BlockHashes::from_u64s(&hashes),
+                skip_reading_external_kv: false,
+            },
+            hashes,
+            arrival,
+            input: tr.input_length,
+            output: tr.output_length,
+            target: tr.input_length + tr.output_length - 1,
+            prefill_len: tr.input_length,
+            num_computed: 0,
+            outputs: 0,
+            epoch: 0,
+            phase: Phase::NotArrived,
+            held_hashed: Vec::new(),
+            held_anonymous: 0,
+            prefetch_rpc: None,
+            prefetched: false,
+            probed: false,
+            first_scheduled: None,
+            first_probe: None,
+            ready_at: None,
+            load_done: None,
+            first_compute: None,
+            ttft: None,
+            breakdown: Breakdown::default(),
+            local_hit_tokens: 0,
+            external_hit_tokens: 0,
+            preemptions: 0,
+        }
+    }
+
+    /// The first token is out at `now`: TTFT and where it went.
+    pub(super) fn first_token(&mut self, now: u64) {
+        let ttft = now - self.arrival;
+        self.ttft = Some(ttft);
+        let probe = self.first_probe.unwrap_or(self.arrival);
+        let ready = self.ready_at.unwrap_or(probe);
+        let loaded = self.load_done.unwrap_or(ready).max(ready);
+        let compute = self.first_compute.unwrap_or(loaded).max(loaded);
+        self.breakdown = Breakdown {
+            queue_ns: (probe - self.arrival) + (compute - loaded),
+            lookup_wait_ns: ready - probe,
+            load_ns: loaded - ready,
+            prefill_ns: now - compute,
+        };
+    }
+
+    pub(super) fn record(&self, finished_ns: u64) -> RequestRecord {
+        RequestRecord {
+            seq: self.seq,
+            engine: self.engine,
+            arrival_ns: self.arrival,
+            input_length: self.input,
+            output_length: self.output,
+            ttft_ns: self.ttft.unwrap_or(0),
+            queue_wait_ns: self.first_scheduled.map_or(0, |s| s - self.arrival),
+            breakdown: self.breakdown,
+            external_hit_tokens: self.external_hit_tokens,
+            local_hit_tokens: self.local_hit_tokens,
+            preemptions: self.preemptions,
+            finished_ns,
+        }
+    }
+}
+
+/// One request's part of a step.
 #[derive(Debug)]
 pub(super) struct Entry {
     pub(super) req: usize,
+    /// The request's `seq`: its slot may hold another request by the step's output.
+    pub(super) seq: u64,
     pub(super) epoch: u32,
     /// Positions computed before this step.
     pub(super) before: u32,
@@ -121,130 +166,198 @@ pub(super) fn blocks_for(tokens: u32) -> u64 {
     u64::from(tokens.div_ceil(TRACE_BLOCK_TOKENS))
 }
 
-/// What the engines share: the trace, the requests' states, the external store.
+/// The live requests, in reusable slots (an engine's queues hold slot numbers).
+#[derive(Debug, Default)]
+pub(super) struct Slab {
+    slots: Vec<Option<Req>>,
+    free: Vec<usize>,
+    live: usize,
+}
+
+impl Slab {
+    fn insert(&mut self, r: Req) -> usize {
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(r);
+                i
+            }
+            None => {
+                self.slots.push(Some(r));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, i: usize) -> Option<Req> {
+        let r = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        self.live -= 1;
+        Some(r)
+    }
+
+    /// The request in slot `i`, if it is still request `seq`.
+    pub(super) fn get_mut(&mut self, i: usize, seq: u64) -> Option<&mut Req> {
+        self.slots.get_mut(i)?.as_mut().filter(|r| r.seq == seq)
+    }
+
+    /// Requests live at once, at most (the slots ever used).
+    pub(super) fn peak(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+impl Index<usize> for Slab {
+    type Output = Req;
+
+    fn index(&self, i: usize) -> &Req {
+        self.slots[i].as_ref().expect("a live request's slot")
+    }
+}
+
+impl IndexMut<usize> for Slab {
+    fn index_mut(&mut self, i: usize) -> &mut Req {
+        self.slots[i].as_mut().expect("a live request's slot")
+    }
+}
+
+/// The trace, read one request ahead: checked, stamped with its arrival and engine.
+pub(super) struct Feed<'a> {
+    iter: Box<dyn Iterator<Item = Result<TraceRequest, TraceError>> + 'a>,
+    next: Option<(TraceRequest, u64)>,
+    seq: u64,
+    done: bool,
+}
+
+impl<'a> Feed<'a> {
+    pub(super) fn new(
+        iter: Box<dyn Iterator<Item = Result<TraceRequest, TraceError>> + 'a>,
+    ) -> Self {
+        Self {
+            iter,
+            next: None,
+            seq: 0,
+            done: false,
+        }
+    }
+
+    /// The arrival of the next request not handed out yet (ns), reading it if needed;
+    /// `None` at the end of the trace.
+    ///
+    /// # Errors
+    /// A bad trace line; a request that cannot fit a GPU's KV cache even alone, or
+    /// arrives later than 10^18 ns (naming its 1-based position).
+    pub(super) fn peek(&mut self, p: &SimParams) -> anyhow::Result<Option<u64>> {
+        if self.next.is_none() && !self.done {
+            match self.iter.next() {
+                None => self.done = true,
+                Some(r) => {
+                    let r = r?;
+                    let arrival = check(&r, self.seq, p)?;
+                    self.next = Some((r, arrival));
+                }
+            }
+        }
+        Ok(self.next.as_ref().map(|(_, a)| *a))
+    }
+
+    /// Takes the request [`peek`](Self::peek) read.
+    fn take(&mut self) -> Option<(u64, TraceRequest, u64)> {
+        let (r, arrival) = self.next.take()?;
+        let seq = self.seq;
+        self.seq += 1;
+        Some((seq, r, arrival))
+    }
+}
+
+/// Checks request number `seq` (0-based) and returns its arrival (ns).
+fn check(r: &TraceRequest, seq: u64, p: &SimParams) -> anyhow::Result<u64> {
+    let e = &p.engine;
+    let positions = u64::from(r.input_length) + u64::from(r.output_length) - 1;
+    let need = positions.div_ceil(u64::from(TRACE_BLOCK_TOKENS));
+    if need > e.gpu_kv_blocks || positions > u64::from(u32::MAX) {
+        bail!(
+            "request {} ({} input + {} output tokens) needs {need} KV blocks of {TRACE_BLOCK_TOKENS} tokens; \
+             a GPU has {} (--gpu-kv-blocks)",
+            seq + 1,
+            r.input_length,
+            r.output_length,
+            e.gpu_kv_blocks
+        );
+    }
+    // Virtual time is u64 nanoseconds: keep arrivals far from overflowing it.
+    let at = r.timestamp as f64 * 1e6 / p.rate_scale;
+    if at > 1e18 {
+        bail!(
+            "request {} arrives at {} ms, beyond what the simulator's clock holds at rate scale {}",
+            seq + 1,
+            r.timestamp,
+            p.rate_scale
+        );
+    }
+    Ok(at.round() as u64)
+}
+
+/// A stable 64-bit mix (SplitMix64's finaliser) for prefix routing and seeds.
+pub(super) fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The engine request `seq` goes to.
+fn route(seq: u64, r: &TraceRequest, engines: u32, router: Router) -> u32 {
+    match (router, r.hash_ids.get(1)) {
+        (Router::Prefix, Some(&id)) => (mix(id) % u64::from(engines)) as u32,
+        _ => (seq % u64::from(engines)) as u32,
+    }
+}
+
+/// What the engines share: the trace being read, the live requests, the external
+/// store, and the run's figures so far.
 pub(super) struct World<'a> {
     pub(super) p: &'a SimParams,
     pub(super) mode: Mode,
-    pub(super) arrival_ns: Vec<u64>,
-    pub(super) reqs: Vec<Req>,
+    pub(super) feed: Feed<'a>,
+    pub(super) reqs: Slab,
     pub(super) store: ExternalStore,
+    pub(super) result: ModeResult,
+    pub(super) on_finished: &'a dyn Fn(&RequestRecord),
 }
 
 impl<'a> World<'a> {
-    pub(super) fn new(trace: &'a [TraceRequest], mode: Mode, p: &'a SimParams) -> Self {
-        let arrival_ns: Vec<u64> = trace
-            .iter()
-            .map(|r| (r.timestamp as f64 * 1e6 / p.rate_scale).round() as u64)
-            .collect();
-        let reqs = trace
-            .iter()
-            .enumerate()
-            .map(|(i, tr)| {
-                let hashes = tr.hash_ids[..tr.full_blocks()].to_vec();
-                Req {
-                    core: Request {
-                        request_id: RequestId(i as u64),
-                        num_tokens: tr.input_length,
-                        block_hashes: BlockHashes::from_u64s(&hashes),
-                        skip_reading_external_kv: false,
-                    },
-                    hashes,
-                    arrival: arrival_ns[i],
-                    input: tr.input_length,
-                    target: tr.input_length + tr.output_length - 1,
-                    prefill_len: tr.input_length,
-                    num_computed: 0,
-                    outputs: 0,
-                    epoch: 0,
-                    phase: Phase::NotArrived,
-                    held_hashed: Vec::new(),
-                    held_anonymous: 0,
-                    prefetch_rpc: None,
-                    prefetched: false,
-                    probed: false,
-                    first_scheduled: None,
-                    ttft: None,
-                }
-            })
-            .collect();
+    pub(super) fn new(
+        feed: Feed<'a>,
+        mode: Mode,
+        p: &'a SimParams,
+        on_finished: &'a dyn Fn(&RequestRecord),
+    ) -> Self {
         Self {
             p,
             mode,
-            arrival_ns,
-            reqs,
+            feed,
+            reqs: Slab::default(),
             store: ExternalStore::new(p.store.capacity_blocks),
+            result: ModeResult::new(mode, p.engine.engines),
+            on_finished,
         }
     }
 
-    pub(super) fn result(self, mode: Mode, engines: &[Engine]) -> ModeResult {
-        let mut stats = Stats::default();
-        let mut r = ModeResult {
-            mode,
-            engines: engines.len() as u32,
-            ttft_ns: self.reqs.iter().map(|r| r.ttft.unwrap_or(0)).collect(),
-            queue_wait_ns: self
-                .reqs
-                .iter()
-                .map(|r| r.first_scheduled.map_or(0, |s| s - r.arrival))
-                .collect(),
-            blocked_ns: 0,
-            gpu_busy_ns: 0,
-            makespan_ns: 0,
-            steps: 0,
-            deferred: 0,
-            preemptions: 0,
-            local_hit_tokens: 0,
-            external_hit_tokens: 0,
-            stats: Stats::default(),
-            rpcs_wasted: 0,
-            first_pending: FirstPending::default(),
-            store_blocks: self.store.len() as u64,
-        };
-        for e in engines {
-            r.blocked_ns += e.blocked_ns;
-            r.gpu_busy_ns += e.gpu_busy_ns;
-            r.makespan_ns = r.makespan_ns.max(e.makespan_ns);
-            r.steps += e.steps;
-            r.deferred += e.deferred;
-            r.preemptions += e.preemptions;
-            r.local_hit_tokens += e.local_hit_tokens;
-            r.external_hit_tokens += e.external_hit_tokens;
-            r.rpcs_wasted += e.conn.counts().rpcs_wasted;
-            r.first_pending.expired += e.first_pending.expired;
-            r.first_pending.on_the_wire += e.first_pending.on_the_wire;
-            r.first_pending.on_the_wire_idle += e.first_pending.on_the_wire_idle;
-            r.first_pending.not_prefetched += e.first_pending.not_prefetched;
-            add_stats(&mut stats, e.conn.stats());
-        }
-        r.stats = stats;
-        r
+    /// Hands the request read ahead to its engine: returns (engine, slot).
+    pub(super) fn admit_next(&mut self) -> Option<(usize, usize)> {
+        let (seq, r, arrival) = self.feed.take()?;
+        let engine = route(seq, &r, self.p.engine.engines, self.p.engine.router);
+        let slot = self.reqs.insert(Req::new(seq, engine, r, arrival));
+        Some((engine as usize, slot))
     }
-}
 
-/// Field-wise sum of the core's counters.
-fn add_stats(to: &mut Stats, s: &Stats) {
-    to.lookups_arrival += s.lookups_arrival;
-    to.lookups_probe += s.lookups_probe;
-    to.prefetch_ineligible += s.prefetch_ineligible;
-    to.prefetch_cap_full += s.prefetch_cap_full;
-    to.prefetch_backlog_full += s.prefetch_backlog_full;
-    to.rpcs_created += s.rpcs_created;
-    to.rpcs_sent += s.rpcs_sent;
-    to.rpcs_shared += s.rpcs_shared;
-    to.rpcs_cancelled += s.rpcs_cancelled;
-    to.replies_stale += s.replies_stale;
-    to.replies_unknown += s.replies_unknown;
-    to.hits += s.hits;
-    to.misses += s.misses;
-    to.failed_timed_out += s.failed_timed_out;
-    to.failed_malformed += s.failed_malformed;
-    to.failed_transport += s.failed_transport;
-    to.ttl_refreshes += s.ttl_refreshes;
-    to.chain_refreshes += s.chain_refreshes;
-    to.promotions += s.promotions;
-    to.probes_pending += s.probes_pending;
-    to.probes_ready += s.probes_ready;
-    to.first_probes_ready += s.first_probes_ready;
-    to.first_probes_pending += s.first_probes_pending;
-    to.resets += s.resets;
+    /// Request `slot` finished at `now`: its figures go into the run's, and it is
+    /// dropped.
+    pub(super) fn finish(&mut self, slot: usize, now: u64) {
+        if let Some(r) = self.reqs.remove(slot) {
+            let record = r.record(now);
+            self.result.finished(&record);
+            (self.on_finished)(&record);
+        }
+    }
 }
