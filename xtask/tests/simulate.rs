@@ -1,7 +1,6 @@
-//! Tests of `cargo xtask simulate`: the trace parser, the engine model on tiny traces
-//! whose TTFTs are computed by hand, and determinism.
+//! Tests of `cargo xtask simulate`: the engine model on tiny traces whose TTFTs and
+//! lookup costs are computed by hand, determinism, stability, sweeps and flags.
 
-use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 
 use clap::Parser;
@@ -12,7 +11,7 @@ use xtask::simulate::engine::{
 };
 use xtask::simulate::mode::{LookupParams, Mode};
 use xtask::simulate::server::ServerParams;
-use xtask::simulate::trace::{TraceError, TraceRequest, TraceSource, parse_jsonl};
+use xtask::simulate::trace::{TraceRequest, TraceSource};
 use xtask::simulate::{Args, generator, report, run_modes};
 
 fn req(timestamp: u64, input_length: u32, output_length: u32, hash_ids: &[u64]) -> TraceRequest {
@@ -22,90 +21,6 @@ fn req(timestamp: u64, input_length: u32, output_length: u32, hash_ids: &[u64]) 
         output_length,
         hash_ids: hash_ids.to_vec(),
     }
-}
-
-#[test]
-fn parser_reads_good_lines_skips_blank_ones_and_ignores_unknown_fields() {
-    let text = concat!(
-        "{\"timestamp\": 0, \"input_length\": 6758, \"output_length\": 500, \"hash_ids\": [0, 1]}\n",
-        "\n",
-        "{\"timestamp\": 3000, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [0, 2], \"extra\": 7}\n",
-        "{\"timestamp\": 3000, \"input_length\": 1, \"output_length\": 2, \"hash_ids\": []}\n",
-    );
-    let got = parse_jsonl(Cursor::new(text)).unwrap();
-    assert_eq!(
-        got,
-        vec![
-            req(0, 6758, 500, &[0, 1]),
-            req(3000, 600, 1, &[0, 2]),
-            req(3000, 1, 2, &[]),
-        ]
-    );
-    // Only full 512-token blocks are cacheable: 6758 tokens have 13, but 2 ids.
-    assert_eq!(got[0].full_blocks(), 2);
-    assert_eq!(got[1].full_blocks(), 1);
-    assert_eq!(got[2].full_blocks(), 0);
-}
-
-fn bad(text: &str) -> (usize, String) {
-    match parse_jsonl(Cursor::new(text)).unwrap_err() {
-        TraceError::Json { line, why, .. } | TraceError::Invalid { line, why } => (line, why),
-        other => panic!("unexpected error {other}"),
-    }
-}
-
-#[test]
-fn parser_names_the_bad_line() {
-    let good =
-        "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [0, 2]}\n";
-    // Not JSON at all, on line 3 (after a good line and a blank one).
-    let (line, why) = bad(&format!("{good}\nnot json\n"));
-    assert_eq!((line, why.as_str()), (3, "expected ident"));
-    // A truncated record: the error names the line and the column.
-    let err = parse_jsonl(Cursor::new(format!(
-        "{good}{{\"timestamp\": 1, \"input_length\": 600\n"
-    )))
-    .unwrap_err()
-    .to_string();
-    assert_eq!(
-        err,
-        "line 2, column 36: not a trace record (EOF while parsing an object)"
-    );
-    // A missing field.
-    let (line, why) = bad(&format!(
-        "{good}{{\"timestamp\": 5, \"input_length\": 600, \"hash_ids\": []}}\n"
-    ));
-    assert_eq!(line, 2);
-    assert!(why.contains("output_length"), "{why}");
-    // A field of the wrong type.
-    let (line, _) =
-        bad("{\"timestamp\": -1, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": []}");
-    assert_eq!(line, 1);
-    // Nonsense values.
-    let (line, why) = bad(&format!(
-        "{good}{good}{{\"timestamp\": 9, \"input_length\": 0, \"output_length\": 1, \"hash_ids\": []}}\n"
-    ));
-    assert_eq!((line, why.as_str()), (3, "input_length is 0"));
-    let (line, why) =
-        bad("{\"timestamp\": 9, \"input_length\": 5, \"output_length\": 0, \"hash_ids\": []}");
-    assert_eq!((line, why.as_str()), (1, "output_length is 0"));
-    let (line, why) = bad(
-        "{\"timestamp\": 9, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2, 3]}",
-    );
-    assert_eq!(
-        (line, why.as_str()),
-        (
-            1,
-            "3 hash_ids for 600 input tokens (at most 2 blocks of 512)"
-        )
-    );
-    let (line, why) = bad(&format!(
-        "{good}{{\"timestamp\": 4, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": []}}\n"
-    ));
-    assert_eq!(
-        (line, why.as_str()),
-        (2, "timestamp 4 is before the previous request's 5")
-    );
 }
 
 /// Round numbers: a step costs 10 ms + 10 µs per prefill token, nothing else; the

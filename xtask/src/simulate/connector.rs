@@ -39,7 +39,9 @@ pub(crate) struct Connector {
     replies: BinaryHeap<Reverse<(u64, RpcId, u32)>>,
     /// Prefetches found useless at their request's first probe, still open.
     useless: HashSet<RpcId>,
-    /// Lookup RPCs that ended with at least one live asker.
+    /// Prefetch RPCs whose request has not been probed yet.
+    unprobed: HashSet<RpcId>,
+    /// Of `unprobed`, those that ended with at least one live asker.
     answered: HashSet<RpcId>,
     counts: ConnectorCounts,
     /// Latencies and keys of the lookups.
@@ -60,6 +62,7 @@ impl Connector {
             base: Instant::now(),
             replies: BinaryHeap::new(),
             useless: HashSet::new(),
+            unprobed: HashSet::new(),
             answered: HashSet::new(),
             counts: ConnectorCounts::default(),
             figures: LookupFigures::default(),
@@ -96,7 +99,11 @@ impl Connector {
         store: &ExternalStore,
     ) -> Option<RpcId> {
         self.lookups.on_new_request(req, self.at(now));
-        self.pump(now, store)
+        let created = self.pump(now, store);
+        if let Some(rpc) = created {
+            self.unprobed.insert(rpc);
+        }
+        created
     }
 
     /// The scheduler reached `req` in the waiting queue with a local hit of
@@ -165,12 +172,17 @@ impl Connector {
         (Probe::Pending, deadline.max(now))
     }
 
-    /// Marks a request's own prefetch RPC as useless (its local hit reached the cap).
-    pub(crate) fn prefetch_useless(&mut self, rpc_id: RpcId) {
-        if self.answered.remove(&rpc_id) {
-            self.counts.rpcs_wasted += 1;
-        } else {
-            self.useless.insert(rpc_id);
+    /// The request whose own prefetch is `rpc_id` is probed for the first time;
+    /// `useless` when its local hit already reaches the cap (the answer is of no use).
+    pub(crate) fn prefetch_probed(&mut self, rpc_id: RpcId, useless: bool) {
+        self.unprobed.remove(&rpc_id);
+        let answered = self.answered.remove(&rpc_id);
+        if useless {
+            if answered {
+                self.counts.rpcs_wasted += 1;
+            } else {
+                self.useless.insert(rpc_id);
+            }
         }
     }
 
@@ -289,7 +301,7 @@ impl Connector {
                 }
                 if self.useless.remove(&rpc_id) || requests == 0 {
                     self.counts.rpcs_wasted += 1;
-                } else {
+                } else if self.unprobed.contains(&rpc_id) {
                     self.answered.insert(rpc_id);
                 }
             }

@@ -155,11 +155,9 @@ impl Engine {
                     let first_probe = !r.probed;
                     r.probed = true;
                     r.first_probe.get_or_insert(now);
-                    if first_probe
-                        && let Some(rpc) = r.prefetch_rpc
-                        && local_tokens >= cap_blocks as u32 * TRACE_BLOCK_TOKENS
-                    {
-                        self.conn.prefetch_useless(rpc);
+                    if first_probe && let Some(rpc) = r.prefetch_rpc {
+                        let useless = local_tokens >= cap_blocks as u32 * TRACE_BLOCK_TOKENS;
+                        self.conn.prefetch_probed(rpc, useless);
                     }
                     let refreshes = self.conn.stats().ttl_refreshes;
                     let mut answer =
