@@ -29,6 +29,9 @@ enum Task {
     /// real Mooncake master, our lookup-server (in-memory and Mooncake-backed) and a
     /// Python server that builds keys like vLLM's worker; write a calibration file.
     Calibrate(Box<xtask::calibrate::Args>),
+    /// Run `replay` and `simulate` on the same trace slice with comparable settings and
+    /// print them side by side, with the agreement targets.
+    Fidelity(Box<xtask::fidelity::Args>),
     /// Install the real test peers (Mooncake master, pyzmq) and run every test.
     Test(xtask::test::Args),
 }
@@ -39,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => xtask::bench::run(&args),
         Task::Replay(args) => xtask::replay::run(&args),
         Task::Calibrate(args) => xtask::calibrate::run(&args),
+        Task::Fidelity(args) => xtask::fidelity::run(&args),
         Task::Test(args) => xtask::test::run_tests(&args),
     }
 }

@@ -41,6 +41,9 @@ fn tiny_params(engines: u32) -> SimParams {
             scheduler_s: 0.0,
             arrivals: ArrivalHandling::WhileWaiting,
             on_pending: PendingPolicy::Skip,
+            batch_queue: 2,
+            max_output_tokens: None,
+            local_prefix_cache: true,
         },
         store: StoreParams {
             capacity_blocks: 100,

@@ -39,7 +39,7 @@ use lookup_core::{Event, LookupOutcome, Probe};
 use lookup_tokio::{ClientStats, LookupClient};
 
 use super::model::Entry;
-pub use super::model::{BlockSink, EngineModel, EngineResult, Outcomes, Prepared};
+pub use super::model::{BlockSink, EngineModel, EngineResult, Outcomes, Prepared, block_id};
 use crate::simulate::budget::{RecentLatency, WaitBudget};
 use crate::simulate::mode::Mode;
 

@@ -91,10 +91,11 @@ impl EngineModel {
 /// One request as the engines see it.
 #[derive(Debug)]
 pub struct Prepared {
-    /// What the lookup is asked about (`num_tokens` = the prompt, the hashes of its
-    /// full blocks).
+    /// What the lookup is asked about (`num_tokens` = the prompt, one hash per full
+    /// vLLM block of it, [`block_id`]).
     pub core: Request,
-    /// The trace's block ids of the full blocks.
+    /// The vLLM blocks written when its prefill ends: those of its full 512-token
+    /// trace blocks.
     pub block_ids: Vec<u64>,
     /// When it arrives.
     pub arrival: Instant,
@@ -102,28 +103,52 @@ pub struct Prepared {
     pub outputs: u32,
 }
 
+/// The id of vLLM block `j` (of `block_size` tokens) of request number `seq`: within
+/// a full 512-token trace block of id `h`, `h × 512 + j mod (512 / block_size)`, so
+/// requests sharing the trace block share its vLLM blocks; within the prompt's partial
+/// trace block, an id of the request's own (`2^62 + seq × 2^18 + j`): the trace says
+/// nothing about who shares a partial block, and the simulator counts those keys as
+/// absent too.
+#[must_use]
+pub fn block_id(r: &TraceRequest, seq: u64, j: usize, block_size: u32) -> u64 {
+    let per = (TRACE_BLOCK_TOKENS / block_size.max(1)).max(1) as usize;
+    let t = j / per;
+    if t < r.full_blocks() {
+        r.hash_ids[t] * u64::from(TRACE_BLOCK_TOKENS) + (j % per) as u64
+    } else {
+        (1 << 62) + (seq << 18) + j as u64
+    }
+}
+
 impl Prepared {
     /// The trace's requests, arriving from `t0` with arrivals compressed `rate_scale`
-    /// times, outputs capped at `max_output_tokens`.
+    /// times, outputs capped at `max_output_tokens`, hashed per vLLM block of
+    /// `block_size` tokens (a divisor of 512).
     #[must_use]
     pub fn from_trace(
         trace: &[TraceRequest],
         t0: Instant,
         rate_scale: f64,
         max_output_tokens: u32,
+        block_size: u32,
     ) -> Vec<Self> {
         let first = trace.first().map_or(0, |r| r.timestamp);
+        let per = (TRACE_BLOCK_TOKENS / block_size.max(1)).max(1) as usize;
         trace
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let block_ids = r.hash_ids[..r.full_blocks()].to_vec();
+                let blocks = (r.input_length / block_size.max(1)) as usize;
+                let all: Vec<u64> = (0..blocks)
+                    .map(|j| block_id(r, i as u64, j, block_size))
+                    .collect();
+                let block_ids = all[..(r.full_blocks() * per).min(blocks)].to_vec();
                 let offset = (r.timestamp - first) as f64 / 1e3 / rate_scale;
                 Self {
                     core: Request {
                         request_id: RequestId(i as u64),
                         num_tokens: r.input_length,
-                        block_hashes: BlockHashes::from_u64s(&block_ids),
+                        block_hashes: BlockHashes::from_u64s(&all),
                         skip_reading_external_kv: false,
                     },
                     block_ids,
@@ -268,12 +293,27 @@ mod tests {
             },
         ];
         let t0 = Instant::now();
-        let reqs = Prepared::from_trace(&trace, t0, 2.0, 4);
+        let reqs = Prepared::from_trace(&trace, t0, 2.0, 4, 512);
         assert_eq!(reqs[0].arrival, t0);
         assert_eq!(reqs[1].arrival, t0 + Duration::from_secs(1));
-        assert_eq!(reqs[0].block_ids, [7, 8]);
-        assert_eq!(reqs[0].core.block_hashes, BlockHashes::from_u64s(&[7, 8]));
+        assert_eq!(reqs[0].block_ids, [7 * 512, 8 * 512]);
+        assert_eq!(
+            reqs[0].core.block_hashes,
+            BlockHashes::from_u64s(&[7 * 512, 8 * 512])
+        );
         assert_eq!(reqs[0].core.num_tokens, 1100);
+        // Block size 256: two vLLM blocks per trace block, and the partial third
+        // trace block (76 tokens) has none; at 16, 68 blocks, the last 4 of the
+        // request's own, never written.
+        let reqs = Prepared::from_trace(&trace, t0, 2.0, 4, 256);
+        let ids = [7 * 512, 7 * 512 + 1, 8 * 512, 8 * 512 + 1];
+        assert_eq!(reqs[0].block_ids, ids);
+        assert_eq!(reqs[0].core.block_hashes, BlockHashes::from_u64s(&ids));
+        let reqs = Prepared::from_trace(&trace, t0, 2.0, 4, 16);
+        assert_eq!(reqs[0].core.block_hashes.len(), 68);
+        assert_eq!(reqs[0].block_ids.len(), 64);
+        assert_eq!(block_id(&trace[0], 0, 64, 16), (1 << 62) + 64);
+        assert_eq!(block_id(&trace[1], 1, 31, 16), 7 * 512 + 31);
         assert_eq!((reqs[0].outputs, reqs[1].outputs), (4, 1));
         assert_eq!(reqs[1].core.request_id, RequestId(1));
     }

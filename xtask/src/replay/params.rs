@@ -64,6 +64,10 @@ pub struct Args {
     /// Rank namespaces (tensor-parallel ranks) per block: keys written and asked.
     #[arg(long, default_value_t = 1)]
     pub tp_size: u32,
+    /// vLLM block size (tokens per hash and store key); must divide 512, the trace's
+    /// block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
     /// Lookup RPCs each client keeps on the wire at once (`max_in_flight`; 1 is
     /// vLLM's REQ socket).
     #[arg(long, default_value_t = 1)]
@@ -142,6 +146,8 @@ pub struct ReplayParams {
     pub engines: u32,
     /// Rank namespaces per block.
     pub tp_size: u32,
+    /// vLLM block size (tokens per hash and store key), a divisor of 512.
+    pub block_size: u32,
     /// `max_in_flight` of each client.
     pub max_in_flight: u32,
     /// The simulator's lookup settings (prefetch limit, TTL, timeout, wait budget).
@@ -164,6 +170,7 @@ impl Default for ReplayParams {
             rate_scale: 4.0,
             engines: 8,
             tp_size: 1,
+            block_size: 16,
             max_in_flight: 1,
             lookup: LookupParams::default(),
             engine: EngineModel::default(),
@@ -215,6 +222,7 @@ impl Args {
             rate_scale: self.rate_scale,
             engines: self.engines,
             tp_size: self.tp_size,
+            block_size: self.block_size,
             max_in_flight: self.max_in_flight,
             lookup: LookupParams {
                 prefetch_limit: self.prefetch_limit,
@@ -257,6 +265,12 @@ impl ReplayParams {
             );
         }
         self.lookup.wait_budget.validate()?;
+        if self.block_size == 0 || 512 % self.block_size != 0 {
+            bail!(
+                "--block-size must divide the trace's 512-token block, got {}",
+                self.block_size
+            );
+        }
         if self.modes.is_empty() {
             bail!("--modes names no mode");
         }

@@ -19,7 +19,7 @@ use super::peers::{self, Master, Writer};
 use super::report::{RunSummary, summarise};
 use super::{MasterSource, ReplayParams, ReplayReport, Transport};
 use crate::simulate::mode::Mode;
-use crate::simulate::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
+use crate::simulate::trace::TraceRequest;
 
 /// Replays `trace` once per mode and transport (modes outer, transports inner).
 ///
@@ -99,13 +99,13 @@ async fn run_one(
             let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
             let bound = LookupServer::bind(
                 &endpoint,
-                ServerConfig::new(TRACE_BLOCK_TOKENS, layout.clone()),
+                ServerConfig::new(params.block_size, layout.clone()),
                 mooncake.clone(),
             )
             .context("binding the lookup server")?;
             for _ in 0..params.engines {
                 let mut config =
-                    ClientConfig::new(bound.local_endpoint().clone(), TRACE_BLOCK_TOKENS);
+                    ClientConfig::new(bound.local_endpoint().clone(), params.block_size);
                 config.core = core.clone();
                 configs.push(config);
             }
@@ -115,7 +115,7 @@ async fn run_one(
         Transport::Direct => {
             for _ in 0..params.engines {
                 let direct = DirectConfig::new(master.addr.clone(), layout.clone());
-                let mut config = ClientConfig::direct(direct, TRACE_BLOCK_TOKENS);
+                let mut config = ClientConfig::direct(direct, params.block_size);
                 config.core = core.clone();
                 configs.push(config);
             }
@@ -138,6 +138,7 @@ async fn run_one(
         t0,
         params.rate_scale,
         params.engine.max_output_tokens,
+        params.block_size,
     );
     let sink = BlockSink {
         tx: writer.sender().context("the writer's queue")?,

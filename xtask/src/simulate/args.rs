@@ -177,6 +177,17 @@ pub struct Args {
     /// queue (vLLM V1), or wait, scheduling nobody behind it (strict FCFS).
     #[arg(long, value_enum, default_value_t = PendingPolicy::Skip)]
     pub on_pending: PendingPolicy,
+    /// Steps scheduled ahead: 2 = vLLM's async scheduling, 1 = schedule after each
+    /// step's output (as `cargo xtask replay`'s engine).
+    #[arg(long, default_value_t = EngineParams::default().batch_queue)]
+    pub batch_queue: u32,
+    /// Output tokens per request at most (the trace's `output_length` capped).
+    #[arg(long, value_name = "N")]
+    pub max_output_tokens: Option<u32>,
+    /// Turn the GPU's prefix cache off: every prefix comes from the external store (as
+    /// in `cargo xtask replay`).
+    #[arg(long)]
+    pub no_local_prefix_cache: bool,
 
     /// External store capacity in 512-token blocks.
     #[arg(long, default_value_t = StoreParams::default().capacity_blocks)]
@@ -268,6 +279,9 @@ impl Args {
                 scheduler_s: self.scheduler_ms / 1e3,
                 arrivals: self.arrivals,
                 on_pending: self.on_pending,
+                batch_queue: self.batch_queue,
+                max_output_tokens: self.max_output_tokens,
+                local_prefix_cache: !self.no_local_prefix_cache,
             },
             store: StoreParams {
                 capacity_blocks: self.store_blocks,

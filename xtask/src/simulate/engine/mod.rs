@@ -95,7 +95,7 @@ where
         let server =
             LookupServer::new(params.server.clone(), mix(params.seed ^ mix(u64::from(id))));
         let conn = Connector::new(config, server).context("lookup configuration")?;
-        engines.push(Engine::new(conn, e.gpu_kv_blocks));
+        engines.push(Engine::new(conn, e.gpu_kv_blocks, e.local_prefix_cache));
     }
     let feed = Feed::new(Box::new(trace.into_iter()));
     let mut world = World::new(feed, mode, params, on_finished);

@@ -93,6 +93,17 @@ pub struct EngineParams {
     pub arrivals: ArrivalHandling,
     /// What a `Pending` probe does to the waiting loop.
     pub on_pending: PendingPolicy,
+    /// Steps scheduled ahead: 2 is vLLM's async scheduling (step n+1 is scheduled
+    /// while step n runs), 1 schedules after each step's output (as `cargo xtask
+    /// replay`'s engine does). Default 2.
+    pub batch_queue: u32,
+    /// Output tokens per request at most (the trace's `output_length` capped);
+    /// `None` keeps the trace's. Default `None`.
+    pub max_output_tokens: Option<u32>,
+    /// The GPU's prefix cache: off, no request reuses another's blocks on the GPU
+    /// (every prefix comes from the external store, as in `cargo xtask replay`).
+    /// Default on.
+    pub local_prefix_cache: bool,
 }
 
 impl Default for EngineParams {
@@ -111,6 +122,9 @@ impl Default for EngineParams {
             scheduler_s: 0.002,
             arrivals: ArrivalHandling::WhileWaiting,
             on_pending: PendingPolicy::Skip,
+            batch_queue: 2,
+            max_output_tokens: None,
+            local_prefix_cache: true,
         }
     }
 }
@@ -210,6 +224,12 @@ impl SimParams {
         }
         if e.max_num_batched_tokens == 0 || e.max_num_seqs == 0 {
             bail!("--max-num-batched-tokens and --max-num-seqs must be at least 1");
+        }
+        if e.batch_queue == 0 {
+            bail!("--batch-queue must be at least 1");
+        }
+        if e.max_output_tokens == Some(0) {
+            bail!("--max-output-tokens must be at least 1");
         }
         self.server.validate()?;
         self.lookup.wait_budget.validate()

@@ -23,6 +23,8 @@ pub(super) enum State {
 pub(super) struct Engine {
     pub(super) conn: Connector,
     pub(super) local: LocalCache,
+    /// Full prompt blocks join the GPU's prefix cache.
+    pub(super) prefix_cache: bool,
     /// Requests routed here that have not arrived yet (slots, in arrival order).
     pub(super) arrivals: VecDeque<usize>,
     /// Requests routed here that have not finished.
@@ -53,10 +55,11 @@ pub(super) struct Engine {
 }
 
 impl Engine {
-    pub(super) fn new(conn: Connector, gpu_kv_blocks: u64) -> Self {
+    pub(super) fn new(conn: Connector, gpu_kv_blocks: u64, prefix_cache: bool) -> Self {
         Self {
             conn,
             local: LocalCache::new(gpu_kv_blocks),
+            prefix_cache,
             unfinished: 0,
             state: State::Top,
             arrivals: VecDeque::new(),
@@ -164,10 +167,11 @@ impl Engine {
             return Ok(());
         }
         self.conn.advance_to(self.t, &w.store);
-        if self.in_flight.len() < 2 && !(self.running.is_empty() && self.waiting.is_empty()) {
+        let queue = w.p.engine.batch_queue as usize;
+        if self.in_flight.len() < queue && !(self.running.is_empty() && self.waiting.is_empty()) {
             if let Some(step) = self.schedule(w)? {
                 self.launch(step);
-                if self.in_flight.len() < 2 {
+                if self.in_flight.len() < queue {
                     // Async scheduling: prepare the next step while this one runs.
                     return Ok(());
                 }

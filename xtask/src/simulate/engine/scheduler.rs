@@ -27,7 +27,7 @@ impl Engine {
         let ok = self.local.allocate(new);
         debug_assert!(ok, "can_allocate said it fits");
         r.held_anonymous += new;
-        if promote {
+        if promote && self.prefix_cache {
             Self::promote_full(&mut self.local, r, end);
         }
         true
@@ -139,7 +139,9 @@ impl Engine {
                     }
                     Phase::Loading { tokens, .. } => {
                         let r = &mut w.reqs[idx];
-                        Self::promote_full(&mut self.local, r, tokens);
+                        if self.prefix_cache {
+                            Self::promote_full(&mut self.local, r, tokens);
+                        }
                         r.num_computed = tokens;
                         r.phase = Phase::Waiting;
                         computed = tokens;
@@ -149,7 +151,11 @@ impl Engine {
                 if computed == 0 {
                     let r = &mut w.reqs[idx];
                     let cap_blocks = ((r.prefill_len - 1) / TRACE_BLOCK_TOKENS) as usize;
-                    let hit_blocks = self.local.hit_blocks(&r.hashes, cap_blocks);
+                    let hit_blocks = if w.p.engine.local_prefix_cache {
+                        self.local.hit_blocks(&r.hashes, cap_blocks)
+                    } else {
+                        0
+                    };
                     local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
                     hits = r.hashes[..hit_blocks].to_vec();
                     let first_probe = !r.probed;

@@ -71,7 +71,10 @@ pub(super) struct Req {
 }
 
 impl Req {
-    fn new(seq: u64, engine: u32, tr: TraceRequest, arrival: u64) -> Self {
+    fn new(seq: u64, engine: u32, mut tr: TraceRequest, arrival: u64, cap: Option<u32>) -> Self {
+        if let Some(cap) = cap {
+            tr.output_length = tr.output_length.min(cap);
+        }
         let hashes = tr.hash_ids[..tr.full_blocks()].to_vec();
         Self {
             seq,
@@ -347,7 +350,8 @@ impl<'a> World<'a> {
     pub(super) fn admit_next(&mut self) -> Option<(usize, usize)> {
         let (seq, r, arrival) = self.feed.take()?;
         let engine = route(seq, &r, self.p.engine.engines, self.p.engine.router);
-        let slot = self.reqs.insert(Req::new(seq, engine, r, arrival));
+        let cap = self.p.engine.max_output_tokens;
+        let slot = self.reqs.insert(Req::new(seq, engine, r, arrival, cap));
         Some((engine as usize, slot))
     }
 
