@@ -92,10 +92,13 @@ pub struct Args {
     /// Lookup server: time per store call (µs) [default: from the calibration].
     #[arg(long)]
     pub server_per_call_us: Option<f64>,
-    /// Lookup server: time per present key (µs); absent keys cost the calibration's
-    /// absent/present ratio of it unless `--absent-key-us` is given.
-    #[arg(long, alias = "present-key-us")]
+    /// Lookup server: time per present key (µs), absent keys costing the
+    /// calibration's absent/present ratio of it [default: from the calibration].
+    #[arg(long)]
     pub server_per_key_us: Option<f64>,
+    /// Lookup server: time per present key (µs), leaving the absent one.
+    #[arg(long)]
+    pub present_key_us: Option<f64>,
     /// Lookup server: time per absent key (µs) [default: from the calibration].
     #[arg(long)]
     pub absent_key_us: Option<f64>,
@@ -245,6 +248,9 @@ impl Args {
         }
         if let Some(us) = self.server_per_key_us {
             set_per_key(&mut server, us);
+        }
+        if let Some(us) = self.present_key_us {
+            server.present_key_s = us / 1e6;
         }
         if let Some(us) = self.absent_key_us {
             server.absent_key_s = us / 1e6;

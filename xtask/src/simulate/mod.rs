@@ -212,6 +212,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let source = args.source();
     let limit = args.limit;
+    let described = match limit {
+        Some(n) => format!("{} (first {n})", source.describe()),
+        None => source.describe(),
+    };
     if let Some(path) = &args.write_trace {
         let file =
             std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
@@ -225,7 +229,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if !args.sweep.is_empty() {
-        return run_sweep(args, &source, &params, &modes, &cal_name);
+        return run_sweep(args, &source, &described, &params, &modes, &cal_name);
     }
 
     let started = Instant::now();
@@ -363,7 +367,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     if let Some(path) = &args.json {
         let doc = report::Report {
-            trace: source.describe(),
+            trace: described.clone(),
             requests,
             params: &params,
             calibration: cal_name.clone(),
@@ -382,7 +386,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .iter()
             .map(|r| (r.mode, &r.ttft_us))
             .collect();
-        match report::plot::plot_ttft(&curves, &title(&source.describe(), &params), &path) {
+        match report::plot::plot_ttft(&curves, &title(&described, &params), &path) {
             Ok(()) => println!("TTFT CDF and tail plot: {}", path.display()),
             Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
         }
@@ -401,6 +405,7 @@ fn write_json(path: &Path, doc: &impl Serialize) -> anyhow::Result<()> {
 fn run_sweep(
     args: &Args,
     source: &TraceSource,
+    described: &str,
     params: &SimParams,
     modes: &[Mode],
     cal_name: &str,
@@ -439,7 +444,7 @@ fn run_sweep(
         }
     }
     let requests = summaries.first().map_or(0, |s| s.requests);
-    println!("{}", header(&source.describe(), requests, params, cal_name));
+    println!("{}", header(described, requests, params, cal_name));
     println!();
     print!("{}", sweep::table(&cells));
     let unstable = cells.iter().filter(|c| !c.verdict.stable).count();
@@ -468,7 +473,7 @@ fn run_sweep(
             cells: &'a [sweep::Cell],
         }
         let doc = SweepDoc {
-            trace: source.describe(),
+            trace: described.to_owned(),
             requests,
             params,
             calibration: cal_name,
@@ -494,7 +499,7 @@ fn run_sweep(
         let x_labels: Vec<String> = axes[0].values.iter().map(ToString::to_string).collect();
         let t = format!(
             "{} ({} runs per point, bands: min-max)",
-            title(&source.describe(), params),
+            title(described, params),
             repeats
         );
         match report::plot::plot_sweep(&panels, axes[0].param.name(), &x_labels, &t, &path) {

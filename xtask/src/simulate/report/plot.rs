@@ -3,8 +3,8 @@
 //! with min-max bands over the perturbed reruns.
 //!
 //! Curves that coincide stay distinguishable: each mode has its own colour, line
-//! width and dash pattern, and wider lines are drawn first, so a narrow dashed line on
-//! top of a wide solid one shows both.
+//! width and dash pattern, wider lines are drawn first, so a narrow dashed line on top
+//! of a wide solid one shows both, and the two thin ones carry markers.
 
 use std::path::Path;
 
@@ -25,11 +25,34 @@ fn style_of(mode: Mode) -> (RGBColor, u32, u32) {
     }
 }
 
+/// The marker of a mode's line: radius (0: none) and style (hollow for `prefetch+`,
+/// filled for `prefetch+wait`).
+fn marker_of(mode: Mode) -> (i32, ShapeStyle) {
+    let (colour, _, _) = style_of(mode);
+    match mode {
+        Mode::PrefetchPlus => (5, colour.stroke_width(1)),
+        Mode::PrefetchWait => (3, colour.filled()),
+        _ => (0, colour.stroke_width(1)),
+    }
+}
+
 fn ensure_dir(path: &Path) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     Ok(())
+}
+
+/// The first point of `pts` at or past each of `levels` in y, rising (`up`) or falling.
+fn at_levels(pts: &[(f64, f64)], levels: &[f64], up: bool) -> Vec<(f64, f64)> {
+    levels
+        .iter()
+        .filter_map(|&l| {
+            pts.iter()
+                .find(|p| if up { p.1 >= l } else { p.1 <= l })
+                .copied()
+        })
+        .collect()
 }
 
 /// (TTFT s, fraction of requests at or below) at each recorded value (µs histogram).
@@ -45,28 +68,35 @@ fn cdf(h: &Histogram<u64>) -> Vec<(f64, f64)> {
         .collect()
 }
 
-fn draw_line<DB, CT>(
-    chart: &mut ChartContext<'_, DB, CT>,
+fn draw_line<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
     mode: Mode,
     pts: Vec<(f64, f64)>,
+    marked: &[(f64, f64)],
     label: bool,
 ) -> Result<(), Box<dyn std::error::Error>>
 where
-    DB: DrawingBackend,
+    DB: DrawingBackend + 'a,
     DB::ErrorType: 'static,
     CT: CoordTranslate<From = (f64, f64)>,
 {
     let (colour, width, dash) = style_of(mode);
     let style = colour.stroke_width(width);
+    let (radius, mark) = marker_of(mode);
+    if radius > 0 {
+        chart.draw_series(marked.iter().map(|&p| Circle::new(p, radius, mark)))?;
+    }
     let series = if dash == 0 {
         chart.draw_series(LineSeries::new(pts, style))?
     } else {
         chart.draw_series(DashedLineSeries::new(pts, dash, dash, style))?
     };
     if label {
-        series
-            .label(mode.name())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+        series.label(mode.name()).legend(move |(x, y)| {
+            EmptyElement::at((x, y))
+                + PathElement::new(vec![(0, 0), (24, 0)], style)
+                + Circle::new((12, 0), radius, mark)
+        });
     }
     Ok(())
 }
@@ -119,8 +149,10 @@ pub fn plot_ttft(
             .x_desc("TTFT (s, log scale)")
             .y_desc("fraction of requests")
             .draw()?;
+        let levels: Vec<f64> = (1..20).map(|k| f64::from(k) / 20.0).collect();
         for (mode, pts) in &data {
-            draw_line(&mut chart, *mode, pts.clone(), true)?;
+            let marks = at_levels(pts, &levels, true);
+            draw_line(&mut chart, *mode, pts.clone(), &marks, true)?;
         }
         chart
             .configure_series_labels()
@@ -146,7 +178,12 @@ pub fn plot_ttft(
                 above.push((x, prev.max(floor)));
                 prev = 1.0 - f;
             }
-            draw_line(&mut tail, *mode, above, true)?;
+            let levels: Vec<f64> = (0..30)
+                .map(|k| 10f64.powf(-f64::from(k) / 5.0))
+                .filter(|&l| l >= floor)
+                .collect();
+            let marks = at_levels(&above, &levels, false);
+            draw_line(&mut tail, *mode, above, &marks, true)?;
         }
         tail.configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
@@ -245,7 +282,7 @@ pub fn plot_sweep(
                 let pts: Vec<(f64, f64)> = line.points.iter().map(|q| (q.0, q.1 / 1e3)).collect();
                 let (colour, _, _) = style_of(line.mode);
                 chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
-                draw_line(&mut chart, line.mode, pts, true)?;
+                draw_line(&mut chart, line.mode, pts.clone(), &pts, true)?;
             }
             chart
                 .configure_series_labels()
