@@ -3,6 +3,10 @@
 //!
 //! - [`bench`](mod@bench): the lookup channel's performance next to a bare ZeroMQ
 //!   loop and the Python design of vLLM's async lookup.
+//! - [`calibrate`]: what a lookup costs through each real server on this machine, as
+//!   the calibration file `simulate` reads.
+//! - [`fidelity`]: `replay` and `simulate` on the same slice, side by side, with the
+//!   agreement targets.
 //! - [`replay`]: a slice of a Mooncake trace in real time against a real Mooncake
 //!   master, through the real lookup client over ZeroMQ or directly to the master.
 //! - [`simulate`]: replay a Mooncake trace through a model of a vLLM-like engine and
@@ -11,6 +15,8 @@
 //!   README's test command).
 
 pub mod bench;
+pub mod calibrate;
+pub mod fidelity;
 pub mod replay;
 pub mod simulate;
 pub mod test;

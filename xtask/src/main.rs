@@ -25,6 +25,13 @@ enum Task {
     /// through the real lookup client over ZeroMQ (our server) or directly to the
     /// master; lookup latency measured.
     Replay(Box<xtask::replay::Args>),
+    /// Measure the fixed, per-call and per-key costs (present and absent keys) of the
+    /// real Mooncake master, our lookup-server (in-memory and Mooncake-backed) and a
+    /// Python server that builds keys like vLLM's worker; write a calibration file.
+    Calibrate(Box<xtask::calibrate::Args>),
+    /// Run `replay` and `simulate` on the same trace slice with comparable settings and
+    /// print them side by side, with the agreement targets.
+    Fidelity(Box<xtask::fidelity::Args>),
     /// Install the real test peers (Mooncake master, pyzmq) and run every test.
     Test(xtask::test::Args),
 }
@@ -34,6 +41,8 @@ fn main() -> anyhow::Result<()> {
         Task::Simulate(args) => xtask::simulate::run(&args),
         Task::Bench(args) => xtask::bench::run(&args),
         Task::Replay(args) => xtask::replay::run(&args),
+        Task::Calibrate(args) => xtask::calibrate::run(&args),
+        Task::Fidelity(args) => xtask::fidelity::run(&args),
         Task::Test(args) => xtask::test::run_tests(&args),
     }
 }

@@ -1,16 +1,17 @@
-//! Tests of `cargo xtask simulate`: the trace parser, the engine model on tiny traces
-//! whose TTFTs are computed by hand, and determinism.
+//! Tests of `cargo xtask simulate`: the engine model on tiny traces whose TTFTs and
+//! lookup costs are computed by hand, determinism, stability, sweeps and flags.
 
-use std::io::Cursor;
+use std::sync::{Arc, Mutex};
 
 use clap::Parser;
+use xtask::simulate::budget::WaitBudget;
 use xtask::simulate::engine::{
-    ArrivalHandling, EngineParams, ModeResult, PendingPolicy, Router, SimParams, StoreParams,
-    simulate,
+    ArrivalHandling, EngineParams, ModeResult, PendingPolicy, RequestRecord, Router, SimParams,
+    StoreParams, simulate,
 };
 use xtask::simulate::mode::{LookupParams, Mode};
 use xtask::simulate::server::ServerParams;
-use xtask::simulate::trace::{TraceError, TraceRequest, parse_jsonl};
+use xtask::simulate::trace::{TraceRequest, TraceSource};
 use xtask::simulate::{Args, generator, report, run_modes};
 
 fn req(timestamp: u64, input_length: u32, output_length: u32, hash_ids: &[u64]) -> TraceRequest {
@@ -20,90 +21,6 @@ fn req(timestamp: u64, input_length: u32, output_length: u32, hash_ids: &[u64]) 
         output_length,
         hash_ids: hash_ids.to_vec(),
     }
-}
-
-#[test]
-fn parser_reads_good_lines_skips_blank_ones_and_ignores_unknown_fields() {
-    let text = concat!(
-        "{\"timestamp\": 0, \"input_length\": 6758, \"output_length\": 500, \"hash_ids\": [0, 1]}\n",
-        "\n",
-        "{\"timestamp\": 3000, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [0, 2], \"extra\": 7}\n",
-        "{\"timestamp\": 3000, \"input_length\": 1, \"output_length\": 2, \"hash_ids\": []}\n",
-    );
-    let got = parse_jsonl(Cursor::new(text)).unwrap();
-    assert_eq!(
-        got,
-        vec![
-            req(0, 6758, 500, &[0, 1]),
-            req(3000, 600, 1, &[0, 2]),
-            req(3000, 1, 2, &[]),
-        ]
-    );
-    // Only full 512-token blocks are cacheable: 6758 tokens have 13, but 2 ids.
-    assert_eq!(got[0].full_blocks(), 2);
-    assert_eq!(got[1].full_blocks(), 1);
-    assert_eq!(got[2].full_blocks(), 0);
-}
-
-fn bad(text: &str) -> (usize, String) {
-    match parse_jsonl(Cursor::new(text)).unwrap_err() {
-        TraceError::Json { line, why, .. } | TraceError::Invalid { line, why } => (line, why),
-        other => panic!("unexpected error {other}"),
-    }
-}
-
-#[test]
-fn parser_names_the_bad_line() {
-    let good =
-        "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [0, 2]}\n";
-    // Not JSON at all, on line 3 (after a good line and a blank one).
-    let (line, why) = bad(&format!("{good}\nnot json\n"));
-    assert_eq!((line, why.as_str()), (3, "expected ident"));
-    // A truncated record: the error names the line and the column.
-    let err = parse_jsonl(Cursor::new(format!(
-        "{good}{{\"timestamp\": 1, \"input_length\": 600\n"
-    )))
-    .unwrap_err()
-    .to_string();
-    assert_eq!(
-        err,
-        "line 2, column 36: not a trace record (EOF while parsing an object)"
-    );
-    // A missing field.
-    let (line, why) = bad(&format!(
-        "{good}{{\"timestamp\": 5, \"input_length\": 600, \"hash_ids\": []}}\n"
-    ));
-    assert_eq!(line, 2);
-    assert!(why.contains("output_length"), "{why}");
-    // A field of the wrong type.
-    let (line, _) =
-        bad("{\"timestamp\": -1, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": []}");
-    assert_eq!(line, 1);
-    // Nonsense values.
-    let (line, why) = bad(&format!(
-        "{good}{good}{{\"timestamp\": 9, \"input_length\": 0, \"output_length\": 1, \"hash_ids\": []}}\n"
-    ));
-    assert_eq!((line, why.as_str()), (3, "input_length is 0"));
-    let (line, why) =
-        bad("{\"timestamp\": 9, \"input_length\": 5, \"output_length\": 0, \"hash_ids\": []}");
-    assert_eq!((line, why.as_str()), (1, "output_length is 0"));
-    let (line, why) = bad(
-        "{\"timestamp\": 9, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": [1, 2, 3]}",
-    );
-    assert_eq!(
-        (line, why.as_str()),
-        (
-            1,
-            "3 hash_ids for 600 input tokens (at most 2 blocks of 512)"
-        )
-    );
-    let (line, why) = bad(&format!(
-        "{good}{{\"timestamp\": 4, \"input_length\": 600, \"output_length\": 1, \"hash_ids\": []}}\n"
-    ));
-    assert_eq!(
-        (line, why.as_str()),
-        (2, "timestamp 4 is before the previous request's 5")
-    );
 }
 
 /// Round numbers: a step costs 10 ms + 10 µs per prefill token, nothing else; the
@@ -124,6 +41,9 @@ fn tiny_params(engines: u32) -> SimParams {
             scheduler_s: 0.0,
             arrivals: ArrivalHandling::WhileWaiting,
             on_pending: PendingPolicy::Skip,
+            batch_queue: 2,
+            max_output_tokens: None,
+            local_prefix_cache: true,
         },
         store: StoreParams {
             capacity_blocks: 100,
@@ -132,7 +52,12 @@ fn tiny_params(engines: u32) -> SimParams {
         },
         server: ServerParams {
             fixed_s: 0.001,
-            per_key_s: 0.0,
+            per_call_s: 0.0,
+            present_key_s: 0.0,
+            absent_key_s: 0.0,
+            block_size: 512,
+            namespaces: 1,
+            chunk_keys: 0,
             concurrency: 1,
             jitter_s: 0.0,
         },
@@ -140,15 +65,46 @@ fn tiny_params(engines: u32) -> SimParams {
             prefetch_limit: 4,
             prefetch_ttl_s: 2.0,
             timeout_s: 5.0,
-            wait_budget_s: 0.005,
+            wait_budget: WaitBudget::Fixed { s: 0.005 },
         },
         rate_scale: 1.0,
         seed: 0,
     }
 }
 
-fn run(trace: &[TraceRequest], mode: Mode, params: &SimParams) -> ModeResult {
-    simulate(trace, mode, params, &|| {}).unwrap()
+/// A run's figures and its finished requests, in trace order.
+struct Run {
+    result: ModeResult,
+    records: Vec<RequestRecord>,
+}
+
+impl std::ops::Deref for Run {
+    type Target = ModeResult;
+
+    fn deref(&self) -> &ModeResult {
+        &self.result
+    }
+}
+
+impl Run {
+    fn ttft_ns(&self) -> Vec<u64> {
+        self.records.iter().map(|r| r.ttft_ns).collect()
+    }
+
+    fn queue_wait_ns(&self) -> Vec<u64> {
+        self.records.iter().map(|r| r.queue_wait_ns).collect()
+    }
+}
+
+fn run(trace: &[TraceRequest], mode: Mode, params: &SimParams) -> Run {
+    let records = Mutex::new(Vec::new());
+    let result = simulate(trace.iter().cloned().map(Ok), mode, params, &|r| {
+        records.lock().unwrap().push(r.clone());
+    })
+    .unwrap();
+    let mut records = records.into_inner().unwrap();
+    records.sort_by_key(|r| r.seq);
+    Run { result, records }
 }
 
 const MS: u64 = 1_000_000;
@@ -173,8 +129,8 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
     let p = tiny_params(1);
 
     let sync = run(&trace, Mode::Sync, &p);
-    assert_eq!(sync.ttft_ns, vec![22 * MS, 43 * MS]);
-    assert_eq!(sync.queue_wait_ns, vec![MS, 18 * MS]);
+    assert_eq!(sync.ttft_ns(), vec![22 * MS, 43 * MS]);
+    assert_eq!(sync.queue_wait_ns(), vec![MS, 18 * MS]);
     assert_eq!(sync.blocked_ns, 2 * MS);
     assert_eq!(sync.deferred, 0);
     assert_eq!(
@@ -191,7 +147,7 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
     assert_eq!(sync.gpu_busy_ns, 47 * MS);
 
     let asynch = run(&trace, Mode::Async, &p);
-    assert_eq!(asynch.ttft_ns, vec![22 * MS, 53 * MS]);
+    assert_eq!(asynch.ttft_ns(), vec![22 * MS, 53 * MS]);
     assert_eq!(asynch.blocked_ns, 0);
     assert_eq!(asynch.deferred, 2);
     assert_eq!(
@@ -210,14 +166,14 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
     let mut between = p.clone();
     between.engine.arrivals = ArrivalHandling::BetweenSteps;
     let late = run(&trace, Mode::Prefetch, &between);
-    assert_eq!(late.ttft_ns, vec![22 * MS, 53 * MS]);
+    assert_eq!(late.ttft_ns(), vec![22 * MS, 53 * MS]);
     assert_eq!(late.deferred, 2);
     assert_eq!(late.first_pending.on_the_wire, 2);
     assert_eq!(late.first_pending.on_the_wire_idle, 1);
 
     for mode in [Mode::Prefetch, Mode::PrefetchPlus] {
         let pre = run(&trace, mode, &p);
-        assert_eq!(pre.ttft_ns, vec![22 * MS, 43 * MS], "{mode}");
+        assert_eq!(pre.ttft_ns(), vec![22 * MS, 43 * MS], "{mode}");
         assert_eq!(pre.blocked_ns, 0);
         assert_eq!(pre.deferred, 1);
         assert_eq!(
@@ -233,7 +189,7 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
     // 5 ms budget) and is scheduled at 1 as in sync; R1's is ready at 22 as in
     // prefetch. Nothing is deferred and the engine blocks 1 ms, not sync's 2.
     let wait = run(&trace, Mode::PrefetchWait, &p);
-    assert_eq!(wait.ttft_ns, vec![22 * MS, 43 * MS]);
+    assert_eq!(wait.ttft_ns(), vec![22 * MS, 43 * MS]);
     assert_eq!(wait.blocked_ns, MS);
     assert_eq!(wait.deferred, 0);
     assert_eq!(
@@ -248,11 +204,11 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
     // A budget shorter than the lookup: R0 waits the whole 0.5 ms, is deferred, and
     // is scheduled when the engine next loops at the reply (1 ms), as in async.
     let mut short = p.clone();
-    short.lookup.wait_budget_s = 0.0005;
+    short.lookup.wait_budget = WaitBudget::Fixed { s: 0.0005 };
     let wait = run(&trace, Mode::PrefetchWait, &short);
     assert_eq!(wait.blocked_ns, MS / 2);
     assert_eq!(wait.deferred, 1);
-    assert_eq!(wait.ttft_ns[0], 22 * MS);
+    assert_eq!(wait.ttft_ns()[0], 22 * MS);
 }
 
 /// Two engines, round robin. R0 (engine 0) is prefilled in [1, 22] ms and its two full
@@ -265,8 +221,8 @@ fn engine_loads_an_external_hit_written_by_another_engine() {
     let p = tiny_params(2);
     for mode in Mode::ALL {
         let r = run(&trace, mode, &p);
-        assert_eq!(r.ttft_ns, vec![22 * MS, 15_760_000], "{mode}");
-        assert_eq!(r.queue_wait_ns, vec![MS, MS], "{mode}");
+        assert_eq!(r.ttft_ns(), vec![22 * MS, 15_760_000], "{mode}");
+        assert_eq!(r.queue_wait_ns(), vec![MS, MS], "{mode}");
         assert_eq!(r.external_hit_tokens, 1024, "{mode}");
         assert_eq!(r.local_hit_tokens, 0, "{mode}");
         assert_eq!(r.stats.hits, 1, "{mode}");
@@ -276,7 +232,7 @@ fn engine_loads_an_external_hit_written_by_another_engine() {
     let mut no_store = p.clone();
     no_store.store.capacity_blocks = 0;
     let r = run(&trace, Mode::Sync, &no_store);
-    assert_eq!(r.ttft_ns, vec![22 * MS, 22 * MS]);
+    assert_eq!(r.ttft_ns(), vec![22 * MS, 22 * MS]);
     assert_eq!(r.external_hit_tokens, 0);
 }
 
@@ -289,7 +245,7 @@ fn local_hit_at_the_cap_needs_no_lookup_and_wastes_a_prefetch() {
     let p = tiny_params(1);
     let sync = run(&trace, Mode::Sync, &p);
     // R0: blocks 1 ms, [1, 17] (10 + 6 ms). R1: no RPC, [100, 110.88] (88 tokens).
-    assert_eq!(sync.ttft_ns, vec![17 * MS, 10_880_000]);
+    assert_eq!(sync.ttft_ns(), vec![17 * MS, 10_880_000]);
     assert_eq!(sync.local_hit_tokens, 512);
     assert_eq!(sync.rpcs_sent, 1);
     assert_eq!(
@@ -300,37 +256,221 @@ fn local_hit_at_the_cap_needs_no_lookup_and_wastes_a_prefetch() {
         (1, 1)
     );
     let pre = run(&trace, Mode::Prefetch, &p);
-    assert_eq!(pre.ttft_ns, vec![17 * MS, 10_880_000]);
+    assert_eq!(pre.ttft_ns(), vec![17 * MS, 10_880_000]);
     assert_eq!(pre.rpcs_sent, 2);
     assert_eq!(pre.rpcs_wasted, 1);
 }
 
 #[test]
 fn same_trace_seed_and_flags_give_identical_results() {
-    let trace = generator::generate(3, 400);
+    let trace: Arc<[TraceRequest]> = generator::generate(3, 400).into();
+    let source = TraceSource::Memory(Arc::clone(&trace));
     let mut params = SimParams::default();
     params.server.jitter_s = 0.000_3;
     params.seed = 11;
-    let first = run_modes(&trace, &Mode::ALL, &params, &|| {}).unwrap();
-    let second = run_modes(&trace, &Mode::ALL, &params, &|| {}).unwrap();
+    let first = run_modes(&source, None, &Mode::ALL, &params, &|_, _| {}).unwrap();
+    let second = run_modes(&source, None, &Mode::ALL, &params, &|_, _| {}).unwrap();
     assert_eq!(first, second);
-    let sequential: Vec<ModeResult> = Mode::ALL.iter().map(|&m| run(&trace, m, &params)).collect();
-    assert_eq!(first, sequential);
-    let a: Vec<_> = first
-        .iter()
-        .map(|r| report::summarise(r).unwrap())
-        .collect();
-    let b: Vec<_> = second
-        .iter()
-        .map(|r| report::summarise(r).unwrap())
-        .collect();
+    let sequential: Vec<Run> = Mode::ALL.iter().map(|&m| run(&trace, m, &params)).collect();
+    for (a, b) in first.iter().zip(&sequential) {
+        assert_eq!(a, &b.result);
+    }
+    let a: Vec<_> = first.iter().map(|r| report::summarise(r, 832)).collect();
+    let b: Vec<_> = second.iter().map(|r| report::summarise(r, 832)).collect();
     assert_eq!(report::table(&a), report::table(&b));
-    assert_eq!(first[0].ttft_ns.len(), 400);
-    assert!(first.iter().all(|r| r.ttft_ns.iter().all(|&t| t > 0)));
+    assert_eq!(first[0].requests, 400);
+    assert_eq!(sequential[0].records.len(), 400);
+    assert!(
+        sequential
+            .iter()
+            .all(|r| r.records.iter().all(|r| r.ttft_ns > 0))
+    );
+    // The breakdown adds up to the TTFT, request by request.
+    for r in &sequential[0].records {
+        let b = &r.breakdown;
+        assert_eq!(
+            b.queue_ns + b.lookup_wait_ns + b.load_ns + b.prefill_ns,
+            r.ttft_ns,
+            "request {}",
+            r.seq
+        );
+    }
     // Another seed moves the jitter, hence the figures.
     params.seed = 12;
     let other = run(&trace, Mode::Sync, &params);
-    assert_ne!(other.ttft_ns, first[0].ttft_ns);
+    assert_ne!(other.ttft_ns(), sequential[0].ttft_ns());
+}
+
+/// Block size 16, 2 namespaces, calls of 64 keys (32 vLLM blocks, one trace block per
+/// call) with an early stop; a lookup costs 1 ms + 0.1 ms per call + 1 µs per present
+/// key + 0.5 µs per absent key. Two engines, sync mode.
+///
+/// - R0 (engine 0, at 0; 1,100 tokens, blocks 1, 2 and a partial one): 68 vLLM
+///   blocks, 136 keys in the prompt. The store is empty: the first call (blocks 0..32,
+///   64 keys) finds block 0 absent and stops. 1 + 0.1 + 64 × 0.0005 = 1.132 ms; then
+///   the prefill [1.132, 22.132] ms: TTFT 22.132 ms.
+/// - R1 (engine 1, at 100 ms, the same two blocks): the run is 2 trace blocks = 64
+///   vLLM blocks, so calls 1 and 2 are all present and the third (blocks 64..68, 8
+///   keys of the partial block) ends the run: 128 present and 8 absent keys in 3
+///   calls, 1 + 0.3 + 0.128 + 0.004 = 1.432 ms. Then 2 blocks load (4 ms) and 76
+///   tokens compute (10.76 ms): TTFT 1.432 + 4 + 10.76 = 16.192 ms.
+/// - With one call for every key (vLLM's worker, no early stop): R0 asks all 136 keys
+///   (1.168 ms), R1 136 in 1 call (1.232 ms).
+#[test]
+fn lookup_cost_counts_vllm_blocks_namespaces_and_the_early_stop() {
+    let trace = vec![req(0, 1100, 1, &[1, 2, 3]), req(100, 1100, 1, &[1, 2, 4])];
+    let mut p = tiny_params(2);
+    p.server = ServerParams {
+        fixed_s: 0.001,
+        per_call_s: 0.000_1,
+        present_key_s: 0.000_001,
+        absent_key_s: 0.000_000_5,
+        block_size: 16,
+        namespaces: 2,
+        chunk_keys: 64,
+        concurrency: 1,
+        jitter_s: 0.0,
+    };
+    let r = run(&trace, Mode::Sync, &p);
+    assert_eq!(r.ttft_ns(), vec![22_132_000, 16_192_000]);
+    let l = &r.lookups;
+    assert_eq!((l.served, l.calls), (2, 4));
+    assert_eq!(
+        (l.keys_present, l.keys_absent, l.keys_in_prompt),
+        (128, 72, 272)
+    );
+    assert_eq!((l.on_wire_us.min(), l.on_wire_us.max()), (1_132, 1_432));
+    assert_eq!((l.keys_asked.min(), l.keys_asked.max()), (64, 136));
+    assert_eq!(r.blocked_ns, 1_132_000 + 1_432_000);
+    let b = &r.records[1].breakdown;
+    assert_eq!(
+        (b.queue_ns, b.lookup_wait_ns, b.load_ns, b.prefill_ns),
+        (0, 1_432_000, 4_000_000, 10_760_000)
+    );
+    // R0 finished before R1 arrived: one request held at a time.
+    assert_eq!(r.live_peak, 1);
+    let s = report::summarise(&r, 100);
+    assert_eq!(s.lookups.calls_mean, 2.0);
+    assert_eq!(s.lookups.keys_asked_mean, 100.0);
+    // Both prompts are in the first bucket (below 2,048 tokens).
+    assert_eq!((s.buckets[0].requests, s.buckets[0].lookups), (2, 2));
+    assert_eq!(s.buckets[0].keys_asked_mean, 100.0);
+
+    p.server.chunk_keys = 0;
+    let r = run(&trace, Mode::Sync, &p);
+    let l = &r.lookups;
+    assert_eq!((l.calls, l.keys_present, l.keys_absent), (2, 128, 144));
+    assert_eq!((l.on_wire_us.min(), l.on_wire_us.max()), (1_168, 1_232));
+    assert_eq!(r.ttft_ns(), vec![22_168_000, 15_992_000]);
+}
+
+/// The verdict over reruns: p99 11 s, 12 s and 30 s is a 2.73x spread, so unstable,
+/// with what moved beside it.
+#[test]
+fn reruns_that_differ_more_than_2x_at_p99_are_flagged_unstable() {
+    use xtask::simulate::stability::{Verdict, describe};
+    let trace = vec![req(0, 600, 1, &[9]), req(100, 600, 1, &[9])];
+    let base = report::summarise(&run(&trace, Mode::Async, &tiny_params(1)), 100);
+    let runs: Vec<_> = [
+        (11_000.0, 40, 0.7),
+        (12_000.0, 45, 0.72),
+        (30_000.0, 2_900, 0.98),
+    ]
+    .into_iter()
+    .map(|(p99, preemptions, kv)| {
+        let mut s = base.clone();
+        s.ttft_ms.p99 = p99;
+        s.preemptions = preemptions;
+        s.kv_occupancy_mean = kv;
+        s.kv_occupancy_peak = 1.0;
+        s
+    })
+    .collect();
+    let v = Verdict::of(Mode::Async, &runs);
+    assert!(!v.stable);
+    assert_eq!(v.spread, 30.0 / 11.0);
+    assert_eq!(
+        v.cause(),
+        "preemptions 40-2900, KV occupancy mean 70-98 % (peak 100 %), waiting queue peak 1-1: \
+         the long-tailed reruns preempt far more (over-admission thrashes the KV cache)"
+    );
+    let stable = Verdict::of(Mode::Sync, &runs[..2]);
+    assert!(stable.stable);
+    assert_eq!(stable.spread, 12.0 / 11.0);
+    let text = describe(&[stable, v]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        "stability: UNSTABLE (async): TTFT p99 moves more than 2x over 3 perturbed reruns \
+         (seed, arrival rate +-1 %); one run of this setting is not a measurement"
+    );
+    assert_eq!(
+        lines[1],
+        "  sync           p99 11000.0-12000.0 ms (1.09x) stable"
+    );
+    assert!(lines[2].starts_with(
+        "  async          p99 11000.0-30000.0 ms (2.73x) UNSTABLE: preemptions 40-2900"
+    ));
+    // One run: nothing to compare.
+    assert_eq!(
+        describe(&[Verdict::of(Mode::Sync, &runs[..1])]),
+        "stability: not checked (--repeats 1)\n"
+    );
+}
+
+/// A sweep's grid, run on every core: two points x two modes x two reruns, each cell
+/// the verdict of its reruns, in grid order.
+#[test]
+fn a_tiny_sweep_runs_every_point_mode_and_rerun() {
+    use xtask::simulate::runner::{Job, perturbed, run_jobs};
+    use xtask::simulate::sweep::{Axis, cell, grid, label};
+    let trace: Arc<[TraceRequest]> = generator::generate(5, 60).into();
+    let source = TraceSource::Memory(trace);
+    let axes = [Axis::parse("server-concurrency=1,4").unwrap()];
+    let points = grid(&axes, &SimParams::default(), (0.5, 10.0)).unwrap();
+    let modes = [Mode::Sync, Mode::Prefetch];
+    let jobs: Vec<Job> = points
+        .iter()
+        .flat_map(|pt| {
+            modes.iter().flat_map(move |&mode| {
+                (0..2).map(move |i| Job {
+                    params: perturbed(&pt.params, i),
+                    mode,
+                })
+            })
+        })
+        .collect();
+    let results = run_jobs(&source, None, &jobs, &|_, _| {}).unwrap();
+    assert_eq!(results.len(), 8);
+    let summaries: Vec<_> = results.iter().map(|r| report::summarise(r, 832)).collect();
+    let cells: Vec<_> = points
+        .iter()
+        .zip(summaries.chunks(4))
+        .flat_map(|(pt, runs)| {
+            modes
+                .iter()
+                .zip(runs.chunks(2))
+                .map(|(&m, r)| cell(label(&axes, &pt.at), m, r))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let names: Vec<(String, Mode)> = cells.iter().map(|c| (c.point.clone(), c.mode)).collect();
+    assert_eq!(
+        names,
+        [
+            ("server-concurrency=1".to_owned(), Mode::Sync),
+            ("server-concurrency=1".to_owned(), Mode::Prefetch),
+            ("server-concurrency=4".to_owned(), Mode::Sync),
+            ("server-concurrency=4".to_owned(), Mode::Prefetch),
+        ]
+    );
+    for (c, runs) in cells.iter().zip(summaries.chunks(2)) {
+        assert_eq!(c.p99_ms, [runs[0].ttft_ms.p99, runs[1].ttft_ms.p99]);
+        assert_eq!(c.verdict.runs, 2);
+    }
+    // Every run served every request, and the rerun is another run (rate +1 %).
+    assert!(results.iter().all(|r| r.requests == 60));
+    assert_eq!(jobs[1].params.rate_scale, 1.01);
 }
 
 #[derive(Debug, Parser)]
@@ -393,9 +533,14 @@ fn flags_parse_and_nonsense_is_refused() {
 #[test]
 fn a_request_larger_than_the_gpu_is_refused_with_its_line() {
     let trace = vec![req(0, 600, 1, &[1]), req(0, 60_000, 1, &[])];
-    let err = simulate(&trace, Mode::Sync, &tiny_params(1), &|| {})
-        .unwrap_err()
-        .to_string();
+    let err = simulate(
+        trace.into_iter().map(Ok),
+        Mode::Sync,
+        &tiny_params(1),
+        &|_| {},
+    )
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         err,
         "request 2 (60000 input + 1 output tokens) needs 118 KV blocks of 512 tokens; a GPU has 100 (--gpu-kv-blocks)"

@@ -31,228 +31,17 @@
 //!
 //! TTFT = arrival to the end of the step that computed the last prompt token.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex, mpsc};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use lookup_core::{BlockHashes, Event, LookupOutcome, Probe, Request, RequestId};
-use lookup_tokio::{ClientStats, KeyLayout, LookupClient};
+use lookup_core::{Event, LookupOutcome, Probe};
+use lookup_tokio::{ClientStats, LookupClient};
 
-use super::peers::PutBatch;
+use super::model::Entry;
+pub use super::model::{BlockSink, EngineModel, EngineResult, Outcomes, Prepared, block_id};
+use crate::simulate::budget::{RecentLatency, WaitBudget};
 use crate::simulate::mode::Mode;
-use crate::simulate::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
-
-/// The modelled GPU and scheduler limits of one engine. Defaults: the simulator's
-/// ([`EngineParams`](crate::simulate::engine::EngineParams) and
-/// [`StoreParams`](crate::simulate::engine::StoreParams)): one H100 serving an 8B
-/// model, loads at 2.7 ms per 512-token block.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct EngineModel {
-    /// Token budget of one step (`max_num_batched_tokens`).
-    pub max_num_batched_tokens: u32,
-    /// Most requests running or loading at once (`max_num_seqs`).
-    pub max_num_seqs: u32,
-    /// Fixed cost of a step (seconds).
-    pub step_fixed_s: f64,
-    /// Cost per prefill token (seconds).
-    pub prefill_token_s: f64,
-    /// Cost per attended (query token, context token) pair of prefill (seconds).
-    pub prefill_pair_s: f64,
-    /// Cost per decoding request in a step (seconds).
-    pub decode_seq_s: f64,
-    /// Cost per context token a decoding request reads (seconds).
-    pub decode_ctx_token_s: f64,
-    /// Fixed cost of one load from the store (seconds).
-    pub load_fixed_s: f64,
-    /// Load cost per 512-token block (seconds).
-    pub load_block_s: f64,
-    /// Output tokens generated per request at most (the trace's `output_length`
-    /// capped): 1 ends each request with its first token, so only prefill loads the
-    /// engine.
-    pub max_output_tokens: u32,
-}
-
-impl Default for EngineModel {
-    fn default() -> Self {
-        let e = crate::simulate::engine::EngineParams::default();
-        let s = crate::simulate::engine::StoreParams::default();
-        Self {
-            max_num_batched_tokens: e.max_num_batched_tokens,
-            max_num_seqs: e.max_num_seqs,
-            step_fixed_s: e.step_fixed_s,
-            prefill_token_s: e.prefill_token_s,
-            prefill_pair_s: e.prefill_pair_s,
-            decode_seq_s: e.decode_seq_s,
-            decode_ctx_token_s: e.decode_ctx_token_s,
-            load_fixed_s: s.load_fixed_s,
-            load_block_s: s.load_block_s,
-            max_output_tokens: 1,
-        }
-    }
-}
-
-impl EngineModel {
-    /// Modelled GPU time of a step (seconds).
-    fn step_s(&self, entries: &[Entry]) -> f64 {
-        let mut s = self.step_fixed_s;
-        for e in entries {
-            match *e {
-                Entry::Prefill { before, new, .. } => {
-                    let (n, c) = (f64::from(new), f64::from(before));
-                    s += n * self.prefill_token_s
-                        + (n * c + n * (n + 1.0) / 2.0) * self.prefill_pair_s;
-                }
-                Entry::Decode { context, .. } => {
-                    s += self.decode_seq_s + f64::from(context) * self.decode_ctx_token_s;
-                }
-            }
-        }
-        s
-    }
-
-    /// Modelled time to load `tokens` external tokens.
-    fn load(&self, tokens: u32) -> Duration {
-        let blocks = tokens.div_ceil(TRACE_BLOCK_TOKENS);
-        Duration::from_secs_f64(self.load_fixed_s + f64::from(blocks) * self.load_block_s)
-    }
-}
-
-/// One request as the engines see it.
-#[derive(Debug)]
-pub struct Prepared {
-    /// What the lookup is asked about (`num_tokens` = the prompt, the hashes of its
-    /// full blocks).
-    pub core: Request,
-    /// The trace's block ids of the full blocks.
-    pub block_ids: Vec<u64>,
-    /// When it arrives.
-    pub arrival: Instant,
-    /// Outputs to generate (at least 1).
-    pub outputs: u32,
-}
-
-impl Prepared {
-    /// The trace's requests, arriving from `t0` with arrivals compressed `rate_scale`
-    /// times, outputs capped at `max_output_tokens`.
-    #[must_use]
-    pub fn from_trace(
-        trace: &[TraceRequest],
-        t0: Instant,
-        rate_scale: f64,
-        max_output_tokens: u32,
-    ) -> Vec<Self> {
-        let first = trace.first().map_or(0, |r| r.timestamp);
-        trace
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let block_ids = r.hash_ids[..r.full_blocks()].to_vec();
-                let offset = (r.timestamp - first) as f64 / 1e3 / rate_scale;
-                Self {
-                    core: Request {
-                        request_id: RequestId(i as u64),
-                        num_tokens: r.input_length,
-                        block_hashes: BlockHashes::from_u64s(&block_ids),
-                        skip_reading_external_kv: false,
-                    },
-                    block_ids,
-                    arrival: t0 + Duration::from_secs_f64(offset),
-                    outputs: r.output_length.min(max_output_tokens.max(1)),
-                }
-            })
-            .collect()
-    }
-}
-
-/// Where finished prefills' blocks go.
-#[derive(Clone, Debug)]
-pub struct BlockSink {
-    /// The writer's queue.
-    pub tx: mpsc::Sender<PutBatch>,
-    /// Block ids already handed to the writer (by any engine).
-    pub written: Arc<Mutex<HashSet<u64>>>,
-    /// The store keys of a block.
-    pub layout: KeyLayout,
-}
-
-impl BlockSink {
-    /// Hands the blocks of `ids` not written yet to the writer.
-    fn write(&self, ids: &[u64], at: Instant) {
-        let fresh: Vec<u64> = {
-            let mut written = self
-                .written
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            ids.iter()
-                .copied()
-                .filter(|id| written.insert(*id))
-                .collect()
-        };
-        if fresh.is_empty() {
-            return;
-        }
-        let keys = self
-            .layout
-            .chain_keys(&BlockHashes::from_u64s(&fresh), fresh.len());
-        // The writer outlives the engines; a send fails only if it died, which the
-        // run reports from the writer's own stats.
-        let _ = self.tx.send(PutBatch { keys, at });
-    }
-}
-
-/// What one engine measured.
-#[derive(Debug)]
-pub struct EngineResult {
-    /// (request index, TTFT) of each request that got its first token.
-    pub ttft: Vec<(usize, Duration)>,
-    /// Arrival to first scheduling (compute or load), per scheduled request.
-    pub queue_wait: Vec<Duration>,
-    /// Requests finished.
-    pub finished: u64,
-    /// Time the step loop spent waiting in sync probes (or `prefetch+wait` waits).
-    pub blocked: Duration,
-    /// Probes answered `Pending` that pushed a request to a later step.
-    pub deferred: u64,
-    /// First probes answered `Pending` on an idle engine (nothing running or loading):
-    /// it probes a request as soon as it arrives, before its prefetch can answer.
-    pub first_pending_idle: u64,
-    /// Steps run.
-    pub steps: u64,
-    /// Tokens loaded from the store instead of computed.
-    pub external_hit_tokens: u64,
-    /// Lookup RPCs: send to end (`Event::LookupDone::on_wire`), µs.
-    pub on_wire_us: Histogram<u64>,
-    /// Lookup RPCs: submission to end (`Event::LookupDone::total`), µs.
-    pub total_us: Histogram<u64>,
-    /// Lookup RPC outcomes: hit, miss, malformed, failed (timeouts included), timed out.
-    pub outcomes: Outcomes,
-    /// The client's counters at the end.
-    pub stats: ClientStats,
-    /// When the last request finished.
-    pub last_finish: Option<Instant>,
-}
-
-/// Lookup RPC outcomes, counted from the client's events.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Outcomes {
-    /// Replies with hit tokens > 0.
-    pub hit: u64,
-    /// Replies of 0 tokens.
-    pub miss: u64,
-    /// Malformed replies.
-    pub malformed: u64,
-    /// Timed out.
-    pub timed_out: u64,
-    /// Failed otherwise (transport, not sent).
-    pub failed: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Entry {
-    Prefill { req: usize, before: u32, new: u32 },
-    Decode { req: usize, context: u32 },
-}
 
 /// A request in the engine.
 #[derive(Debug)]
@@ -269,7 +58,9 @@ struct Live {
 pub struct Engine<'a> {
     model: &'a EngineModel,
     mode: Mode,
-    wait_budget: Duration,
+    wait_budget: WaitBudget,
+    /// On-wire times of the last answered lookups (the adaptive wait budget).
+    recent: RecentLatency,
     reqs: &'a [Prepared],
     arrivals: VecDeque<usize>,
     client: LookupClient,
@@ -298,7 +89,7 @@ impl<'a> Engine<'a> {
     pub fn new(
         model: &'a EngineModel,
         mode: Mode,
-        wait_budget: Duration,
+        wait_budget: WaitBudget,
         reqs: &'a [Prepared],
         arrivals: VecDeque<usize>,
         client: LookupClient,
@@ -309,6 +100,7 @@ impl<'a> Engine<'a> {
             model,
             mode,
             wait_budget,
+            recent: RecentLatency::default(),
             reqs,
             arrivals,
             client,
@@ -523,7 +315,8 @@ impl<'a> Engine<'a> {
             }
             Mode::PrefetchWait => {
                 let started = Instant::now();
-                let give_up = started + self.wait_budget;
+                let budget = self.wait_budget.seconds(&self.recent);
+                let give_up = started + Duration::from_secs_f64(budget);
                 let mut answer = self.client.probe(core, 0);
                 while answer == Probe::Pending {
                     let now = Instant::now();
@@ -593,6 +386,8 @@ impl<'a> Engine<'a> {
             else {
                 continue;
             };
+            let outcome_answered =
+                matches!(outcome, LookupOutcome::Hit { .. } | LookupOutcome::Miss);
             let o = &mut self.result.outcomes;
             match outcome {
                 LookupOutcome::Hit { .. } => o.hit += 1,
@@ -603,61 +398,10 @@ impl<'a> Engine<'a> {
             }
             let _ = self.result.total_us.record(micros(total));
             let _ = self.result.on_wire_us.record(micros(on_wire));
+            if outcome_answered {
+                self.recent
+                    .record(u64::try_from(on_wire.as_nanos()).unwrap_or(u64::MAX));
+            }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn step_time_is_the_simulators_cost_model() {
-        let model = EngineModel::default();
-        let entries = [
-            Entry::Prefill {
-                req: 0,
-                before: 512,
-                new: 1024,
-            },
-            Entry::Decode {
-                req: 1,
-                context: 1000,
-            },
-        ];
-        // 5 ms fixed; 1024 tokens at 30 µs; 1024·512 + 1024·1025/2 = 1,049,088 pairs at
-        // 1 ns; one decode of 20 µs plus 1000 context tokens at 39 ns.
-        let want = 0.005 + 0.030_72 + 0.001_049_088 + 0.000_02 + 0.000_039;
-        assert!((model.step_s(&entries) - want).abs() < 1e-12);
-        assert!((model.step_s(&[]) - 0.005).abs() < 1e-12);
-        // 1,025 tokens span 3 blocks of 512, loaded at 2.7 ms each.
-        assert_eq!(model.load(1025), Duration::from_secs_f64(0.0081));
-    }
-
-    #[test]
-    fn arrivals_are_compressed_and_only_full_blocks_are_asked() {
-        let trace = [
-            TraceRequest {
-                timestamp: 1000,
-                input_length: 1100,
-                output_length: 50,
-                hash_ids: vec![7, 8, 9],
-            },
-            TraceRequest {
-                timestamp: 3000,
-                input_length: 512,
-                output_length: 1,
-                hash_ids: vec![7],
-            },
-        ];
-        let t0 = Instant::now();
-        let reqs = Prepared::from_trace(&trace, t0, 2.0, 4);
-        assert_eq!(reqs[0].arrival, t0);
-        assert_eq!(reqs[1].arrival, t0 + Duration::from_secs(1));
-        assert_eq!(reqs[0].block_ids, [7, 8]);
-        assert_eq!(reqs[0].core.block_hashes, BlockHashes::from_u64s(&[7, 8]));
-        assert_eq!(reqs[0].core.num_tokens, 1100);
-        assert_eq!((reqs[0].outputs, reqs[1].outputs), (4, 1));
-        assert_eq!(reqs[1].core.request_id, RequestId(1));
     }
 }

@@ -3,11 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::Transport;
+use super::engine::{self, EngineResult};
+use super::peers;
 use crate::simulate::mode::Mode;
 use crate::simulate::report::Percentiles;
 
@@ -72,7 +75,7 @@ pub struct RunSummary {
     /// Lookup RPCs from submission to their end (the events' `total`), measured.
     pub lookup_total_us: LatencyUs,
     /// How lookup RPCs ended.
-    pub outcomes: super::engine::Outcomes,
+    pub outcomes: engine::Outcomes,
     /// Lookup RPCs sent.
     pub rpcs_sent: u64,
     /// Lookups that joined an RPC already queued or in flight.
@@ -271,4 +274,119 @@ pub fn ratios(runs: &[RunSummary]) -> String {
         );
     }
     out
+}
+
+/// Sums the engines' measurements into the run's summary.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn summarise(
+    mode: Mode,
+    transport: Transport,
+    requests: usize,
+    t0: Instant,
+    results: &[EngineResult],
+    writer: &peers::WriterStats,
+    batch_exist_calls: u64,
+    master: BTreeMap<String, f64>,
+) -> RunSummary {
+    let new = || Histogram::<u64>::new(3).expect("3 significant digits is a valid histogram");
+    let (mut ttft, mut on_wire, mut total) = (new(), new(), new());
+    let mut queue_wait = Duration::ZERO;
+    let mut queued = 0u64;
+    let mut s = RunSummary {
+        mode,
+        transport,
+        requests: requests as u64,
+        finished: 0,
+        first_tokens: 0,
+        ttft_ms: Percentiles {
+            p50: 0.0,
+            p90: 0.0,
+            p99: 0.0,
+            mean: 0.0,
+            max: 0.0,
+        },
+        queue_wait_mean_ms: 0.0,
+        engine_blocked_s: 0.0,
+        ready_at_first_probe: None,
+        lookups_deferred: 0,
+        first_pending_idle: 0,
+        lookup_on_wire_us: LatencyUs::default(),
+        lookup_total_us: LatencyUs::default(),
+        outcomes: engine::Outcomes::default(),
+        rpcs_sent: 0,
+        rpcs_shared: 0,
+        rpcs_wasted: 0,
+        rpcs_cancelled: 0,
+        ttl_refreshes: 0,
+        external_hit_tokens: 0,
+        keys_written: writer.keys_written,
+        put_errors: writer.put_errors,
+        put_lag_ms: LatencyUs::default(),
+        batch_exist_calls,
+        master,
+        steps: 0,
+        makespan_s: 0.0,
+    };
+    let (mut ready, mut pending) = (0u64, 0u64);
+    let mut last = t0;
+    for r in results {
+        for &(_, t) in &r.ttft {
+            let _ = ttft.record(u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1));
+        }
+        s.first_tokens += r.ttft.len() as u64;
+        for w in &r.queue_wait {
+            queue_wait += *w;
+            queued += 1;
+        }
+        let _ = on_wire.add(&r.on_wire_us);
+        let _ = total.add(&r.total_us);
+        s.finished += r.finished;
+        s.engine_blocked_s += r.blocked.as_secs_f64();
+        s.lookups_deferred += r.deferred;
+        s.first_pending_idle += r.first_pending_idle;
+        s.steps += r.steps;
+        s.external_hit_tokens += r.external_hit_tokens;
+        let o = &mut s.outcomes;
+        o.hit += r.outcomes.hit;
+        o.miss += r.outcomes.miss;
+        o.malformed += r.outcomes.malformed;
+        o.timed_out += r.outcomes.timed_out;
+        o.failed += r.outcomes.failed;
+        let c = &r.stats.core;
+        s.rpcs_sent += r.stats.rpcs_sent;
+        s.rpcs_shared += c.rpcs_shared;
+        s.rpcs_wasted += c.replies_stale;
+        s.rpcs_cancelled += c.rpcs_cancelled;
+        s.ttl_refreshes += c.ttl_refreshes;
+        ready += c.first_probes_ready;
+        pending += c.first_probes_pending;
+        if let Some(at) = r.last_finish {
+            last = last.max(at);
+        }
+    }
+    if !ttft.is_empty() {
+        let q = |p: f64| ttft.value_at_quantile(p) as f64 / 1e3;
+        s.ttft_ms = Percentiles {
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            mean: ttft.mean() / 1e3,
+            max: ttft.max() as f64 / 1e3,
+        };
+    }
+    if queued > 0 {
+        s.queue_wait_mean_ms = queue_wait.as_secs_f64() * 1e3 / queued as f64;
+    }
+    s.ready_at_first_probe = (ready + pending > 0).then(|| ready as f64 / (ready + pending) as f64);
+    s.lookup_on_wire_us = LatencyUs::of(&on_wire);
+    s.lookup_total_us = LatencyUs::of(&total);
+    let lag = LatencyUs::of(&writer.lag_us);
+    s.put_lag_ms = LatencyUs {
+        count: lag.count,
+        p50: lag.p50 / 1e3,
+        p99: lag.p99 / 1e3,
+        mean: lag.mean / 1e3,
+    };
+    s.makespan_s = last.saturating_duration_since(t0).as_secs_f64();
+    s
 }

@@ -1,8 +1,7 @@
 //! The connector: the real `lookup_core::Lookups` and `Dispatcher`, driven on the
-//! virtual clock against the modelled lookup server, following the core's driving
-//! loop (after every input: drain `poll_transmit` into the dispatcher, send what it
-//! releases, carry its wire events to the lifecycle, drain `poll_event`; the
-//! dispatcher's `poll_timeout` is the next deadline).
+//! virtual clock against the modelled lookup server, following the core's call-order
+//! contract (after every input: drain `poll_transmit` into the dispatcher, send what
+//! it releases, drain `poll_event`, re-read `poll_timeout`).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
@@ -13,6 +12,8 @@ use lookup_core::{
     Stats,
 };
 
+use super::budget::RecentLatency;
+use super::engine::LookupFigures;
 use super::server::LookupServer;
 use super::store::ExternalStore;
 
@@ -40,9 +41,15 @@ pub(crate) struct Connector {
     replies: BinaryHeap<Reverse<(u64, RpcId, u32)>>,
     /// Prefetches found useless at their request's first probe, still open.
     useless: HashSet<RpcId>,
-    /// Lookup RPCs that ended with at least one live asker.
+    /// Prefetch RPCs whose request has not been probed yet.
+    unprobed: HashSet<RpcId>,
+    /// Of `unprobed`, those that ended with at least one live asker.
     answered: HashSet<RpcId>,
     counts: ConnectorCounts,
+    /// Latencies and keys of the lookups.
+    figures: LookupFigures,
+    /// The last answered lookups' on-wire times (`prefetch+wait`'s adaptive budget).
+    recent: RecentLatency,
 }
 
 impl Connector {
@@ -57,8 +64,11 @@ impl Connector {
             base: Instant::now(),
             replies: BinaryHeap::new(),
             useless: HashSet::new(),
+            unprobed: HashSet::new(),
             answered: HashSet::new(),
             counts: ConnectorCounts::default(),
+            figures: LookupFigures::default(),
+            recent: RecentLatency::default(),
         })
     }
 
@@ -74,6 +84,14 @@ impl Connector {
         &self.counts
     }
 
+    pub(crate) fn lookups(&self) -> &LookupFigures {
+        &self.figures
+    }
+
+    pub(crate) fn recent_on_wire(&self) -> &RecentLatency {
+        &self.recent
+    }
+
     /// A request arrived (vLLM `on_new_request`). Returns the RPC its prefetch created,
     /// if it created one (not when it joined another request's RPC).
     pub(crate) fn on_new_request(
@@ -83,7 +101,11 @@ impl Connector {
         store: &ExternalStore,
     ) -> Option<RpcId> {
         self.lookups.on_new_request(req, self.at(now));
-        self.pump(now, store)
+        let created = self.pump(now, store);
+        if let Some(rpc) = created {
+            self.unprobed.insert(rpc);
+        }
+        created
     }
 
     /// The scheduler reached `req` in the waiting queue with a local hit of
@@ -152,12 +174,17 @@ impl Connector {
         (Probe::Pending, deadline.max(now))
     }
 
-    /// Marks a request's own prefetch RPC as useless (its local hit reached the cap).
-    pub(crate) fn prefetch_useless(&mut self, rpc_id: RpcId) {
-        if self.answered.remove(&rpc_id) {
-            self.counts.rpcs_wasted += 1;
-        } else {
-            self.useless.insert(rpc_id);
+    /// The request whose own prefetch is `rpc_id` is probed for the first time;
+    /// `useless` when its local hit already reaches the cap (the answer is of no use).
+    pub(crate) fn prefetch_probed(&mut self, rpc_id: RpcId, useless: bool) {
+        self.unprobed.remove(&rpc_id);
+        let answered = self.answered.remove(&rpc_id);
+        if useless {
+            if answered {
+                self.counts.rpcs_wasted += 1;
+            } else {
+                self.useless.insert(rpc_id);
+            }
         }
     }
 
@@ -233,8 +260,10 @@ impl Connector {
                     num_tokens,
                     block_hashes,
                 } => {
-                    let (done, hit) = self.server.accept(*num_tokens, block_hashes, store, now);
-                    self.replies.push(Reverse((done, out.rpc_id, hit)));
+                    let served = self.server.accept(*num_tokens, block_hashes, store, now);
+                    self.figures.served(*num_tokens, &served.keys);
+                    self.replies
+                        .push(Reverse((served.done, out.rpc_id, served.hit_tokens)));
                 }
                 RpcBody::Reset => {
                     // The simulator never resets; answer at once as a server would.
@@ -252,12 +281,32 @@ impl Connector {
         }
         while let Some(event) = self.lookups.poll_event() {
             if let Event::LookupDone {
-                rpc_id, requests, ..
+                rpc_id,
+                outcome,
+                requests,
+                total,
+                on_wire,
+                ..
             } = event
             {
+                if let lookup_core::LookupOutcome::Failed(_) = outcome {
+                    self.figures.failed += 1;
+                } else {
+                    self.figures.answered += 1;
+                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                    let _ = self.figures.total_us.record(us(total));
+                    let w = on_wire;
+                    let _ = self.figures.on_wire_us.record(us(w));
+                    let _ = self
+                        .figures
+                        .server_queue_us
+                        .record(us(total.saturating_sub(w)));
+                    self.recent
+                        .record(u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
+                }
                 if self.useless.remove(&rpc_id) || requests == 0 {
                     self.counts.rpcs_wasted += 1;
-                } else {
+                } else if self.unprobed.contains(&rpc_id) {
                     self.answered.insert(rpc_id);
                 }
             }

@@ -14,6 +14,8 @@
 //! - the others are new conversations (median 11 blocks, 90th percentile 50, max 247);
 //! - output lengths: median 350 tokens, 99th percentile 1,120, max 2,000.
 
+use std::collections::VecDeque;
+
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -115,65 +117,117 @@ fn poisson(rng: &mut ChaCha8Rng, mean: f64) -> u32 {
     k
 }
 
+/// Longest look-back of a follow-up (ms), above `FOLLOW_UP_AGE_S`'s maximum.
+const MAX_AGE_MS: u64 = 3_300_000;
+
 /// Generates `num_requests` requests shaped like the conversation trace (see the
-/// module docs), deterministically from `seed`. Timestamps are non-decreasing;
-/// every request has at least 2 blocks (513 tokens) and one output token.
+/// module docs), deterministically from `seed`, into memory ([`Generator`] streams
+/// the same requests).
 #[must_use]
 pub fn generate(seed: u64, num_requests: usize) -> Vec<TraceRequest> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut out: Vec<TraceRequest> = Vec::with_capacity(num_requests);
-    let mut next_id: u64 = 1;
-    let mut batch_at: u64 = 0;
-    while out.len() < num_requests {
-        let batch = poisson(&mut rng, BATCH_MEAN).max(1);
-        for _ in 0..batch {
-            if out.len() == num_requests {
-                break;
-            }
-            let mut hash_ids = None;
-            if rng.random::<f64>() < FOLLOW_UP {
-                let age_ms = (sample(&mut rng, &FOLLOW_UP_AGE_S, true) * 1_000.0) as u64;
-                if let Some(target) = batch_at.checked_sub(age_ms) {
-                    // The latest request that arrived at or before `target`.
-                    let idx = out.partition_point(|r| r.timestamp <= target);
-                    if idx > 0 {
-                        let src = &out[idx - 1].hash_ids;
-                        let f = sample(&mut rng, &REUSED_OF_SOURCE, false);
-                        let k = ((src.len() as f64 * f).round() as usize)
-                            .clamp(2.min(src.len()), src.len());
-                        let extra = sample(&mut rng, &FOLLOW_UP_NEW_BLOCKS, false).round() as usize;
-                        let n = (k + extra).clamp(2, MAX_BLOCKS.max(k));
-                        let mut ids = src[..k].to_vec();
-                        while ids.len() < n {
-                            ids.push(next_id);
-                            next_id += 1;
-                        }
-                        hash_ids = Some(ids);
-                    }
-                }
-            }
-            let hash_ids = hash_ids.unwrap_or_else(|| {
-                let n = sample(&mut rng, &NEW_BLOCKS, true).round().max(2.0) as usize;
-                let mut ids = vec![0];
-                while ids.len() < n {
-                    ids.push(next_id);
-                    next_id += 1;
-                }
-                ids
-            });
-            let blocks = hash_ids.len() as u32;
-            let tail = rng.random_range(1..=TRACE_BLOCK_TOKENS);
-            let output_length = sample(&mut rng, &OUTPUT_TOKENS, false).round().max(1.0) as u32;
-            out.push(TraceRequest {
-                timestamp: batch_at,
-                input_length: (blocks - 1) * TRACE_BLOCK_TOKENS + tail,
-                output_length,
-                hash_ids,
-            });
+    Generator::new(seed, num_requests).collect()
+}
+
+/// The generated trace, one request at a time: timestamps are non-decreasing; every
+/// request has at least 2 blocks (513 tokens) and one output token. What it holds is
+/// the requests of the last `MAX_AGE_MS` (the ones a follow-up may continue), so
+/// millions of requests stream in constant memory.
+#[derive(Debug)]
+pub struct Generator {
+    rng: ChaCha8Rng,
+    left: usize,
+    /// Requests still to come in the current arrival batch.
+    batch_left: u32,
+    /// A batch was completed (its successor starts one interval later).
+    started: bool,
+    batch_at: u64,
+    next_id: u64,
+    /// Earlier requests a follow-up may continue: (timestamp, hash ids), in order.
+    recent: VecDeque<(u64, Vec<u64>)>,
+}
+
+impl Generator {
+    /// `num_requests` requests from `seed`.
+    #[must_use]
+    pub fn new(seed: u64, num_requests: usize) -> Self {
+        Self {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            left: num_requests,
+            batch_left: 0,
+            started: false,
+            batch_at: 0,
+            next_id: 1,
+            recent: VecDeque::new(),
         }
-        batch_at += BATCH_INTERVAL_MS - 3 + rng.random_range(0..=6);
     }
-    out
+
+    /// A follow-up's blocks: a leading part of the latest request that arrived at or
+    /// before `target` ms, and a few new ones; `None` when there is none.
+    fn follow_up(&mut self, target: u64) -> Option<Vec<u64>> {
+        let idx = self.recent.partition_point(|(t, _)| *t <= target);
+        let src = &self.recent.get(idx.checked_sub(1)?)?.1;
+        let f = sample(&mut self.rng, &REUSED_OF_SOURCE, false);
+        let k = ((src.len() as f64 * f).round() as usize).clamp(2.min(src.len()), src.len());
+        let extra = sample(&mut self.rng, &FOLLOW_UP_NEW_BLOCKS, false).round() as usize;
+        let n = (k + extra).clamp(2, MAX_BLOCKS.max(k));
+        let mut ids = src[..k].to_vec();
+        while ids.len() < n {
+            ids.push(self.next_id);
+            self.next_id += 1;
+        }
+        Some(ids)
+    }
+}
+
+impl Iterator for Generator {
+    type Item = TraceRequest;
+
+    fn next(&mut self) -> Option<TraceRequest> {
+        if self.left == 0 {
+            return None;
+        }
+        if self.batch_left == 0 {
+            if self.started {
+                self.batch_at += BATCH_INTERVAL_MS - 3 + self.rng.random_range(0..=6);
+            }
+            self.started = true;
+            self.batch_left = poisson(&mut self.rng, BATCH_MEAN).max(1);
+            let cutoff = self.batch_at.saturating_sub(MAX_AGE_MS);
+            while self.recent.len() >= 2 && self.recent[1].0 <= cutoff {
+                self.recent.pop_front();
+            }
+        }
+        self.batch_left -= 1;
+        self.left -= 1;
+        let mut hash_ids = None;
+        if self.rng.random::<f64>() < FOLLOW_UP {
+            let age_ms = (sample(&mut self.rng, &FOLLOW_UP_AGE_S, true) * 1_000.0) as u64;
+            if let Some(target) = self.batch_at.checked_sub(age_ms) {
+                hash_ids = self.follow_up(target);
+            }
+        }
+        let hash_ids = hash_ids.unwrap_or_else(|| {
+            let n = sample(&mut self.rng, &NEW_BLOCKS, true).round().max(2.0) as usize;
+            let mut ids = vec![0];
+            while ids.len() < n {
+                ids.push(self.next_id);
+                self.next_id += 1;
+            }
+            ids
+        });
+        let blocks = hash_ids.len() as u32;
+        let tail = self.rng.random_range(1..=TRACE_BLOCK_TOKENS);
+        let output_length = sample(&mut self.rng, &OUTPUT_TOKENS, false)
+            .round()
+            .max(1.0) as u32;
+        self.recent.push_back((self.batch_at, hash_ids.clone()));
+        Some(TraceRequest {
+            timestamp: self.batch_at,
+            input_length: (blocks - 1) * TRACE_BLOCK_TOKENS + tail,
+            output_length,
+            hash_ids,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -208,5 +262,66 @@ mod tests {
         }
         let share = f64::from(reusing) / a.len() as f64;
         assert!((0.25..0.45).contains(&share), "reusing share {share}");
+    }
+
+    /// The generator keeps only the last `MAX_AGE_MS` of requests; searching every
+    /// earlier request, as it did when it built the whole trace in memory, gives the
+    /// same trace.
+    #[test]
+    fn the_window_of_recent_requests_loses_nothing() {
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let mut all: Vec<TraceRequest> = Vec::new();
+        let (mut next_id, mut batch_at) = (1, 0);
+        while all.len() < 20_000 {
+            for _ in 0..poisson(&mut rng, BATCH_MEAN).max(1) {
+                if all.len() == 20_000 {
+                    break;
+                }
+                let mut hash_ids = None;
+                if rng.random::<f64>() < FOLLOW_UP {
+                    let age_ms = (sample(&mut rng, &FOLLOW_UP_AGE_S, true) * 1_000.0) as u64;
+                    if let Some(target) = u64::checked_sub(batch_at, age_ms) {
+                        let idx = all.partition_point(|r| r.timestamp <= target);
+                        if idx > 0 {
+                            let src = &all[idx - 1].hash_ids;
+                            let f = sample(&mut rng, &REUSED_OF_SOURCE, false);
+                            let k = ((src.len() as f64 * f).round() as usize)
+                                .clamp(2.min(src.len()), src.len());
+                            let extra =
+                                sample(&mut rng, &FOLLOW_UP_NEW_BLOCKS, false).round() as usize;
+                            let n = (k + extra).clamp(2, MAX_BLOCKS.max(k));
+                            let mut ids = src[..k].to_vec();
+                            while ids.len() < n {
+                                ids.push(next_id);
+                                next_id += 1;
+                            }
+                            hash_ids = Some(ids);
+                        }
+                    }
+                }
+                let hash_ids = hash_ids.unwrap_or_else(|| {
+                    let n = sample(&mut rng, &NEW_BLOCKS, true).round().max(2.0) as usize;
+                    let mut ids = vec![0];
+                    while ids.len() < n {
+                        ids.push(next_id);
+                        next_id += 1;
+                    }
+                    ids
+                });
+                let blocks = hash_ids.len() as u32;
+                let tail = rng.random_range(1..=TRACE_BLOCK_TOKENS);
+                let output_length = sample(&mut rng, &OUTPUT_TOKENS, false).round().max(1.0) as u32;
+                all.push(TraceRequest {
+                    timestamp: batch_at,
+                    input_length: (blocks - 1) * TRACE_BLOCK_TOKENS + tail,
+                    output_length,
+                    hash_ids,
+                });
+            }
+            batch_at += BATCH_INTERVAL_MS - 3 + rng.random_range(0..=6);
+        }
+        // 20,000 requests span ~1.6 hours, well beyond the 55-minute window.
+        assert!(all.last().unwrap().timestamp > 3 * MAX_AGE_MS / 2);
+        assert_eq!(generate(9, 20_000), all);
     }
 }

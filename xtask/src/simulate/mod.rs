@@ -1,268 +1,53 @@
 //! `cargo xtask simulate`: replays a Mooncake trace through a model of vLLM-like
 //! engines (four data-parallel replicas by default, sharing one external store), each
 //! with the real `lookup-core` connector on a virtual clock, in the lookup modes
-//! `sync`, `async`, `prefetch` and `prefetch+`, side by side. `xtask/SIMULATE.md`
-//! explains the output.
+//! `sync`, `async`, `prefetch`, `prefetch+` and `prefetch+wait`, side by side; checks
+//! that the result is stable over perturbed reruns, and ends with a recommendation.
 //!
-//! Modules: [`trace`] (JSONL input), [`generator`] (the embedded default trace),
-//! [`engine`] (the discrete-event engine model and its cost model), `store` (GPU
-//! prefix cache and external store), [`server`] (the lookup server model),
-//! `connector` (the core on the virtual clock), [`mode`] (the four configurations),
-//! [`report`] (table, JSON, plot).
+//! Modules: [`args`] (flags), [`trace`] (streamed JSONL input), [`generator`] (the
+//! embedded default trace), [`engine`] (the discrete-event engine model and its cost
+//! model), `store` (GPU prefix cache and external store), [`server`] (the lookup
+//! server model: keys, calls, costs), [`calibration`] (measured server costs),
+//! `connector` (the core on the virtual clock), [`mode`] (the five configurations),
+//! [`budget`] (`prefetch+wait`'s wait budget), [`runner`] (many runs on every core,
+//! perturbed reruns), [`stability`], [`recommend`], [`sweep`], [`report`] (table,
+//! JSON, plots).
 
+pub mod args;
+pub mod budget;
+pub mod calibration;
 mod connector;
 pub mod engine;
 pub mod generator;
 pub mod mode;
+pub mod recommend;
 pub mod report;
+pub mod runner;
 pub mod server;
+pub mod stability;
 mod store;
+pub mod sweep;
 pub mod trace;
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
 
-use engine::{ArrivalHandling, EngineParams, PendingPolicy, Router, SimParams, StoreParams};
-use mode::{LookupParams, Mode};
-use server::ServerParams;
-
-/// Command-line flags of `cargo xtask simulate`. Durations are given in the unit their
-/// name says; defaults and their sources are documented on [`EngineParams`],
-/// [`StoreParams`], [`ServerParams`] and [`LookupParams`].
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
-    /// Mooncake-format JSONL trace (`timestamp` ms, `input_length`, `output_length`,
-    /// `hash_ids`). Without it, a generated trace shaped like the conversation trace.
-    #[arg(long, value_name = "PATH")]
-    pub trace: Option<PathBuf>,
-    /// Modes to compare, comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "sync,async,prefetch,prefetch+,prefetch+wait"
-    )]
-    pub modes: Vec<Mode>,
-    /// Replay only the first N requests.
-    #[arg(long, value_name = "N")]
-    pub limit: Option<usize>,
-    /// Arrival rate multiplier: timestamps are divided by X (2 = twice as fast).
-    #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub rate_scale: f64,
-    /// Seed of the generated trace and of the server's jitter.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Requests of the generated trace (without `--trace`).
-    #[arg(long, value_name = "N", default_value_t = 4_000)]
-    pub gen_requests: usize,
-    /// Also write every figure and parameter as JSON to this file.
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// Where to draw the TTFT CDF (PNG). Default: `target/simulate/ttft_cdf.png` in
-    /// the workspace.
-    #[arg(long, value_name = "PATH")]
-    pub plot: Option<PathBuf>,
-    /// Do not draw the plot.
-    #[arg(long)]
-    pub no_plot: bool,
-    /// Also write the replayed requests (after `--limit`) to this file as JSONL, for
-    /// example to inspect the generated trace.
-    #[arg(long, value_name = "PATH")]
-    pub write_trace: Option<PathBuf>,
-
-    /// Lookup server: fixed time per lookup (ms).
-    #[arg(long, default_value_t = ServerParams::default().fixed_s * 1e3)]
-    pub server_fixed_ms: f64,
-    /// Lookup server: time per block key (µs).
-    #[arg(long, default_value_t = ServerParams::default().per_key_s * 1e6)]
-    pub server_per_key_us: f64,
-    /// Lookup server: lookups served at once (1 = vLLM's REQ/REP); the client keeps as
-    /// many on the wire (`max_in_flight`).
-    #[arg(long, default_value_t = ServerParams::default().concurrency)]
-    pub server_concurrency: u32,
-    /// Lookup server: upper bound of a uniform random delay per lookup (ms).
-    #[arg(long, default_value_t = ServerParams::default().jitter_s * 1e3)]
-    pub server_jitter_ms: f64,
-
-    /// `lookup_prefetch_limit` of the prefetch modes.
-    #[arg(long, default_value_t = LookupParams::default().prefetch_limit)]
-    pub prefetch_limit: u32,
-    /// `lookup_prefetch_ttl_s` (seconds).
-    #[arg(long, default_value_t = LookupParams::default().prefetch_ttl_s)]
-    pub prefetch_ttl_s: f64,
-    /// `lookup_timeout_s` (seconds).
-    #[arg(long, default_value_t = LookupParams::default().timeout_s)]
-    pub lookup_timeout_s: f64,
-    /// `prefetch+wait`: longest wait for a lookup already queued or on the wire (ms).
-    #[arg(long, default_value_t = LookupParams::default().wait_budget_s * 1e3)]
-    pub wait_budget_ms: f64,
-
-    /// Engines (data-parallel replicas, one GPU each) sharing the external store.
-    #[arg(long, default_value_t = EngineParams::default().engines)]
-    pub engines: u32,
-    /// How requests are spread over the engines.
-    #[arg(long, value_enum, default_value_t = Router::RoundRobin)]
-    pub router: Router,
-    /// Engine: token budget per step.
-    #[arg(long, default_value_t = EngineParams::default().max_num_batched_tokens)]
-    pub max_num_batched_tokens: u32,
-    /// Engine: most running requests.
-    #[arg(long, default_value_t = EngineParams::default().max_num_seqs)]
-    pub max_num_seqs: u32,
-    /// Engine: GPU KV-cache capacity in 512-token blocks.
-    #[arg(long, default_value_t = EngineParams::default().gpu_kv_blocks)]
-    pub gpu_kv_blocks: u64,
-    /// Step cost: fixed part (ms).
-    #[arg(long, default_value_t = EngineParams::default().step_fixed_s * 1e3)]
-    pub step_fixed_ms: f64,
-    /// Step cost: per prefill token (µs).
-    #[arg(long, default_value_t = EngineParams::default().prefill_token_s * 1e6)]
-    pub prefill_token_us: f64,
-    /// Step cost: per attended (query, context) token pair of prefill (ns).
-    #[arg(long, default_value_t = EngineParams::default().prefill_pair_s * 1e9)]
-    pub prefill_pair_ns: f64,
-    /// Step cost: per decoding request (µs).
-    #[arg(long, default_value_t = EngineParams::default().decode_seq_s * 1e6)]
-    pub decode_seq_us: f64,
-    /// Step cost: per context token read by a decoding request (ns).
-    #[arg(long, default_value_t = EngineParams::default().decode_ctx_token_s * 1e9)]
-    pub decode_ctx_ns: f64,
-    /// Engine-thread time per scheduled step (ms).
-    #[arg(long, default_value_t = EngineParams::default().scheduler_s * 1e3)]
-    pub scheduler_ms: f64,
-    /// When new requests are handled: while waiting for a step's output (vLLM #65466)
-    /// or between steps.
-    #[arg(long, value_enum, default_value_t = ArrivalHandling::WhileWaiting)]
-    pub arrivals: ArrivalHandling,
-    /// What a `Pending` probe does: skip the request and continue down the waiting
-    /// queue (vLLM V1), or wait, scheduling nobody behind it (strict FCFS).
-    #[arg(long, value_enum, default_value_t = PendingPolicy::Skip)]
-    pub on_pending: PendingPolicy,
-
-    /// External store capacity in 512-token blocks.
-    #[arg(long, default_value_t = StoreParams::default().capacity_blocks)]
-    pub store_blocks: u64,
-    /// External store: load time per block (ms).
-    #[arg(long, default_value_t = StoreParams::default().load_block_s * 1e3)]
-    pub load_block_ms: f64,
-    /// External store: fixed time per load (ms).
-    #[arg(long, default_value_t = StoreParams::default().load_fixed_s * 1e3)]
-    pub load_fixed_ms: f64,
-}
-
-impl Args {
-    /// The run's parameters, in seconds.
-    ///
-    /// # Errors
-    /// A duration that is negative, NaN or infinite (naming the flag); a rate scale
-    /// that is not above 0; no mode; a server concurrency of 0.
-    pub fn params(&self) -> anyhow::Result<SimParams> {
-        let checks = [
-            ("--server-fixed-ms", self.server_fixed_ms),
-            ("--server-per-key-us", self.server_per_key_us),
-            ("--server-jitter-ms", self.server_jitter_ms),
-            ("--prefetch-ttl-s", self.prefetch_ttl_s),
-            ("--lookup-timeout-s", self.lookup_timeout_s),
-            ("--wait-budget-ms", self.wait_budget_ms),
-            ("--step-fixed-ms", self.step_fixed_ms),
-            ("--prefill-token-us", self.prefill_token_us),
-            ("--prefill-pair-ns", self.prefill_pair_ns),
-            ("--decode-seq-us", self.decode_seq_us),
-            ("--decode-ctx-ns", self.decode_ctx_ns),
-            ("--scheduler-ms", self.scheduler_ms),
-            ("--load-block-ms", self.load_block_ms),
-            ("--load-fixed-ms", self.load_fixed_ms),
-        ];
-        for (flag, v) in checks {
-            if !v.is_finite() || v < 0.0 {
-                bail!("{flag} must be a finite number >= 0, got {v}");
-            }
-        }
-        if self.lookup_timeout_s == 0.0 {
-            bail!("--lookup-timeout-s must be > 0 (an RPC needs time to answer), got 0");
-        }
-        if !(self.rate_scale.is_finite() && self.rate_scale > 0.0) {
-            bail!(
-                "--rate-scale must be a finite number > 0, got {}",
-                self.rate_scale
-            );
-        }
-        if self.modes.is_empty() {
-            bail!("--modes names no mode");
-        }
-        if self.engines == 0 {
-            bail!("--engines must be at least 1");
-        }
-        if self.server_concurrency == 0 {
-            bail!("--server-concurrency must be at least 1");
-        }
-        Ok(SimParams {
-            engine: EngineParams {
-                engines: self.engines,
-                router: self.router,
-                max_num_batched_tokens: self.max_num_batched_tokens,
-                max_num_seqs: self.max_num_seqs,
-                gpu_kv_blocks: self.gpu_kv_blocks,
-                step_fixed_s: self.step_fixed_ms / 1e3,
-                prefill_token_s: self.prefill_token_us / 1e6,
-                prefill_pair_s: self.prefill_pair_ns / 1e9,
-                decode_seq_s: self.decode_seq_us / 1e6,
-                decode_ctx_token_s: self.decode_ctx_ns / 1e9,
-                scheduler_s: self.scheduler_ms / 1e3,
-                arrivals: self.arrivals,
-                on_pending: self.on_pending,
-            },
-            store: StoreParams {
-                capacity_blocks: self.store_blocks,
-                load_fixed_s: self.load_fixed_ms / 1e3,
-                load_block_s: self.load_block_ms / 1e3,
-            },
-            server: ServerParams {
-                fixed_s: self.server_fixed_ms / 1e3,
-                per_key_s: self.server_per_key_us / 1e6,
-                concurrency: self.server_concurrency,
-                jitter_s: self.server_jitter_ms / 1e3,
-            },
-            lookup: LookupParams {
-                prefetch_limit: self.prefetch_limit,
-                prefetch_ttl_s: self.prefetch_ttl_s,
-                timeout_s: self.lookup_timeout_s,
-                wait_budget_s: self.wait_budget_ms / 1e3,
-            },
-            rate_scale: self.rate_scale,
-            seed: self.seed,
-        })
-    }
-}
-
-/// Runs every mode on `trace` (in parallel, one thread per mode; each run is
-/// deterministic and independent), calling `on_finished` once per finished request.
-///
-/// # Errors
-/// The first failing mode's error (see [`engine::simulate`]).
-pub fn run_modes(
-    trace: &[trace::TraceRequest],
-    modes: &[Mode],
-    params: &SimParams,
-    on_finished: &(dyn Fn() + Sync),
-) -> anyhow::Result<Vec<engine::ModeResult>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = modes
-            .iter()
-            .map(|&mode| s.spawn(move || engine::simulate(trace, mode, params, on_finished)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?
-            })
-            .collect()
-    })
-}
+pub use self::args::Args;
+use self::engine::{ModeResult, RequestRecord, SimParams};
+use self::mode::Mode;
+use self::recommend::{Recommendation, Scored, Setting};
+use self::report::{ModeSummary, summarise};
+pub use self::runner::run_modes;
+use self::runner::{Job, perturbed, run_jobs};
+use self::stability::Verdict;
+use self::trace::TraceSource;
 
 fn default_plot_path() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -272,117 +57,453 @@ fn default_plot_path() -> PathBuf {
         .join("target/simulate/ttft_cdf.png")
 }
 
-/// `cargo xtask simulate`: loads or generates the trace, runs the modes, prints the
-/// table, writes the JSON and the plot.
+/// `path` with `suffix` before its extension (`a/b.png` + `_sweep` = `a/b_sweep.png`).
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let ext = path
+        .extension()
+        .map_or_else(String::new, |e| format!(".{}", e.to_string_lossy()));
+    path.with_file_name(format!("{stem}{suffix}{ext}"))
+}
+
+/// A progress bar on stderr for runs longer than a second (hidden when not a terminal).
+struct Progress {
+    bar: ProgressBar,
+    started: Instant,
+    shown: AtomicBool,
+}
+
+impl Progress {
+    fn new(total: Option<u64>) -> anyhow::Result<Self> {
+        let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::hidden());
+        let template = if total.is_some() {
+            "{elapsed_precise} [{bar:40}] {pos}/{len} requests simulated ({eta} left)"
+        } else {
+            "{elapsed_precise} {pos} requests simulated"
+        };
+        bar.set_style(
+            ProgressStyle::with_template(template)
+                .context("progress template")?
+                .progress_chars("=> "),
+        );
+        Ok(Self {
+            bar,
+            started: Instant::now(),
+            shown: AtomicBool::new(false),
+        })
+    }
+
+    fn tick(&self) {
+        self.bar.inc(1);
+        if !self.shown.load(Ordering::Relaxed) && self.started.elapsed().as_secs_f64() > 1.0 {
+            self.shown.store(true, Ordering::Relaxed);
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    }
+}
+
+/// Requests the source will give (when known without reading it).
+fn known_len(source: &TraceSource, limit: Option<usize>) -> Option<u64> {
+    let n = match source {
+        TraceSource::Generated { requests, .. } => *requests,
+        TraceSource::Memory(reqs) => reqs.len(),
+        TraceSource::File(_) => return None,
+    };
+    Some(limit.map_or(n, |l| l.min(n)) as u64)
+}
+
+/// One line of `--requests-out`.
+#[derive(Serialize)]
+struct RequestLine<'a> {
+    mode: Mode,
+    #[serde(flatten)]
+    record: &'a RequestRecord,
+}
+
+/// The run's header: trace, engines, server model, lookup settings.
+fn header(source: &str, requests: u64, p: &SimParams, calibration: &str) -> String {
+    let s = &p.server;
+    format!(
+        "trace: {source}, {requests} requests, rate scale {}\n\
+         {} engines ({:?}): budget {} tokens, {} seqs, {} GPU blocks each; store {} blocks; arrivals {:?}\n\
+         lookup server ({calibration}): {:.3} ms + {:.1} µs/call + {:.2} µs/present key + {:.2} µs/absent key, \
+         jitter {:.3} ms, concurrency {}; keys: block size {}, {} namespace(s), {}\n\
+         lookups: prefetch limit {}, TTL {} s, timeout {} s, wait budget {}",
+        p.rate_scale,
+        p.engine.engines,
+        p.engine.router,
+        p.engine.max_num_batched_tokens,
+        p.engine.max_num_seqs,
+        p.engine.gpu_kv_blocks,
+        p.store.capacity_blocks,
+        p.engine.arrivals,
+        s.fixed_s * 1e3,
+        s.per_call_s * 1e6,
+        s.present_key_s * 1e6,
+        s.absent_key_s * 1e6,
+        s.jitter_s * 1e3,
+        s.concurrency,
+        s.block_size,
+        s.namespaces,
+        if s.chunk_keys == 0 {
+            "one store call per lookup".to_owned()
+        } else {
+            format!("calls of {} keys with early stop", s.chunk_keys)
+        },
+        p.lookup.prefetch_limit,
+        p.lookup.prefetch_ttl_s,
+        p.lookup.timeout_s,
+        p.lookup.wait_budget,
+    )
+}
+
+/// The short form of the settings, for plot titles.
+fn title(source: &str, p: &SimParams) -> String {
+    let s = &p.server;
+    format!(
+        "{source}: {} engines, rate x{}, server {:.2} ms + {:.2}/{:.2} us per key, block {} x {} ns, concurrency {}; prefetch {} TTL {} s, wait {}",
+        p.engine.engines,
+        p.rate_scale,
+        s.fixed_s * 1e3 + s.per_call_s * 1e3,
+        s.present_key_s * 1e6,
+        s.absent_key_s * 1e6,
+        s.block_size,
+        s.namespaces,
+        s.concurrency,
+        p.lookup.prefetch_limit,
+        p.lookup.prefetch_ttl_s,
+        sweep::budget_label(&p.lookup.wait_budget),
+    )
+}
+
+/// What `--json` holds after the modes' figures.
+#[derive(Serialize)]
+struct Analysis<'a> {
+    stability: &'a [Verdict],
+    prefetch_plus_merged: bool,
+    recommendation: Option<&'a Recommendation>,
+}
+
+/// `cargo xtask simulate`: streams or generates the trace, runs every mode (and its
+/// perturbed reruns) on every core, prints the table, the stability verdict and the
+/// recommendation; or, with `--sweep`, the sweep. Writes the JSON and the plots.
 ///
 /// # Errors
 /// A bad flag, an unreadable or malformed trace (naming the line), a request that
-/// cannot fit the GPU, or a JSON file that cannot be written. A plot that cannot be
-/// drawn is reported as a warning only.
+/// cannot fit the GPU, a file that cannot be written. A plot that cannot be drawn is
+/// reported as a warning only.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let params = args.params()?;
+    let calibration = args.calibration()?;
+    let profile = calibration.profile(args.server_profile.as_deref())?;
+    let cal_name = format!(
+        "{}, calibrated {} on {}",
+        profile.name, calibration.date, calibration.machine
+    );
     let mut modes = args.modes.clone();
     modes.dedup();
-    let (mut requests, source) = match &args.trace {
-        Some(path) => (trace::load(path)?, path.display().to_string()),
-        None => (
-            generator::generate(args.seed, args.gen_requests),
-            format!(
-                "generated (conversation-trace shape, seed {}, {} requests)",
-                args.seed, args.gen_requests
-            ),
-        ),
+    if args.limit == Some(0) {
+        bail!("--limit 0 leaves no request to replay");
+    }
+    if args.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
+    let source = args.source();
+    let limit = args.limit;
+    let described = match limit {
+        Some(n) => format!("{} (first {n})", source.describe()),
+        None => source.describe(),
     };
-    if let Some(limit) = args.limit {
-        if limit == 0 {
-            bail!("--limit 0 leaves no request to replay");
-        }
-        requests.truncate(limit);
-    }
-    if requests.is_empty() {
-        bail!("the trace has no requests");
-    }
     if let Some(path) = &args.write_trace {
-        let mut text = String::new();
-        for r in &requests {
-            text.push_str(&serde_json::to_string(r).context("encoding a request")?);
-            text.push('\n');
+        let file =
+            std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        for r in source.open(limit)? {
+            serde_json::to_writer(&mut out, &r?).context("encoding a request")?;
+            out.write_all(b"\n")
+                .with_context(|| format!("writing {}", path.display()))?;
         }
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        out.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !args.sweep.is_empty() {
+        return run_sweep(args, &source, &described, &params, &modes, &cal_name);
     }
 
     let started = Instant::now();
-    let total = (requests.len() * modes.len()) as u64;
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:40}] {pos}/{len} requests ({eta} left)",
-        )
-        .context("progress template")?
-        .progress_chars("=> "),
-    );
-    let shown = AtomicBool::new(false);
-    let on_finished = || {
-        bar.inc(1);
-        // Only runs longer than a second get a bar (hidden anyway when not a terminal).
-        if !shown.load(Ordering::Relaxed) && started.elapsed().as_secs_f64() > 1.0 {
-            shown.store(true, Ordering::Relaxed);
-            bar.set_draw_target(ProgressDrawTarget::stderr());
+    let repeats = args.repeats;
+    let jobs: Vec<Job> = (0..repeats)
+        .flat_map(|i| {
+            let p = perturbed(&params, i);
+            modes.iter().map(move |&mode| Job {
+                params: p.clone(),
+                mode,
+            })
+        })
+        .collect();
+    let progress = Progress::new(known_len(&source, limit).map(|n| n * jobs.len() as u64))?;
+    let requests_out = match &args.requests_out {
+        Some(path) => Some(Mutex::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?,
+        ))),
+        None => None,
+    };
+    let write_failed = AtomicBool::new(false);
+    let on_finished = |job: usize, r: &RequestRecord| {
+        progress.tick();
+        if let Some(out) = requests_out.as_ref().filter(|_| job < modes.len()) {
+            let line = RequestLine {
+                mode: modes[job],
+                record: r,
+            };
+            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+            if serde_json::to_writer(&mut *out, &line).is_err() || out.write_all(b"\n").is_err() {
+                write_failed.store(true, Ordering::Relaxed);
+            }
         }
     };
-    let results = run_modes(&requests, &modes, &params, &on_finished)?;
-    bar.finish_and_clear();
+    let results = run_jobs(&source, limit, &jobs, &on_finished)?;
+    progress.bar.finish_and_clear();
+    if let (Some(out), Some(path)) = (requests_out, &args.requests_out) {
+        let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
+        if write_failed.load(Ordering::Relaxed) || out.flush().is_err() {
+            bail!("writing {}", path.display());
+        }
+    }
     let wall = started.elapsed();
-
-    let summaries = results
+    let kv = params.engine.gpu_kv_blocks;
+    let summaries: Vec<ModeSummary> = results.iter().map(|r| summarise(r, kv)).collect();
+    let base = &summaries[..modes.len()];
+    let requests = base.first().map_or(0, |s| s.requests);
+    if requests == 0 {
+        bail!("the trace has no requests");
+    }
+    println!(
+        "{}",
+        header(&source.describe(), requests, &params, &cal_name)
+    );
+    println!();
+    // prefetch+ earns its column only where priority or sharing changed something.
+    let pos = |m: Mode| modes.iter().position(|&x| x == m);
+    let merged = match (pos(Mode::Prefetch), pos(Mode::PrefetchPlus)) {
+        (Some(a), Some(b)) => report::same_as(&base[a], &base[b]),
+        _ => false,
+    };
+    let shown: Vec<ModeSummary> = base
         .iter()
-        .map(report::summarise)
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    println!(
-        "trace: {source}, {} requests, rate scale {}",
-        requests.len(),
-        params.rate_scale
-    );
-    println!(
-        "{} engines ({:?}): budget {} tokens, {} seqs, {} GPU blocks each; store {} blocks; lookup server {:.2} ms + {:.1} µs/key, \
-         concurrency {}; prefetch limit {}, TTL {} s; arrivals {:?}",
-        params.engine.engines,
-        params.engine.router,
-        params.engine.max_num_batched_tokens,
-        params.engine.max_num_seqs,
-        params.engine.gpu_kv_blocks,
-        params.store.capacity_blocks,
-        params.server.fixed_s * 1e3,
-        params.server.per_key_s * 1e6,
-        params.server.concurrency,
-        params.lookup.prefetch_limit,
-        params.lookup.prefetch_ttl_s,
-        params.engine.arrivals,
-    );
+        .filter(|s| !(merged && s.mode == Mode::PrefetchPlus))
+        .cloned()
+        .collect();
+    let labels: Vec<String> = shown
+        .iter()
+        .map(|s| match s.mode {
+            Mode::Prefetch if merged => "prefetch(+)".to_owned(),
+            m => m.name().to_owned(),
+        })
+        .collect();
+    print!("{}", report::labelled(&shown, &labels));
+    if merged {
+        let plus = &base[pos(Mode::PrefetchPlus).unwrap_or(0)];
+        println!(
+            "prefetch(+): prefetch+ measured the same as prefetch (TTFT within 0.5 %), so its column is merged: \
+             its priority promoted {} queued prefetches and sharing joined {} lookups. Priority matters when \
+             waiting requests are probed out of arrival order (routers, retries, preemption), sharing with \
+             identical prompts in flight at once; this trace has too few of either.",
+            plus.promotions, plus.rpcs_shared
+        );
+    }
     println!();
-    print!("{}", report::table(&summaries));
-    println!();
+    let verdicts: Vec<Verdict> = modes
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| {
+            let runs: Vec<ModeSummary> = summaries
+                .iter()
+                .skip(i)
+                .step_by(modes.len())
+                .cloned()
+                .collect();
+            Verdict::of(m, &runs)
+        })
+        .collect();
+    print!("{}", stability::describe(&verdicts));
     println!(
-        "simulated {} requests x {} modes in {:.1} s",
-        requests.len(),
+        "simulated {} requests x {} modes x {} runs in {:.1} s on {} threads",
+        requests,
         modes.len(),
-        wall.as_secs_f64()
+        repeats,
+        wall.as_secs_f64(),
+        runner::workers(jobs.len())
     );
+    let recommendation = if args.no_recommend {
+        None
+    } else {
+        let started = Instant::now();
+        let known: Vec<Scored> = modes
+            .iter()
+            .zip(&verdicts)
+            .map(|(&m, v)| Scored {
+                setting: Setting::of(m, &params),
+                verdict: v.clone(),
+                screened_out: false,
+            })
+            .collect();
+        let search: Vec<Mode> = modes
+            .iter()
+            .copied()
+            .filter(|&m| !(merged && m == Mode::PrefetchPlus))
+            .collect();
+        let known: Vec<Scored> = known
+            .into_iter()
+            .filter(|k| search.contains(&k.setting.mode))
+            .collect();
+        let r = recommend::search(&source, limit, &params, &search, repeats, known)?;
+        println!();
+        print!("{}", recommend::describe(&r, repeats));
+        println!("  (searched in {:.1} s)", started.elapsed().as_secs_f64());
+        Some(r)
+    };
     if let Some(path) = &args.json {
         let doc = report::Report {
-            trace: source,
-            requests: requests.len(),
+            trace: described.clone(),
+            requests,
             params: &params,
-            modes: &summaries,
+            calibration: cal_name.clone(),
+            modes: base,
+            analysis: Analysis {
+                stability: &verdicts,
+                prefetch_plus_merged: merged,
+                recommendation: recommendation.as_ref(),
+            },
         };
-        let text = serde_json::to_string_pretty(&doc).context("encoding JSON")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-        println!("JSON: {}", path.display());
+        write_json(path, &doc)?;
     }
     if !args.no_plot {
         let path = args.plot.clone().unwrap_or_else(default_plot_path);
-        match report::plot_cdf(&results, &path) {
-            Ok(()) => println!("TTFT CDF plot: {}", path.display()),
+        let curves: Vec<(Mode, &hdrhistogram::Histogram<u64>)> = results[..modes.len()]
+            .iter()
+            .map(|r| (r.mode, &r.ttft_us))
+            .collect();
+        match report::plot::plot_ttft(&curves, &title(&described, &params), &path) {
+            Ok(()) => println!("TTFT CDF and tail plot: {}", path.display()),
+            Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
+        }
+    }
+    Ok(())
+}
+
+fn write_json(path: &Path, doc: &impl Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(doc).context("encoding JSON")?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    println!("JSON: {}", path.display());
+    Ok(())
+}
+
+/// `--sweep`: every point × mode × rerun on every core; the table, the plot, the JSON.
+fn run_sweep(
+    args: &Args,
+    source: &TraceSource,
+    described: &str,
+    params: &SimParams,
+    modes: &[Mode],
+    cal_name: &str,
+) -> anyhow::Result<()> {
+    let axes = args
+        .sweep
+        .iter()
+        .map(|s| sweep::Axis::parse(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let bounds = (args.wait_budget_bounds_ms[0], args.wait_budget_bounds_ms[1]);
+    let points = sweep::grid(&axes, params, bounds)?;
+    let repeats = args.repeats;
+    let jobs: Vec<Job> = points
+        .iter()
+        .flat_map(|pt| {
+            modes.iter().flat_map(move |&mode| {
+                (0..repeats).map(move |i| Job {
+                    params: perturbed(&pt.params, i),
+                    mode,
+                })
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let progress = Progress::new(known_len(source, args.limit).map(|n| n * jobs.len() as u64))?;
+    let results: Vec<ModeResult> = run_jobs(source, args.limit, &jobs, &|_, _| progress.tick())?;
+    progress.bar.finish_and_clear();
+    let wall = started.elapsed();
+    let kv = params.engine.gpu_kv_blocks;
+    let summaries: Vec<ModeSummary> = results.iter().map(|r| summarise(r, kv)).collect();
+    let mut cells = Vec::new();
+    let per_point = modes.len() * repeats as usize;
+    for (pt, runs) in points.iter().zip(summaries.chunks(per_point)) {
+        for (&mode, runs) in modes.iter().zip(runs.chunks(repeats as usize)) {
+            cells.push(sweep::cell(sweep::label(&axes, &pt.at), mode, runs));
+        }
+    }
+    let requests = summaries.first().map_or(0, |s| s.requests);
+    println!("{}", header(described, requests, params, cal_name));
+    println!();
+    print!("{}", sweep::table(&cells));
+    let unstable = cells.iter().filter(|c| !c.verdict.stable).count();
+    println!();
+    println!(
+        "sweep: {} points x {} modes x {} runs = {} simulations of {} requests in {:.1} s on {} threads; \
+         {unstable} of {} cells UNSTABLE (p99 moves more than {}x over the reruns)",
+        points.len(),
+        modes.len(),
+        repeats,
+        jobs.len(),
+        requests,
+        wall.as_secs_f64(),
+        runner::workers(jobs.len()),
+        cells.len(),
+        stability::MAX_SPREAD,
+    );
+    if let Some(path) = &args.json {
+        #[derive(Serialize)]
+        struct SweepDoc<'a> {
+            trace: String,
+            requests: u64,
+            params: &'a SimParams,
+            calibration: &'a str,
+            axes: Vec<(&'static str, Vec<String>)>,
+            cells: &'a [sweep::Cell],
+        }
+        let doc = SweepDoc {
+            trace: described.to_owned(),
+            requests,
+            params,
+            calibration: cal_name,
+            axes: axes
+                .iter()
+                .map(|a| {
+                    (
+                        a.param.name(),
+                        a.values.iter().map(ToString::to_string).collect(),
+                    )
+                })
+                .collect(),
+            cells: &cells,
+        };
+        write_json(path, &doc)?;
+    }
+    if !args.no_plot {
+        let path = with_suffix(
+            &args.plot.clone().unwrap_or_else(default_plot_path),
+            "_sweep",
+        );
+        let panels = sweep::panels(&axes, &points, &cells, modes);
+        let x_labels: Vec<String> = axes[0].values.iter().map(ToString::to_string).collect();
+        let t = format!(
+            "{} ({} runs per point, bands: min-max)",
+            title(described, params),
+            repeats
+        );
+        match report::plot::plot_sweep(&panels, axes[0].param.name(), &x_labels, &t, &path) {
+            Ok(()) => println!("sweep plot: {}", path.display()),
             Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
         }
     }

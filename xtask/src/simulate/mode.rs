@@ -1,8 +1,10 @@
-//! The four lookup modes compared, as `lookup_core::Config`s.
+//! The five lookup modes compared, as `lookup_core::Config`s.
 
 use std::fmt;
 
 use lookup_core::Config;
+
+use super::budget::WaitBudget;
 
 use super::trace::TRACE_BLOCK_TOKENS;
 
@@ -31,9 +33,10 @@ pub enum Mode {
     #[serde(rename = "prefetch+")]
     PrefetchPlus,
     /// `prefetch+`, and a probe answered `Pending` waits for its lookup (queued or on
-    /// the wire) up to `--wait-budget-ms` on the engine thread before the request is
-    /// deferred: a deferral costs a whole step (up to a 250 ms prefill chunk), the wait
-    /// at most the budget.
+    /// the wire) up to a budget on the engine thread before the request is deferred
+    /// (by default the client's recent on-wire p90, within bounds:
+    /// [`WaitBudget`]): a deferral costs a whole step (up
+    /// to a 250 ms prefill chunk), the wait at most the budget.
     #[value(name = "prefetch+wait")]
     #[serde(rename = "prefetch+wait")]
     PrefetchWait,
@@ -103,9 +106,9 @@ pub struct LookupParams {
     /// `lookup_timeout_s` (seconds). Default 5.0, the spec's default.
     pub timeout_s: f64,
     /// `prefetch+wait`: longest the engine thread waits for a probe's lookup already
-    /// queued or on the wire (seconds). Default 0.005: about four lookups of the
-    /// modelled server (1.3 ms each), well below one decode step (10-20 ms).
-    pub wait_budget_s: f64,
+    /// queued or on the wire. Default: adaptive (the recent on-wire p90 within
+    /// [0.5, 10] ms, [`WaitBudget::default`]).
+    pub wait_budget: WaitBudget,
 }
 
 impl Default for LookupParams {
@@ -114,7 +117,7 @@ impl Default for LookupParams {
             prefetch_limit: 32,
             prefetch_ttl_s: 2.0,
             timeout_s: 5.0,
-            wait_budget_s: 0.005,
+            wait_budget: WaitBudget::default(),
         }
     }
 }

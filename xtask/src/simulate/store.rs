@@ -127,6 +127,16 @@ impl LocalCache {
         }
     }
 
+    /// Blocks held by requests (neither free nor only cached): the KV occupancy.
+    pub(crate) fn held(&self) -> u64 {
+        self.anonymous + self.entries.len() as u64 - self.evictable.len() as u64
+    }
+
+    /// Capacity in blocks.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// Blocks in use or cached.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
@@ -158,6 +168,11 @@ impl ExternalStore {
             lru: BTreeSet::new(),
             clock: 0,
         }
+    }
+
+    /// Whether block `hash` is stored (existence check: no touch).
+    pub(crate) fn contains(&self, hash: u64) -> bool {
+        self.stamps.contains_key(&hash)
     }
 
     /// Length of the leading run of `hashes` present (existence check: no touch).

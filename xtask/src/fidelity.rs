@@ -1,0 +1,429 @@
+//! `cargo xtask fidelity`: the simulator checked against the real thing. One slice of
+//! a trace goes through `cargo xtask replay` (real time, real Mooncake master, our
+//! lookup server over ZeroMQ, measured lookups) and through `cargo xtask simulate`
+//! with comparable settings, and the two are printed side by side with the agreement
+//! targets.
+//!
+//! Comparable: the same requests, rate, engines, outputs cap, step and load costs,
+//! lookup settings and vLLM block size; what replay does not model is turned off in the
+//! simulator (the GPU's KV capacity and prefix cache, async scheduling, the
+//! scheduler's own time) and the simulator's lookup server is the calibration's
+//! `lookup-server-mooncake` profile, the server replay runs. The simulator runs
+//! `--repeats` perturbed times, so its column shows its own spread.
+//!
+//! Targets: sync TTFT p50 and p99 within 15 %, ready-at-first-probe within 5 points
+//! (every mode), and the modelled on-wire lookup latency (p50) within 25 % of the
+//! measured one.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use crate::replay::engine::EngineModel;
+use crate::replay::report::RunSummary;
+use crate::replay::{MasterSource, ReplayParams, Transport, peers, replay};
+use crate::simulate::calibration::Calibration;
+use crate::simulate::engine::StoreParams;
+use crate::simulate::engine::{ArrivalHandling, EngineParams, PendingPolicy, Router, SimParams};
+use crate::simulate::generator;
+use crate::simulate::mode::{LookupParams, Mode};
+use crate::simulate::report::{ModeSummary, summarise};
+use crate::simulate::runner::{Job, perturbed, run_jobs};
+use crate::simulate::stability::Range;
+use crate::simulate::trace::{self, TraceRequest, TraceSource};
+
+/// Flags of `cargo xtask fidelity`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Mooncake-format JSONL trace (without it, the generated one).
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<PathBuf>,
+    /// Requests of the slice (the first N).
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub limit: usize,
+    /// Arrival rate multiplier.
+    #[arg(long, value_name = "X", default_value_t = 4.0)]
+    pub rate_scale: f64,
+    /// Engines.
+    #[arg(long, default_value_t = 8)]
+    pub engines: u32,
+    /// Modes, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sync,prefetch,prefetch+wait"
+    )]
+    pub modes: Vec<Mode>,
+    /// Output tokens per request at most.
+    #[arg(long, default_value_t = 1)]
+    pub max_output_tokens: u32,
+    /// Simulator runs (perturbed reruns after the first).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: u32,
+    /// Calibration for the simulator's server (default: the built-in one).
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
+    /// Seed of the generated trace.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The `mooncake_master` to start (default as `cargo xtask replay`).
+    #[arg(long, value_name = "PATH")]
+    pub master_bin: Option<PathBuf>,
+    /// The Python with the `mooncake` package (default as `cargo xtask replay`).
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// Also write both sides' figures as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+}
+
+/// The simulator's settings comparable with `replay` (see the module docs).
+///
+/// # Errors
+/// The calibration has no `lookup-server-mooncake` profile.
+pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result<SimParams> {
+    let m = &r.engine;
+    let mut server = calibration
+        .profile(Some("lookup-server-mooncake"))?
+        .server_params();
+    server.block_size = r.block_size;
+    server.namespaces = r.tp_size;
+    server.concurrency = r.max_in_flight;
+    Ok(SimParams {
+        engine: EngineParams {
+            engines: r.engines,
+            router: Router::RoundRobin,
+            max_num_batched_tokens: m.max_num_batched_tokens,
+            max_num_seqs: m.max_num_seqs,
+            gpu_kv_blocks: 1 << 32,
+            step_fixed_s: m.step_fixed_s,
+            prefill_token_s: m.prefill_token_s,
+            prefill_pair_s: m.prefill_pair_s,
+            decode_seq_s: m.decode_seq_s,
+            decode_ctx_token_s: m.decode_ctx_token_s,
+            scheduler_s: 0.0,
+            arrivals: ArrivalHandling::WhileWaiting,
+            on_pending: PendingPolicy::Skip,
+            batch_queue: 1,
+            max_output_tokens: Some(m.max_output_tokens.max(1)),
+            local_prefix_cache: false,
+        },
+        store: StoreParams {
+            capacity_blocks: 1 << 40,
+            load_fixed_s: m.load_fixed_s,
+            load_block_s: m.load_block_s,
+        },
+        server,
+        lookup: r.lookup.clone(),
+        rate_scale: r.rate_scale,
+        seed: 0,
+    })
+}
+
+/// One mode's two sides.
+#[derive(Debug, Serialize)]
+pub struct Side {
+    /// The mode.
+    pub mode: Mode,
+    /// `cargo xtask replay`.
+    pub replay: RunSummary,
+    /// `cargo xtask simulate`, every run (the first unperturbed).
+    pub simulate: Vec<ModeSummary>,
+}
+
+/// A row: label, the replay's value, the simulator's values, and how to print them.
+type Row = (
+    &'static str,
+    fn(&RunSummary) -> f64,
+    fn(&ModeSummary) -> f64,
+    usize,
+);
+
+const ROWS: [Row; 11] = [
+    ("TTFT p50 (ms)", |r| r.ttft_ms.p50, |s| s.ttft_ms.p50, 1),
+    ("TTFT p99 (ms)", |r| r.ttft_ms.p99, |s| s.ttft_ms.p99, 1),
+    ("TTFT mean (ms)", |r| r.ttft_ms.mean, |s| s.ttft_ms.mean, 1),
+    (
+        "ready at first probe (%)",
+        |r| r.ready_at_first_probe.unwrap_or(0.0) * 100.0,
+        |s| s.ready_at_first_probe.unwrap_or(0.0) * 100.0,
+        1,
+    ),
+    (
+        "lookup on the wire p50 (µs)",
+        |r| r.lookup_on_wire_us.p50,
+        |s| s.lookups.on_wire_ms.p50 * 1e3,
+        0,
+    ),
+    (
+        "lookup on the wire p99 (µs)",
+        |r| r.lookup_on_wire_us.p99,
+        |s| s.lookups.on_wire_ms.p99 * 1e3,
+        0,
+    ),
+    (
+        "lookup total p50 (µs)",
+        |r| r.lookup_total_us.p50,
+        |s| s.lookups.total_ms.p50 * 1e3,
+        0,
+    ),
+    (
+        "lookup total p99 (µs)",
+        |r| r.lookup_total_us.p99,
+        |s| s.lookups.total_ms.p99 * 1e3,
+        0,
+    ),
+    (
+        "RPCs sent",
+        |r| r.rpcs_sent as f64,
+        |s| s.rpcs_sent as f64,
+        0,
+    ),
+    (
+        "lookups deferred",
+        |r| r.lookups_deferred as f64,
+        |s| s.lookups_deferred as f64,
+        0,
+    ),
+    (
+        "engine blocked on lookups (s)",
+        |r| r.engine_blocked_s,
+        |s| s.engine_blocked_s,
+        3,
+    ),
+];
+
+/// The side-by-side table: per mode, replay, the simulator (first run, and min-max
+/// over its reruns), and the difference of the first run from replay.
+#[must_use]
+pub fn table(sides: &[Side]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:<30} {:>12} {:>12} {:>22} {:>9}",
+        "mode", "figure", "replay", "simulate", "simulate min-max", "diff"
+    );
+    for side in sides {
+        for (label, of_replay, of_sim, digits) in ROWS {
+            let r = of_replay(&side.replay);
+            let first = side.simulate.first().map_or(0.0, of_sim);
+            let range = Range::of(side.simulate.iter().map(of_sim));
+            let diff = if label.starts_with("ready") {
+                format!("{:+.1} pt", first - r)
+            } else if r.abs() > 1e-12 {
+                format!("{:+.1} %", (first - r) / r * 100.0)
+            } else {
+                "-".to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "{:<16} {:<30} {:>12.digits$} {:>12.digits$} {:>22} {:>9}",
+                side.mode.name(),
+                label,
+                r,
+                first,
+                format!("{:.digits$}-{:.digits$}", range.min, range.max),
+                diff,
+            );
+        }
+    }
+    out
+}
+
+/// One agreement target and how it went.
+#[derive(Debug, Serialize)]
+pub struct Target {
+    /// What is compared.
+    pub what: String,
+    /// The simulator's first run against replay: relative difference (fraction) or
+    /// points.
+    pub got: f64,
+    /// The bound.
+    pub bound: f64,
+    /// `|got| <= bound`.
+    pub met: bool,
+}
+
+/// The targets of the module docs, for the modes present.
+#[must_use]
+pub fn targets(sides: &[Side]) -> Vec<Target> {
+    let mut out = Vec::new();
+    let rel = |a: f64, b: f64| if b.abs() > 1e-12 { (a - b) / b } else { 0.0 };
+    for side in sides {
+        let Some(sim) = side.simulate.first() else {
+            continue;
+        };
+        let r = &side.replay;
+        let mut push = |what: String, got: f64, bound: f64| {
+            out.push(Target {
+                what,
+                got,
+                bound,
+                met: got.abs() <= bound,
+            });
+        };
+        if side.mode == Mode::Sync {
+            push(
+                "sync TTFT p50 (relative)".into(),
+                rel(sim.ttft_ms.p50, r.ttft_ms.p50),
+                0.15,
+            );
+            push(
+                "sync TTFT p99 (relative)".into(),
+                rel(sim.ttft_ms.p99, r.ttft_ms.p99),
+                0.15,
+            );
+        }
+        push(
+            format!("{} ready at first probe (points)", side.mode),
+            (sim.ready_at_first_probe.unwrap_or(0.0) - r.ready_at_first_probe.unwrap_or(0.0))
+                * 100.0,
+            5.0,
+        );
+        push(
+            format!("{} lookup on the wire p50 (relative)", side.mode),
+            rel(sim.lookups.on_wire_ms.p50 * 1e3, r.lookup_on_wire_us.p50),
+            0.25,
+        );
+    }
+    out
+}
+
+/// `cargo xtask fidelity`: replay, then simulate, then the table and the targets.
+///
+/// # Errors
+/// A bad flag or trace; the replay's peers cannot start (naming the install step); a
+/// run fails; the JSON cannot be written.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.limit == 0 || args.repeats == 0 {
+        bail!("--limit and --repeats must be at least 1");
+    }
+    let (mut requests, source): (Vec<TraceRequest>, String) = match &args.trace {
+        Some(path) => (trace::load(path)?, path.display().to_string()),
+        None => (
+            generator::generate(args.seed, args.limit),
+            format!("generated (seed {})", args.seed),
+        ),
+    };
+    requests.truncate(args.limit);
+    let calibration = match &args.calibration {
+        Some(path) => Calibration::load(path)?,
+        None => Calibration::builtin().clone(),
+    };
+    let params = ReplayParams {
+        modes: args.modes.clone(),
+        transports: vec![Transport::Zmq],
+        rate_scale: args.rate_scale,
+        engines: args.engines,
+        engine: EngineModel {
+            max_output_tokens: args.max_output_tokens,
+            ..EngineModel::default()
+        },
+        lookup: LookupParams::default(),
+        master: MasterSource::Start(
+            args.master_bin
+                .clone()
+                .unwrap_or_else(peers::default_master_bin),
+        ),
+        python: args.python.clone().unwrap_or_else(peers::default_python),
+        progress: true,
+        ..ReplayParams::default()
+    };
+    let sim = comparable(&params, &calibration)?;
+    println!(
+        "fidelity: {source}, first {} requests, rate scale {}, {} engines, outputs capped at {}, block size {}; \
+         simulate's server: lookup-server-mooncake of the calibration of {} ({})",
+        requests.len(),
+        args.rate_scale,
+        args.engines,
+        args.max_output_tokens,
+        params.block_size,
+        calibration.date,
+        calibration.machine
+    );
+    eprintln!(
+        "== replay (real time: about {:.0} s per mode)",
+        span_s(&requests) / args.rate_scale + 5.0
+    );
+    let replayed = replay(&requests, &params).context("replay")?;
+    eprintln!("== simulate");
+    let memory = TraceSource::Memory(Arc::from(requests.clone()));
+    let sim_ref = &sim;
+    let jobs: Vec<Job> = args
+        .modes
+        .iter()
+        .flat_map(|&mode| {
+            (0..args.repeats).map(move |i| Job {
+                params: perturbed(sim_ref, i),
+                mode,
+            })
+        })
+        .collect();
+    let results = run_jobs(&memory, None, &jobs, &|_, _| {})?;
+    let summaries: Vec<ModeSummary> = results
+        .iter()
+        .map(|r| summarise(r, sim.engine.gpu_kv_blocks))
+        .collect();
+    let sides: Vec<Side> = args
+        .modes
+        .iter()
+        .zip(replayed.runs)
+        .zip(summaries.chunks(args.repeats as usize))
+        .map(|((&mode, replay), simulate)| Side {
+            mode,
+            replay,
+            simulate: simulate.to_vec(),
+        })
+        .collect();
+    println!();
+    print!("{}", table(&sides));
+    println!();
+    let goals = targets(&sides);
+    for t in &goals {
+        let shown = if t.what.ends_with("(points)") {
+            format!("{:+.1} points (target within {})", t.got, t.bound)
+        } else {
+            format!(
+                "{:+.1} % (target within {:.0} %)",
+                t.got * 100.0,
+                t.bound * 100.0
+            )
+        };
+        println!(
+            "  {:<9} {:<44} {shown}",
+            if t.met { "[met]" } else { "[not met]" },
+            t.what
+        );
+    }
+    if let Some(path) = &args.json {
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            trace: String,
+            requests: usize,
+            simulate_params: &'a SimParams,
+            sides: &'a [Side],
+            targets: &'a [Target],
+        }
+        let doc = Doc {
+            trace: source,
+            requests: requests.len(),
+            simulate_params: &sim,
+            sides: &sides,
+            targets: &goals,
+        };
+        let text = serde_json::to_string_pretty(&doc).context("encoding JSON")?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        println!("JSON: {}", path.display());
+    }
+    Ok(())
+}
+
+fn span_s(requests: &[TraceRequest]) -> f64 {
+    requests
+        .last()
+        .zip(requests.first())
+        .map_or(0.0, |(l, f)| (l.timestamp - f.timestamp) as f64 / 1e3)
+}

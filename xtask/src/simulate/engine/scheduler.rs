@@ -1,0 +1,327 @@
+//! One call of vLLM's `Scheduler.schedule`: running requests, then the waiting
+//! queue with its probes, block allocation, preemption, and the step's cost.
+
+use lookup_core::Probe;
+
+use super::params::PendingPolicy;
+use super::replica::Engine;
+use super::world::{Entry, Phase, Req, Step, World, blocks_for};
+use crate::simulate::mode::Mode;
+use crate::simulate::server::nanos;
+use crate::simulate::store::LocalCache;
+use crate::simulate::trace::TRACE_BLOCK_TOKENS;
+
+impl Engine {
+    /// Makes request `idx` hold blocks for its first `end` positions, reusing the local
+    /// hit `hits` (only when it holds nothing yet). Full prompt blocks join the prefix
+    /// cache unless `promote` is false (blocks still being loaded). False, with nothing
+    /// changed, when the blocks do not fit.
+    pub(super) fn allocate(&mut self, r: &mut Req, hits: &[u64], end: u32, promote: bool) -> bool {
+        let held = r.held_hashed.len() as u64 + r.held_anonymous;
+        let new = blocks_for(end).saturating_sub(held + hits.len() as u64);
+        if !self.local.can_allocate(hits, new) {
+            return false;
+        }
+        self.local.reference(hits);
+        r.held_hashed.extend_from_slice(hits);
+        let ok = self.local.allocate(new);
+        debug_assert!(ok, "can_allocate said it fits");
+        r.held_anonymous += new;
+        if promote && self.prefix_cache {
+            Self::promote_full(&mut self.local, r, end);
+        }
+        true
+    }
+
+    /// The request's anonymous blocks that are now full prompt blocks join the cache.
+    pub(super) fn promote_full(local: &mut LocalCache, r: &mut Req, end: u32) {
+        let full = ((end / TRACE_BLOCK_TOKENS) as usize).min(r.hashes.len());
+        while r.held_hashed.len() < full && r.held_anonymous > 0 {
+            let h = r.hashes[r.held_hashed.len()];
+            local.promote(h);
+            r.held_anonymous -= 1;
+            r.held_hashed.push(h);
+        }
+    }
+
+    pub(super) fn release(local: &mut LocalCache, r: &mut Req) {
+        local.release(&r.held_hashed, r.held_anonymous);
+        r.held_hashed.clear();
+        r.held_anonymous = 0;
+    }
+
+    /// Recompute preemption (vLLM `_preempt_request`): blocks freed, back to the head
+    /// of the waiting queue; its prompt now includes the outputs produced so far.
+    pub(super) fn preempt(&mut self, idx: usize, now: u64, w: &mut World<'_>) {
+        let r = &mut w.reqs[idx];
+        Self::release(&mut self.local, r);
+        r.num_computed = 0;
+        r.prefill_len = r.input + r.outputs;
+        r.core.num_tokens = r.prefill_len;
+        r.epoch += 1;
+        r.phase = Phase::Waiting;
+        r.preemptions += 1;
+        let id = r.core.request_id;
+        self.preemptions += 1;
+        self.waiting.push_front(idx);
+        self.conn.on_preempted(id, now, &w.store);
+    }
+
+    /// One call of vLLM's `Scheduler.schedule` at the engine thread's time. Advances
+    /// the engine clock by the time blocked on sync lookups and, when a step is built,
+    /// by the scheduler's cost.
+    pub(super) fn schedule(&mut self, w: &mut World<'_>) -> anyhow::Result<Option<Step>> {
+        let mut now = self.t;
+        let mut budget = w.p.engine.max_num_batched_tokens;
+        let mut entries = Vec::new();
+        let mut preempted = false;
+        self.waiting_peak = self.waiting_peak.max(self.waiting.len());
+
+        // Running requests first.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let idx = self.running[i];
+            let r = &w.reqs[idx];
+            if r.num_computed >= r.target {
+                // Its last token is computing; it ends with that step's output.
+                i += 1;
+                continue;
+            }
+            let new = if r.num_computed < r.prefill_len {
+                (r.prefill_len - r.num_computed).min(budget)
+            } else {
+                1
+            };
+            let end = r.num_computed + new;
+            let mut fits = true;
+            while !self.allocate(&mut w.reqs[idx], &[], end, true) {
+                let victim = self.running.pop().expect("the request itself is running");
+                self.preempt(victim, now, w);
+                preempted = true;
+                if victim == idx {
+                    fits = false;
+                    break;
+                }
+            }
+            if !fits {
+                break;
+            }
+            let r = &mut w.reqs[idx];
+            entries.push(Entry {
+                req: idx,
+                seq: r.seq,
+                epoch: r.epoch,
+                before: r.num_computed,
+                new,
+            });
+            r.num_computed = end;
+            budget -= new;
+            i += 1;
+        }
+
+        // Then the waiting queue, unless this step preempted.
+        if !preempted {
+            let mut skipped = Vec::new();
+            while budget > 0 && !self.waiting.is_empty() {
+                if self.running.len() >= w.p.engine.max_num_seqs as usize {
+                    break;
+                }
+                let idx = *self.waiting.front().expect("non-empty");
+                let mut computed = w.reqs[idx].num_computed;
+                let mut hits: Vec<u64> = Vec::new();
+                let mut local_tokens = 0;
+                let mut external_tokens = 0;
+                match w.reqs[idx].phase {
+                    Phase::Loading { done_at, .. } if done_at > now => {
+                        self.waiting.pop_front();
+                        skipped.push(idx);
+                        continue;
+                    }
+                    Phase::Loading { tokens, .. } => {
+                        let r = &mut w.reqs[idx];
+                        if self.prefix_cache {
+                            Self::promote_full(&mut self.local, r, tokens);
+                        }
+                        r.num_computed = tokens;
+                        r.phase = Phase::Waiting;
+                        computed = tokens;
+                    }
+                    _ => {}
+                }
+                if computed == 0 {
+                    let r = &mut w.reqs[idx];
+                    let cap_blocks = ((r.prefill_len - 1) / TRACE_BLOCK_TOKENS) as usize;
+                    let hit_blocks = if w.p.engine.local_prefix_cache {
+                        self.local.hit_blocks(&r.hashes, cap_blocks)
+                    } else {
+                        0
+                    };
+                    local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
+                    hits = r.hashes[..hit_blocks].to_vec();
+                    let first_probe = !r.probed;
+                    r.probed = true;
+                    r.first_probe.get_or_insert(now);
+                    if first_probe && let Some(rpc) = r.prefetch_rpc {
+                        let useless = local_tokens >= cap_blocks as u32 * TRACE_BLOCK_TOKENS;
+                        self.conn.prefetch_probed(rpc, useless);
+                    }
+                    let refreshes = self.conn.stats().ttl_refreshes;
+                    let mut answer =
+                        self.conn
+                            .probe(&w.reqs[idx].core, local_tokens, now, &w.store);
+                    if first_probe && answer == Probe::Pending {
+                        let why = &mut self.first_pending;
+                        if self.conn.stats().ttl_refreshes > refreshes {
+                            why.expired += 1;
+                        } else if w.reqs[idx].prefetched {
+                            why.on_the_wire += 1;
+                            if self.running.is_empty() && self.in_flight.is_empty() {
+                                why.on_the_wire_idle += 1;
+                            }
+                        } else {
+                            why.not_prefetched += 1;
+                        }
+                    }
+                    if answer == Probe::Pending && w.mode == Mode::PrefetchWait {
+                        // Its lookup is queued or on the wire (a Pending probe always
+                        // leaves one): a short wait beats deferring a whole step.
+                        let budget_ns =
+                            nanos(w.p.lookup.wait_budget.seconds(self.conn.recent_on_wire()));
+                        let (ready, at) = self.conn.wait_ready_until(
+                            &w.reqs[idx].core,
+                            local_tokens,
+                            now,
+                            now + budget_ns,
+                            &w.store,
+                        );
+                        self.waits.started += 1;
+                        self.waits.budget_ns += budget_ns;
+                        self.waits.waited_ns += at - now;
+                        if ready != Probe::Pending {
+                            self.waits.caught += 1;
+                        }
+                        self.blocked_ns += at - now;
+                        now = at;
+                        answer = ready;
+                    }
+                    if answer == Probe::Pending {
+                        if w.mode == Mode::Sync {
+                            let (ready, at) = self.conn.wait_ready(
+                                &w.reqs[idx].core,
+                                local_tokens,
+                                now,
+                                &w.store,
+                            )?;
+                            self.blocked_ns += at - now;
+                            now = at;
+                            answer = ready;
+                        } else {
+                            self.deferred += 1;
+                            if w.p.engine.on_pending == PendingPolicy::Wait {
+                                break;
+                            }
+                            self.waiting.pop_front();
+                            skipped.push(idx);
+                            continue;
+                        }
+                    }
+                    if let Probe::Ready {
+                        external_tokens: ext,
+                        ..
+                    } = answer
+                    {
+                        external_tokens = ext;
+                    }
+                    computed = local_tokens;
+                }
+                w.reqs[idx].ready_at.get_or_insert(now);
+                let id = w.reqs[idx].core.request_id;
+                if external_tokens > 0 {
+                    // Load asynchronously: blocks now, compute once loaded.
+                    let end = local_tokens + external_tokens;
+                    if !self.allocate(&mut w.reqs[idx], &hits, end, false) {
+                        break;
+                    }
+                    self.conn.on_allocated(id, now, &w.store);
+                    let blocks = u64::from(external_tokens / TRACE_BLOCK_TOKENS);
+                    let start = now.max(self.load_free);
+                    let done_at = start
+                        + nanos(w.p.store.load_fixed_s)
+                        + blocks * nanos(w.p.store.load_block_s);
+                    self.load_free = done_at;
+                    let r = &mut w.reqs[idx];
+                    let first = hits.len();
+                    w.store.touch(&r.hashes[first..first + blocks as usize]);
+                    r.phase = Phase::Loading {
+                        done_at,
+                        tokens: end,
+                    };
+                    r.first_scheduled.get_or_insert(now);
+                    r.load_done.get_or_insert(done_at);
+                    r.local_hit_tokens += local_tokens;
+                    r.external_hit_tokens += external_tokens;
+                    self.local_hit_tokens += u64::from(local_tokens);
+                    self.external_hit_tokens += u64::from(external_tokens);
+                    self.waiting.pop_front();
+                    skipped.push(idx);
+                    continue;
+                }
+                let r = &w.reqs[idx];
+                let new = (r.prefill_len - computed).min(budget);
+                let end = computed + new;
+                if !self.allocate(&mut w.reqs[idx], &hits, end, true) {
+                    break;
+                }
+                self.conn.on_allocated(id, now, &w.store);
+                self.local_hit_tokens += u64::from(local_tokens);
+                let r = &mut w.reqs[idx];
+                r.local_hit_tokens += local_tokens;
+                r.first_scheduled.get_or_insert(now);
+                r.first_compute.get_or_insert(now);
+                r.phase = Phase::Running;
+                entries.push(Entry {
+                    req: idx,
+                    seq: r.seq,
+                    epoch: r.epoch,
+                    before: computed,
+                    new,
+                });
+                r.num_computed = end;
+                budget -= new;
+                self.waiting.pop_front();
+                self.running.push(idx);
+            }
+            for idx in skipped.into_iter().rev() {
+                self.waiting.push_front(idx);
+            }
+        }
+
+        self.t = now;
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        self.t += nanos(w.p.engine.scheduler_s);
+        let cost = Self::step_cost(&entries, w);
+        let start = self.t.max(self.gpu_free);
+        Ok(Some(Step {
+            end: start + cost,
+            entries,
+        }))
+    }
+
+    pub(super) fn step_cost(entries: &[Entry], w: &World<'_>) -> u64 {
+        let e = &w.p.engine;
+        let mut s = e.step_fixed_s;
+        for en in entries {
+            let r = &w.reqs[en.req];
+            let n = f64::from(en.new);
+            let c = f64::from(en.before);
+            if en.before < r.prefill_len {
+                s += n * e.prefill_token_s + (n * c + n * (n + 1.0) / 2.0) * e.prefill_pair_s;
+            } else {
+                s += e.decode_seq_s + (c + 1.0) * e.decode_ctx_token_s;
+            }
+        }
+        nanos(s)
+    }
+}
