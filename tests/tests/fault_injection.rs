@@ -12,16 +12,14 @@
 //! a lookup that failed. The tests run one at a time (their caller times would
 //! otherwise measure each other on a 2-core machine) and print their figures.
 
-mod fault_support;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fault_support::{
+use lookup_core::{Probe, Request, ResetOutcome};
+use lookup_tests::fault::{
     ChainIndex, Copy, FaultServer, Harness, TempDir, async_config, chain_server, free_tcp,
     inversions, poisoned_hit, request, serial,
 };
-use lookup_core::{Probe, Request, ResetOutcome};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

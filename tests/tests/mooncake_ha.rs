@@ -4,12 +4,10 @@
 //! leader (`spec/mooncake-master-rpc.md`, "High availability"). The leader is killed
 //! with SIGKILL in the middle of the run. Needs `scripts/mooncake/install.sh`.
 
-mod mooncake_common;
-
 use std::time::{Duration, Instant};
 
-use mooncake_common::Writer;
-use mooncake_common::ha::HaCluster;
+use lookup_tests::mooncake::Writer;
+use lookup_tests::mooncake::ha::HaCluster;
 use mooncake_master::{MasterClient, MasterConfig, MasterError};
 
 /// Keys stored: the true hit of every lookup.

@@ -7,12 +7,10 @@
 //! time.
 //! `cargo test --release -p lookup-tests --test mooncake_ha_latency -- --ignored --nocapture`
 
-mod mooncake_common;
-
 use std::time::Instant;
 
-use mooncake_common::Writer;
-use mooncake_common::ha::HaCluster;
+use lookup_tests::mooncake::Writer;
+use lookup_tests::mooncake::ha::HaCluster;
 use mooncake_master::{MasterClient, MasterConfig};
 
 const REPS: usize = 2000;

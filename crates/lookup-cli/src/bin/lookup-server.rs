@@ -143,8 +143,8 @@ struct Args {
     #[arg(long)]
     take_over: bool,
     /// Serve Prometheus metrics (`lookup_server_*`, see `lookup_server::metrics`) over
-    /// HTTP at this address, e.g. 127.0.0.1:9464. Needs a build with the `prometheus`
-    /// feature of lookup-cli.
+    /// HTTP at this address, e.g. 127.0.0.1:9464. Needs the `prometheus` feature of
+    /// lookup-cli (on by default).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
 }
