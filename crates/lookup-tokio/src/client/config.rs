@@ -31,7 +31,7 @@ pub struct ClientConfig {
     pub endpoint: Endpoint,
     /// Wire format of requests and replies; default `tagged-blob` (vLLM 0.33).
     /// `msgpack-hex` has no reset message: a reset then ends as
-    /// [`ResetOutcome::TimedOut`] without being sent. [`Transport::Zmq`] only.
+    /// [`ResetOutcome::TimedOut`](lookup_core::ResetOutcome::TimedOut) without being sent. [`Transport::Zmq`] only.
     pub format: Format,
     /// Drop and reopen the socket after this many lookup timeouts in a row, so a
     /// serial server stuck on one request is not fed the backlog behind it (rule 17).
