@@ -323,6 +323,7 @@ pub(super) fn all(
                 chunk_keys: CHUNK,
                 intercept_is_call: true,
                 fit_calls: false,
+                known_per_call: None,
                 points: master_points,
             },
             Measured {
@@ -331,6 +332,7 @@ pub(super) fn all(
                 chunk_keys: 0,
                 intercept_is_call: false,
                 fit_calls: false,
+                known_per_call: None,
                 points: memory_points,
             },
             Measured {
@@ -339,6 +341,7 @@ pub(super) fn all(
                 chunk_keys: CHUNK,
                 intercept_is_call: false,
                 fit_calls: true,
+                known_per_call: None,
                 points: mooncake_points,
             },
             Measured {
@@ -347,6 +350,7 @@ pub(super) fn all(
                 chunk_keys: 0,
                 intercept_is_call: false,
                 fit_calls: false,
+                known_per_call: None,
                 points: python_points,
             },
         ])

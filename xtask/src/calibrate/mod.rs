@@ -81,6 +81,9 @@ pub struct Measured {
     pub intercept_is_call: bool,
     /// Whether the calls vary (chunked): then they are a feature of their own.
     pub fit_calls: bool,
+    /// The cost of a store call (µs) when measured elsewhere (the `master` profile's):
+    /// taken off each point, and the rest fitted.
+    pub known_per_call: Option<f64>,
     /// (keys, present, calls, sorted times in µs).
     pub points: Vec<(u32, bool, u32, Vec<f64>)>,
 }
@@ -112,7 +115,12 @@ pub fn fit(m: &Measured) -> anyhow::Result<Profile> {
         r
     };
     let rows: Vec<Vec<f64>> = m.points.iter().map(row).collect();
-    let y: Vec<f64> = m.points.iter().map(|p| quantile(&p.3, 0.5)).collect();
+    let known = m.known_per_call.unwrap_or(0.0);
+    let y: Vec<f64> = m
+        .points
+        .iter()
+        .map(|p| (quantile(&p.3, 0.5) - f64::from(p.2) * known).max(1e-3))
+        .collect();
     // Relative errors: a 20 µs lookup weighs as much as a 20 ms one.
     let scaled: Vec<Vec<f64>> = rows
         .iter()
@@ -126,7 +134,7 @@ pub fn fit(m: &Measured) -> anyhow::Result<Profile> {
     let (fixed, per_call, present, absent) = match (m.fit_calls, m.intercept_is_call) {
         (true, _) => (x[0], x[1], x[2], x[3]),
         (false, true) => (0.0, x[0], x[1], x[2]),
-        (false, false) => (x[0], 0.0, x[1], x[2]),
+        (false, false) => (x[0], known, x[1], x[2]),
     };
     let smallest = m
         .points
@@ -144,7 +152,7 @@ pub fn fit(m: &Measured) -> anyhow::Result<Profile> {
             samples: p.3.len() as u32,
             p50_us: quantile(&p.3, 0.5),
             p90_us: quantile(&p.3, 0.9),
-            fitted_us: r.iter().zip(&x).map(|(a, b)| a * b).sum(),
+            fitted_us: r.iter().zip(&x).map(|(a, b)| a * b).sum::<f64>() + f64::from(p.2) * known,
         })
         .collect();
     Ok(Profile {
@@ -274,7 +282,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(peers::default_master_bin);
     let python = args.python.clone().unwrap_or_else(peers::default_python);
-    let measured = measure::all(&master_bin, &python, &args.keys, args.samples)?;
+    let mut measured = measure::all(&master_bin, &python, &args.keys, args.samples)?;
+    // The master's own call cost is measured directly; the chunked server pays it per
+    // call on top of its own work.
+    let master = fit(&measured[0])?;
+    for m in measured
+        .iter_mut()
+        .filter(|m| m.chunk_keys > 0 && !m.intercept_is_call)
+    {
+        m.fit_calls = false;
+        m.known_per_call = Some(master.per_call_us);
+    }
     let profiles = measured
         .iter()
         .map(fit)
@@ -292,7 +310,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join(",")
         ),
-        default_profile: "lookup-server-mooncake".to_owned(),
+        default_profile: "vllm-python".to_owned(),
         profiles,
     };
     println!(
@@ -340,6 +358,7 @@ mod tests {
             chunk_keys: 1024,
             intercept_is_call: false,
             fit_calls: true,
+            known_per_call: None,
             points: vec![
                 (16, true, 1, vec![t(1, 16, 0); 3]),
                 (2048, true, 2, vec![t(2, 2048, 0); 3]),
@@ -359,5 +378,18 @@ mod tests {
         }
         assert_eq!(p.jitter_us, 0.0);
         assert_eq!(p.points[1].p50_us, t(2, 2048, 0));
+        // With the call's cost known, the rest is fitted.
+        let known = Measured {
+            fit_calls: false,
+            known_per_call: Some(80.0),
+            ..m
+        };
+        let p = fit(&known).unwrap();
+        assert_eq!(p.per_call_us, 80.0);
+        assert!((p.fixed_us - 100.0).abs() < 1e-6, "{p:?}");
+        assert!(
+            (p.points[2].fitted_us - t(4, 4096, 0)).abs() < 1e-6,
+            "{p:?}"
+        );
     }
 }

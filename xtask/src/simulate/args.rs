@@ -83,7 +83,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
     /// Server profile of the calibration to model (default: the file's default,
-    /// `lookup-server-mooncake` in the built-in one).
+    /// `vllm-python` in the built-in one: what a vLLM deployment pays today).
     #[arg(long, value_name = "NAME")]
     pub server_profile: Option<String>,
     /// Lookup server: fixed time per lookup (ms) [default: from the calibration].

@@ -27,11 +27,13 @@ use super::trace::TRACE_BLOCK_TOKENS;
 /// granularity (the trace's ids say nothing finer): every vLLM block of a stored trace
 /// block is present, the vLLM blocks of a prompt's partial trace block are absent.
 ///
-/// Defaults: this project's `lookup-server --mooncake-master` against the real
-/// master, as measured by `cargo xtask calibrate` (see
-/// [`Calibration`](super::calibration::Calibration) and `xtask/calibration.json` for the machine,
-/// the date and the other servers measured), an 8B model on one GPU (one namespace),
-/// vLLM's default block size, one lookup at a time (vLLM's REQ/REP pair).
+/// Defaults: the `vllm-python` profile of the built-in calibration (see
+/// [`Calibration`](super::calibration::Calibration) and `xtask/calibration.json` for
+/// the machine, the date and the other servers measured): a server that builds its
+/// keys in Python and asks the real master once per lookup, as vLLM's worker does
+/// (one call, no early stop); an 8B model on one GPU (one namespace), vLLM's default
+/// block size, one lookup at a time (vLLM's REQ/REP pair). `--server-profile
+/// lookup-server-mooncake` models this project's server instead.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ServerParams {
     /// Fixed time per lookup (seconds): the ZeroMQ round trip and the server's own
