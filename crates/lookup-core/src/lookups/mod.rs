@@ -1,138 +1,29 @@
-//! The lookup lifecycle of `spec/behaviour.md`.
+//! The lookup lifecycle of `spec/behaviour.md`: [`Lookups`], its inputs and outputs.
+//! What it keeps per request and RPC is in `entry`, its RPC bookkeeping in `rpcs`,
+//! and its read-only views in `queries`.
+
+mod entry;
+mod queries;
+mod rpcs;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use crate::Unavailable;
-use crate::timer::{Backoff, deadline_after};
+use crate::timer::Backoff;
 use crate::{
-    Answer, BlockHashes, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe,
-    Reply, Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket,
-    TicketState, WireEvent,
+    Answer, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe, Reply, Request,
+    RequestId, ResetOutcome, RpcBody, RpcId, Stats, Ticket, WireEvent,
 };
+use entry::{FirstProbe, LookupState, RequestEntry, Rpc, RpcKind, ShareKey};
 
 /// First wait before a failed request is looked up again (rule 11); doubles per failed
 /// lookup up to [`RETRY_BACKOFF_MAX`], back to this after a lookup succeeds.
 pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest wait before a failed request is looked up again (rule 11).
 pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
-
-/// What identifies the question an RPC asks: equal keys get equal answers, so they
-/// may share one RPC (rule 16), and a reply is applied only to requests whose
-/// current key is this one (rule 7).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct ShareKey {
-    num_tokens: u32,
-    hash_len: u16,
-    num_hashes: usize,
-    last_hash: Bytes,
-}
-
-impl ShareKey {
-    fn new(num_tokens: u32, hashes: &BlockHashes) -> Self {
-        let n = usize::from(hashes.hash_len());
-        let len = hashes.as_bytes().len();
-        Self {
-            num_tokens,
-            hash_len: hashes.hash_len(),
-            num_hashes: hashes.len(),
-            last_hash: hashes.as_bytes().slice(len.saturating_sub(n)..),
-        }
-    }
-}
-
-/// Where a request's lookup is (STYLE.md rule 6: each phase carries its own data).
-#[derive(Debug)]
-enum LookupState {
-    /// Its RPC is queued or in flight.
-    Waiting {
-        rpc_id: RpcId,
-        num_tokens: u32,
-        block_hashes: BlockHashes,
-        /// An arrival-time lookup holds one prefetch slot (rule 3).
-        holds_slot: bool,
-        /// This request probed while waiting: a probe waits for the RPC (rule 15).
-        awaited: bool,
-    },
-    /// The answer is in (already validated: rule 11).
-    Done {
-        num_tokens: u32,
-        block_hashes: BlockHashes,
-        answer: Answer,
-        replied_at: Instant,
-        /// A probe of this request waited for it and has not read it yet: the next
-        /// probe reads it whatever its age (rules 6 and 10: a probe answers with the
-        /// reply it waited for; the TTL only ages results already read or never
-        /// waited for).
-        owed: bool,
-    },
-}
-
-impl LookupState {
-    fn asks(&self, num_tokens: u32, hashes: &BlockHashes) -> bool {
-        let (n, h) = match self {
-            Self::Waiting {
-                num_tokens,
-                block_hashes,
-                ..
-            }
-            | Self::Done {
-                num_tokens,
-                block_hashes,
-                ..
-            } => (*num_tokens, block_hashes),
-        };
-        n == num_tokens && h.same_chain(hashes)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FirstProbe {
-    NotYet,
-    Ready,
-    Pending,
-}
-
-#[derive(Debug)]
-struct RequestEntry {
-    eligible: bool,
-    first_probe: FirstProbe,
-    lookup: Option<LookupState>,
-    /// What the last `Ready` answer rested on.
-    last_answer: Option<Answer>,
-    /// The last arrival or probe of it ([`Lookups::end_idle`]).
-    last_seen: Instant,
-}
-
-#[derive(Debug)]
-enum RpcKind {
-    Lookup { key: ShareKey },
-    Reset,
-}
-
-#[derive(Debug)]
-struct Rpc {
-    kind: RpcKind,
-    /// Whether it went on the wire is the ticket's to say (rule 9); the wire's own
-    /// state (deadline, send time) is the driver's `Dispatcher`'s.
-    ticket: Ticket,
-    /// In the awaited send class (rule 15).
-    awaited: bool,
-    /// Subscribers that probed it (their `LookupState::Waiting::awaited`): while
-    /// any is left, the RPC stays awaited; when the last is discarded, it is
-    /// demoted (rule 15: priority follows the probes currently waiting).
-    awaiting: u32,
-    /// Live requests waiting for this answer.
-    subscribers: Vec<RequestId>,
-    /// Prefetch slots this RPC holds until it ends (rule 3), including those of
-    /// requests discarded after it was sent.
-    slots: u32,
-    submitted_at: Instant,
-}
 
 /// The scheduler-side lookup lifecycle (`spec/behaviour.md` rules 1-17), sans-IO.
 ///
@@ -214,37 +105,6 @@ impl<O: Observe> Lookups<O> {
         })
     }
 
-    /// Reserves room for `additional` more tracked requests (and as many open RPCs),
-    /// so that no later input pays for growing the tables: the input that makes a
-    /// hash table double rehashes every entry (measured: one 4.7-8.4 ms arrival at
-    /// 57,344 tracked requests). Call it at start-up with the most requests the
-    /// scheduler holds at once.
-    pub fn reserve(&mut self, additional: usize) {
-        self.requests.reserve(additional);
-        self.rpcs.reserve(additional);
-        if self.config.lookup_share {
-            self.shared.reserve(additional);
-        }
-    }
-
-    /// Keeps at most `capacity` events for [`poll_event`](Self::poll_event); beyond it
-    /// the oldest is dropped and counted in [`Stats::events_dropped`] (the observer
-    /// still sees every event). Unbounded by default.
-    pub fn set_event_capacity(&mut self, capacity: usize) {
-        self.event_capacity = capacity;
-    }
-
-    /// The observer.
-    #[must_use]
-    pub fn observer(&self) -> &O {
-        &self.observer
-    }
-
-    /// The observer, mutably.
-    pub fn observer_mut(&mut self) -> &mut O {
-        &mut self.observer
-    }
-
     fn emit(&mut self, event: Event) {
         self.observer.event(&event);
         if self.event_capacity == 0 {
@@ -256,30 +116,6 @@ impl<O: Observe> Lookups<O> {
             self.stats.events_dropped += 1;
         }
         self.events.push_back(event);
-    }
-
-    /// The configuration in force.
-    #[must_use]
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// Rule 1 (eligibility for prefetch): does not skip external KV, at least one
-    /// block of tokens, at least one hash.
-    #[must_use]
-    pub fn is_eligible(&self, req: &Request) -> bool {
-        !req.skip_reading_external_kv
-            && req.num_tokens >= self.config.block_size
-            && !req.block_hashes.is_empty()
-    }
-
-    /// Rule 12: the most tokens the scheduler may be told are stored, local plus
-    /// external: the largest multiple of the block size strictly below `num_tokens`
-    /// (vLLM #55113).
-    #[must_use]
-    pub fn hit_cap(&self, num_tokens: u32) -> u32 {
-        let b = self.config.block_size;
-        (num_tokens.saturating_sub(1) / b) * b
     }
 
     /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch
@@ -361,21 +197,6 @@ impl<O: Observe> Lookups<O> {
             }
         }
         probe
-    }
-
-    /// What `request_id`'s last `Ready` answer rested on: a hit, a miss, nothing to
-    /// ask, or an unavailable store (a 0 that is not a miss: rule 11). Every answer is
-    /// unavailable after close and with `enable_lookup = false`. `None` for a request
-    /// not tracked or not answered yet.
-    #[must_use]
-    pub fn answer_of(&self, request_id: RequestId) -> Option<Answer> {
-        if self.closed {
-            return Some(Answer::Unavailable(Unavailable::Closed));
-        }
-        if !self.config.enable_lookup {
-            return Some(Answer::Unavailable(Unavailable::Disabled));
-        }
-        self.requests.get(&request_id)?.last_answer
     }
 
     fn probe_inner(
@@ -715,309 +536,5 @@ impl<O: Observe> Lookups<O> {
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
-    }
-
-    /// Counters since construction.
-    #[must_use]
-    pub fn stats(&self) -> &Stats {
-        &self.stats
-    }
-
-    /// Prefetch slots in use: arrival-time lookups not ended yet (rule 3).
-    #[must_use]
-    pub fn slots_in_use(&self) -> u32 {
-        self.slots_in_use
-    }
-
-    /// RPCs queued or in flight (lookups and resets).
-    #[must_use]
-    pub fn open_rpcs(&self) -> usize {
-        self.rpcs.len()
-    }
-
-    /// RPCs handed to the driver whose ticket is still queued: the backlog that
-    /// `max_queued` bounds (rule 2), exact wherever the driver runs.
-    #[must_use]
-    pub fn queued_rpcs(&self) -> usize {
-        self.backlog.load(Ordering::Relaxed)
-    }
-
-    /// Requests with any state (a lookup, or a first-probe mark).
-    #[must_use]
-    pub fn tracked_requests(&self) -> usize {
-        self.requests.len()
-    }
-
-    /// Requests whose lookup is queued or in flight.
-    #[must_use]
-    pub fn waiting_requests(&self) -> usize {
-        self.requests
-            .values()
-            .filter(|e| matches!(e.lookup, Some(LookupState::Waiting { .. })))
-            .count()
-    }
-
-    /// Whether the request's first probe was answered `Ready` (its lookup, if any, had
-    /// completed in time): `None` for a request not tracked or not probed yet. Kept
-    /// until the request finishes (allocation and preemption keep it).
-    #[must_use]
-    pub fn ready_at_first_probe(&self, request_id: RequestId) -> Option<bool> {
-        match self.requests.get(&request_id)?.first_probe {
-            FirstProbe::NotYet => None,
-            FirstProbe::Ready => Some(true),
-            FirstProbe::Pending => Some(false),
-        }
-    }
-
-    /// True after [`close`](Self::close).
-    #[must_use]
-    pub fn is_closed(&self) -> bool {
-        self.closed
-    }
-
-    fn new_rpc_id(&mut self) -> RpcId {
-        let id = RpcId(self.next_rpc);
-        self.next_rpc += 1;
-        self.stats.rpcs_created += 1;
-        id
-    }
-
-    fn submit(
-        &mut self,
-        request_id: RequestId,
-        num_tokens: u32,
-        hashes: &BlockHashes,
-        origin: Origin,
-        now: Instant,
-    ) -> RpcId {
-        let key = ShareKey::new(num_tokens, hashes);
-        let holds_slot = origin == Origin::Arrival;
-        match origin {
-            Origin::Arrival => self.stats.lookups_arrival += 1,
-            Origin::Probe => self.stats.lookups_probe += 1,
-        }
-        if holds_slot {
-            self.slots_in_use += 1;
-        }
-        let existing = if self.config.lookup_share {
-            self.shared.get(&key).copied()
-        } else {
-            None
-        };
-        let rpc_id = if let Some(rpc_id) = existing {
-            let rpc = self
-                .rpcs
-                .get_mut(&rpc_id)
-                .expect("shared map only names open RPCs");
-            rpc.subscribers.push(request_id);
-            if holds_slot {
-                rpc.slots += 1;
-            }
-            self.stats.rpcs_shared += 1;
-            self.observer.lookup_shared(rpc_id, request_id);
-            if origin == Origin::Probe {
-                self.await_rpc(rpc_id);
-            }
-            rpc_id
-        } else {
-            let rpc_id = self.new_rpc_id();
-            let ticket = Ticket::counted(&self.backlog);
-            self.rpcs.insert(
-                rpc_id,
-                Rpc {
-                    kind: RpcKind::Lookup { key: key.clone() },
-                    ticket: ticket.clone(),
-                    awaited: origin == Origin::Probe,
-                    awaiting: u32::from(origin == Origin::Probe),
-                    subscribers: vec![request_id],
-                    slots: u32::from(holds_slot),
-                    submitted_at: now,
-                },
-            );
-            if self.config.lookup_share {
-                self.shared.insert(key, rpc_id);
-            }
-            self.observer
-                .lookup_submitted(rpc_id, request_id, origin, num_tokens, hashes.len());
-            self.transmits.push_back(Command::Send {
-                rpc_id,
-                origin,
-                body: RpcBody::Lookup {
-                    num_tokens,
-                    block_hashes: hashes.clone(),
-                },
-                ticket,
-            });
-            rpc_id
-        };
-        if let Some(entry) = self.requests.get_mut(&request_id) {
-            entry.lookup = Some(LookupState::Waiting {
-                rpc_id,
-                num_tokens,
-                block_hashes: hashes.clone(),
-                holds_slot,
-                awaited: origin == Origin::Probe,
-            });
-        }
-        rpc_id
-    }
-
-    /// Rule 15: one more subscriber of `rpc_id` probed it.
-    fn await_rpc(&mut self, rpc_id: RpcId) {
-        if let Some(rpc) = self.rpcs.get_mut(&rpc_id) {
-            rpc.awaiting += 1;
-        }
-        self.promote(rpc_id);
-    }
-
-    /// Rule 15: a probe waits for `rpc_id`; if it is queued and not awaited, send it
-    /// before the prefetches.
-    fn promote(&mut self, rpc_id: RpcId) {
-        if !self.config.lookup_priority {
-            return;
-        }
-        if let Some(rpc) = self.rpcs.get_mut(&rpc_id) {
-            if !rpc.awaited && rpc.ticket.state() == TicketState::Queued {
-                rpc.awaited = true;
-                self.stats.promotions += 1;
-                self.transmits.push_back(Command::Promote { rpc_id });
-            }
-        }
-    }
-
-    /// Rules 8-9: detaches the request from its lookup. A slot of a lookup not yet
-    /// sent is freed now; of one on the wire, when its RPC ends (rule 3). An RPC
-    /// nobody waits for any more is cancelled if it was not sent.
-    fn discard_lookup(&mut self, request_id: RequestId) {
-        self.detach(request_id, true);
-    }
-
-    /// [`discard_lookup`](Self::discard_lookup); `demote` false when every lookup is
-    /// being dropped at once (reset), so that no demotion is sent for an RPC about to
-    /// be cancelled.
-    fn detach(&mut self, request_id: RequestId, demote: bool) {
-        let Some(entry) = self.requests.get_mut(&request_id) else {
-            return;
-        };
-        let Some(LookupState::Waiting {
-            rpc_id,
-            holds_slot,
-            awaited,
-            ..
-        }) = entry.lookup.take()
-        else {
-            return;
-        };
-        let Some(rpc) = self.rpcs.get_mut(&rpc_id) else {
-            return;
-        };
-        if let Some(i) = rpc.subscribers.iter().position(|r| *r == request_id) {
-            rpc.subscribers.swap_remove(i);
-        }
-        if awaited {
-            rpc.awaiting -= 1;
-        }
-        if rpc.subscribers.is_empty() && rpc.ticket.cancel() {
-            let rpc = self.take_rpc(rpc_id).expect("present");
-            debug_assert!(rpc.slots >= u32::from(holds_slot));
-            self.stats.rpcs_cancelled += 1;
-            self.observer.lookup_cancelled(rpc_id, rpc.submitted_at);
-            self.transmits.push_back(Command::Cancel { rpc_id });
-            return;
-        }
-        let queued = rpc.ticket.state() == TicketState::Queued;
-        if holds_slot && queued {
-            rpc.slots -= 1;
-            self.slots_in_use -= 1;
-        }
-        // Rule 15: the last probe waiting for it is gone; those left only arrived.
-        if demote && queued && rpc.awaited && rpc.awaiting == 0 && self.config.lookup_priority {
-            rpc.awaited = false;
-            self.stats.demotions += 1;
-            self.transmits.push_back(Command::Demote { rpc_id });
-        }
-    }
-
-    /// Removes an RPC and everything pointing at it except its subscribers' states;
-    /// frees its slots.
-    fn take_rpc(&mut self, rpc_id: RpcId) -> Option<Rpc> {
-        let rpc = self.rpcs.remove(&rpc_id)?;
-        self.slots_in_use -= rpc.slots;
-        if self.retrying == Some(rpc_id) {
-            self.retrying = None;
-        }
-        if let RpcKind::Lookup { key } = &rpc.kind {
-            if self.shared.get(key) == Some(&rpc_id) {
-                self.shared.remove(key);
-            }
-        }
-        Some(rpc)
-    }
-
-    fn finish_lookup(
-        &mut self,
-        rpc_id: RpcId,
-        rpc: Rpc,
-        outcome: LookupOutcome,
-        sent_at: Instant,
-        now: Instant,
-    ) {
-        match outcome {
-            LookupOutcome::Hit { .. } => self.stats.hits += 1,
-            LookupOutcome::Miss => self.stats.misses += 1,
-            LookupOutcome::Malformed => self.stats.failed_malformed += 1,
-            LookupOutcome::Failed(RpcFailure::TimedOut) => self.stats.failed_timed_out += 1,
-            LookupOutcome::Failed(_) => self.stats.failed_transport += 1,
-        }
-        let answer = Answer::of(outcome);
-        if answer.is_unavailable() {
-            // Rule 11: failed requests retry no sooner than this.
-            self.retry_at = Some(deadline_after(now, self.retry_backoff.next_delay()));
-        } else {
-            self.retry_backoff.reset();
-            self.retry_at = None;
-        }
-        let mut answered = 0;
-        let mut request_ids = Vec::new();
-        for request_id in &rpc.subscribers {
-            let Some(entry) = self.requests.get_mut(request_id) else {
-                continue;
-            };
-            // Subscribers always wait on this RPC (discard and refresh detach them),
-            // so the reply answers exactly the question each one asked (rule 7).
-            let Some(LookupState::Waiting {
-                rpc_id: waiting_on,
-                num_tokens,
-                block_hashes,
-                awaited,
-                ..
-            }) = entry.lookup.take()
-            else {
-                continue;
-            };
-            debug_assert_eq!(waiting_on, rpc_id);
-            entry.lookup = Some(LookupState::Done {
-                num_tokens,
-                block_hashes,
-                answer,
-                replied_at: now,
-                owed: awaited,
-            });
-            answered += 1;
-            request_ids.push(*request_id);
-        }
-        request_ids.sort_unstable();
-        if answered == 0 {
-            self.stats.replies_stale += 1;
-        }
-        self.emit(Event::LookupDone {
-            rpc_id,
-            outcome,
-            requests: answered,
-            request_ids,
-            total: now.saturating_duration_since(rpc.submitted_at),
-            queue_wait: sent_at.saturating_duration_since(rpc.submitted_at),
-            on_wire: now.saturating_duration_since(sent_at),
-        });
     }
 }
