@@ -234,7 +234,7 @@ fn s5_ttl_expiry_looks_up_again_but_in_flight_never_expires() {
     let mut c = Config::new(16);
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
-    c.lookup_timeout_s = 60.0;
+    c.lookup_timeout = Duration::from_secs(60);
     let mut h = Harness::new(c);
     h.arrive(&r);
     h.advance(Duration::from_secs(10));
@@ -423,7 +423,7 @@ fn ttl_zero_serves_the_waiting_probe_its_reply_and_reads_each_result_once() {
     let mut c = Config::new(16);
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
-    c.lookup_prefetch_ttl_s = 0.0;
+    c.lookup_prefetch_ttl = Duration::ZERO;
     let mut h = Harness::new(c);
     let r = req(1, 48, &[1, 2, 3]);
     assert_eq!(h.probe(&r, 0), Probe::Pending);
@@ -505,15 +505,16 @@ fn a_failed_lookup_is_not_cached_and_retries_after_the_backoff() {
     assert_eq!(h.lookups.stats().retries_after_failure, 2);
 }
 
-/// Issue regression (huge durations panic): any finite TTL and timeout is accepted
-/// and saturates; nothing panics when the deadline is built.
+/// Issue regression (huge durations panic): any finite TTL and timeout in seconds is
+/// accepted and saturates; nothing panics when the deadline is built.
 #[test]
 fn huge_ttl_and_timeout_saturate_instead_of_panicking() {
     let mut c = Config::new(16);
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
-    c.lookup_prefetch_ttl_s = 1e20;
-    c.lookup_timeout_s = 1e19;
+    c.lookup_prefetch_ttl = lookup_core::duration_from_secs(1e20).unwrap();
+    c.lookup_timeout = lookup_core::duration_from_secs(1e19).unwrap();
+    assert_eq!(c.lookup_prefetch_ttl, Duration::MAX);
     let mut h = Harness::new(c);
     let r = req(1, 48, &[1, 2, 3]);
     h.arrive(&r);
@@ -731,24 +732,22 @@ fn config_rejects_nonsense() {
             .contains("block_size")
     );
     c.block_size = 16;
-    c.lookup_prefetch_ttl_s = f64::NAN;
-    assert!(
-        Lookups::new(c.clone())
-            .unwrap_err()
-            .to_string()
-            .contains("lookup_prefetch_ttl_s")
+    assert_eq!(
+        lookup_core::duration_from_secs(f64::NAN).unwrap_err(),
+        "NaN is not a finite number of seconds >= 0"
     );
-    c.lookup_prefetch_ttl_s = -1.0;
-    assert!(Lookups::new(c.clone()).is_err());
-    c.lookup_prefetch_ttl_s = 2.0;
-    c.lookup_timeout_s = 0.0;
-    assert!(
-        Lookups::new(c.clone())
-            .unwrap_err()
-            .to_string()
-            .contains("lookup_timeout_s")
+    assert_eq!(
+        lookup_core::duration_from_secs(-1.0).unwrap_err(),
+        "-1 is not a finite number of seconds >= 0"
     );
-    c.lookup_timeout_s = 5.0;
+    assert_eq!(
+        lookup_core::duration_from_secs(f64::INFINITY).unwrap_err(),
+        "inf is not a finite number of seconds >= 0"
+    );
+    assert_eq!(
+        lookup_core::duration_from_secs(0.25),
+        Ok(Duration::from_millis(250))
+    );
     c.max_in_flight = 0;
     assert!(
         Lookups::new(c)
@@ -807,7 +806,7 @@ fn end_idle_ends_requests_not_seen_for_longer_than_the_bound() {
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
     c.max_in_flight = 1;
-    c.lookup_timeout_s = 60.0;
+    c.lookup_timeout = Duration::from_secs(60);
     let mut h = Harness::new(c);
     let old = req(1, 32, &[1, 2]);
     let queued = req(2, 32, &[3, 4]);

@@ -23,7 +23,7 @@ fn ready(external_tokens: u32) -> Probe {
 
 /// An async-mode client (prefetch limit `prefetch`, up to `max_in_flight` on the wire).
 fn async_config(endpoint: &Endpoint, prefetch: u32, max_in_flight: u32) -> ClientConfig {
-    let mut config = ClientConfig::new(endpoint.clone(), B);
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = prefetch;
     config.core.max_in_flight = max_in_flight;
@@ -302,8 +302,12 @@ async fn silent_server_then_second_server() {
     let endpoint = dir.ipc("lookup.sock");
     let silent = FakeServer::silent(&endpoint);
     let mut config = async_config(&endpoint, 4, 1);
-    config.core.lookup_timeout_s = 0.3;
-    config.reopen_after_timeouts = 2;
+    config.core.lookup_timeout = Duration::from_millis(300);
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 2;
     let mut client = LookupClient::connect(config).expect("connect");
     let a = request(1, 32, &[1, 2]);
     let b = request(2, 32, &[3, 4]);
@@ -359,8 +363,12 @@ async fn late_reply_is_dropped_and_counted() {
     let server = FakeServer::reference(&endpoint, B, &[1, 2, 3]);
     server.pause();
     let mut config = async_config(&endpoint, 0, 1);
-    config.core.lookup_timeout_s = 0.2;
-    config.reopen_after_timeouts = 0;
+    config.core.lookup_timeout = Duration::from_millis(200);
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 0;
     let mut client = LookupClient::connect(config).expect("connect");
     let a = request(1, 48, &[1, 2, 3]);
     assert_eq!(probe_ready(&mut client, &a, 0).await, ready(0));
@@ -477,8 +485,8 @@ async fn sync_probe_wait_both_formats() {
     for format in [Format::TaggedBlob, Format::MsgpackHex] {
         let endpoint = free_tcp();
         let server = FakeServer::reference(&endpoint, B, &[1, 2]);
-        let mut config = ClientConfig::new(endpoint.clone(), B);
-        config.format = format;
+        let mut config = ClientConfig::zmq(endpoint.clone(), B);
+        config.transport.zmq_mut().expect("zmq").format = format;
         let mut client = LookupClient::connect(config).expect("connect");
         let req = request(1, 60, &[1, 2, 3]);
         assert_eq!(client.probe_wait(&req, 0).await, ready(32), "{format}");
@@ -518,8 +526,8 @@ async fn msgpack_reset_is_not_sent() {
     let dir = TempDir::new("mpreset");
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[]);
-    let mut config = ClientConfig::new(endpoint.clone(), B);
-    config.format = Format::MsgpackHex;
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
+    config.transport.zmq_mut().expect("zmq").format = Format::MsgpackHex;
     let mut client = LookupClient::connect(config).expect("connect");
     assert_eq!(
         client.reset_and_wait().await.expect("open"),
@@ -538,8 +546,8 @@ async fn sync_probe_wait_is_bounded() {
     let dir = TempDir::new("syncto");
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::silent(&endpoint);
-    let mut config = ClientConfig::new(endpoint.clone(), B);
-    config.core.lookup_timeout_s = 0.2;
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
+    config.core.lookup_timeout = Duration::from_millis(200);
     let mut client = LookupClient::connect(config).expect("connect");
     let req = request(1, 32, &[1, 2]);
     let answer = tokio::time::timeout(LIMIT, client.probe_wait(&req, 0))
@@ -564,7 +572,7 @@ fn probe_blocking_from_a_plain_thread() {
     let endpoint = dir.ipc("lookup.sock");
     let server = runtime.block_on(async { FakeServer::reference(&endpoint, B, &[1, 2]) });
     let mut client =
-        LookupClient::connect_with_handle(ClientConfig::new(endpoint.clone(), B), runtime.handle())
+        LookupClient::connect_with_handle(ClientConfig::zmq(endpoint.clone(), B), runtime.handle())
             .expect("connect");
     let answers = std::thread::spawn(move || {
         let a = client
@@ -597,7 +605,7 @@ fn probe_blocking_inside_runtimes() {
     multi.block_on(async {
         let server = FakeServer::reference(&endpoint, B, &[1, 2]);
         let mut client =
-            LookupClient::connect(ClientConfig::new(endpoint.clone(), B)).expect("connect");
+            LookupClient::connect(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
         let answer = tokio::spawn(async move {
             let answer = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
             client.close();
@@ -614,7 +622,7 @@ fn probe_blocking_inside_runtimes() {
         .expect("runtime");
     single.block_on(async {
         let mut client =
-            LookupClient::connect(ClientConfig::new(endpoint.clone(), B)).expect("connect");
+            LookupClient::connect(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
         let refused = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
         assert!(
             matches!(refused, Err(Error::BlockingInRuntime)),
@@ -629,7 +637,7 @@ fn probe_blocking_inside_runtimes() {
 #[test]
 fn connect_outside_a_runtime_is_an_error() {
     let endpoint: Endpoint = "tcp://127.0.0.1:1".parse().expect("endpoint");
-    let err = LookupClient::connect(ClientConfig::new(endpoint, B)).expect_err("no runtime");
+    let err = LookupClient::connect(ClientConfig::zmq(endpoint, B)).expect_err("no runtime");
     assert!(matches!(err, Error::NoRuntime), "{err:?}");
 }
 
@@ -637,7 +645,7 @@ fn connect_outside_a_runtime_is_an_error() {
 #[tokio::test]
 async fn invalid_config_is_refused() {
     let endpoint: Endpoint = "tcp://127.0.0.1:1".parse().expect("endpoint");
-    let err = LookupClient::connect(ClientConfig::new(endpoint, 0)).expect_err("block size 0");
+    let err = LookupClient::connect(ClientConfig::zmq(endpoint, 0)).expect_err("block size 0");
     assert!(matches!(err, Error::Core(_)), "{err:?}");
 }
 
