@@ -27,8 +27,12 @@ async fn direct_metrics_gauge_outcomes_and_latency() {
     let fake = FakeMaster::start(Behaviour::Gated).await;
     let layout = KeyLayout::new("m");
     fake.store(&layout.chain_keys(&BlockHashes::from_u64s(&[1, 2]), 2));
-    let mut config = ClientConfig::direct(DirectConfig::new(&fake.addr, layout), B);
+    let mut config = ClientConfig::new(
+        DirectConfig::parse(&fake.addr, layout).expect("master address"),
+        B,
+    );
     config.core.lookup_async = true;
+    config.client_label = Some("engine".to_owned());
     config.core.lookup_prefetch_limit = 8;
     config.core.max_in_flight = 2;
     let mut client = LookupClient::connect(config).expect("connect");
@@ -42,8 +46,15 @@ async fn direct_metrics_gauge_outcomes_and_latency() {
     })
     .await;
     let text = handle.render();
-    assert_eq!(value(&text, "lookup_in_flight"), Some(2.0), "{text}");
-    assert_eq!(value(&text, "lookup_prefetch_slots_in_use"), Some(2.0));
+    assert_eq!(
+        value(&text, "lookup_in_flight{client=\"engine\"}"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "lookup_prefetch_slots_in_use{client=\"engine\"}"),
+        Some(2.0)
+    );
 
     fake.open_gate();
     eventually("both lookups answered", || {
@@ -67,13 +78,25 @@ async fn direct_metrics_gauge_outcomes_and_latency() {
     );
     let text = handle.render();
     for (series, want) in [
-        ("lookup_in_flight", 0.0),
-        ("lookup_prefetch_slots_in_use", 0.0),
-        ("lookup_outcomes_total{outcome=\"hit\"}", 2.0),
-        ("lookup_latency_seconds_count{outcome=\"hit\"}", 2.0),
-        ("lookup_queue_wait_seconds_count", 2.0),
-        ("lookup_lookups_total{origin=\"arrival\"}", 2.0),
-        ("lookup_first_probes_total{result=\"ready\"}", 2.0),
+        ("lookup_in_flight{client=\"engine\"}", 0.0),
+        ("lookup_prefetch_slots_in_use{client=\"engine\"}", 0.0),
+        (
+            "lookup_outcomes_total{client=\"engine\",outcome=\"hit\"}",
+            2.0,
+        ),
+        (
+            "lookup_latency_seconds_count{client=\"engine\",outcome=\"hit\"}",
+            2.0,
+        ),
+        ("lookup_queue_wait_seconds_count{client=\"engine\"}", 2.0),
+        (
+            "lookup_lookups_total{client=\"engine\",origin=\"arrival\"}",
+            2.0,
+        ),
+        (
+            "lookup_first_probes_total{client=\"engine\",result=\"ready\"}",
+            2.0,
+        ),
     ] {
         assert_eq!(value(&text, series), Some(want), "{series} in:\n{text}");
     }

@@ -133,7 +133,11 @@ async fn replies_delayed_past_timeout_then_delivered_late() {
         }
     });
     let mut config = async_config(&endpoint, 8, 4, TIMEOUT_S);
-    config.reopen_after_timeouts = 0;
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 0;
     let mut h = Harness::connect(config);
     let reqs = requests(0..REQUESTS);
     let deadline = Instant::now() + LIMIT;

@@ -230,7 +230,11 @@ async fn client_hangs_up_on_a_reply_claiming_a_gigabyte() {
     });
     let before = vm_size();
     let mut config = async_config(&endpoint, 0, 1, 2.0);
-    config.reopen_after_timeouts = 0;
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 0;
     let mut h = Harness::connect(config);
     let req = request(5);
     h.probe_until_ready(std::slice::from_ref(&req), Instant::now() + LIMIT)

@@ -32,10 +32,12 @@ fn ready(external_tokens: u32) -> Probe {
 
 /// An async-mode client (prefetch limit `prefetch`, up to `max_in_flight` on the wire).
 fn async_config(endpoint: &Endpoint, prefetch: u32, max_in_flight: u32) -> ClientConfig {
-    let mut config = ClientConfig::new(endpoint.clone(), B);
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = prefetch;
     config.core.max_in_flight = max_in_flight;
+    // One label for every client of the test, so that their series add up.
+    config.client_label = Some("engine".to_owned());
     config
 }
 
@@ -112,8 +114,12 @@ async fn exporter_reports_a_known_sequence() {
     // --- A silent peer: two lookups on the wire time out, then the socket reopens.
     let silent = FakeServer::silent(&free_tcp());
     let mut config = async_config(silent.endpoint(), 1, 2);
-    config.core.lookup_timeout_s = 1.0;
-    config.reopen_after_timeouts = 2;
+    config.core.lookup_timeout = Duration::from_secs(1);
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 2;
     let mut s = LookupClient::connect(config).expect("connect");
     let r20 = request(20, 50, &[21, 22, 23]);
     let r21 = request(21, 50, &[31, 32, 33]);
@@ -125,8 +131,8 @@ async fn exporter_reports_a_known_sequence() {
     expect(
         &scrape(metrics_addr).await,
         &[
-            ("lookup_in_flight", 2.0),
-            ("lookup_prefetch_slots_in_use", 1.0),
+            ("lookup_in_flight{client=\"engine\"}", 2.0),
+            ("lookup_prefetch_slots_in_use{client=\"engine\"}", 1.0),
         ],
     );
     until_client(&mut s, "two timeouts and a reopen", |c| {
@@ -179,7 +185,7 @@ async fn exporter_reports_a_known_sequence() {
 
     // --- A result that outlives its TTL is looked up again at the probe.
     let mut config = async_config(&endpoint, 1, 1);
-    config.core.lookup_prefetch_ttl_s = 0.05;
+    config.core.lookup_prefetch_ttl = Duration::from_millis(50);
     let mut t = LookupClient::connect(config).expect("connect");
     let r10 = request(10, 50, &[1, 2, 3]);
     t.on_new_request(&r10);
@@ -202,43 +208,83 @@ async fn exporter_reports_a_known_sequence() {
     a.shutdown().await;
 
     let text = scrape(metrics_addr).await;
-    let outcome = |name: &str, outcome: &str| format!("{name}{{outcome=\"{outcome}\"}}");
+    let outcome =
+        |name: &str, outcome: &str| format!("{name}{{client=\"engine\",outcome=\"{outcome}\"}}");
     let mut samples: Vec<(String, f64)> = vec![
         // Lookups: S 1 arrival + 1 probe; A 6 arrivals + 2 probes; T 1 + 1.
-        ("lookup_lookups_total{origin=\"arrival\"}".into(), 8.0),
-        ("lookup_lookups_total{origin=\"probe\"}".into(), 4.0),
-        ("lookup_rpcs_shared_total".into(), 1.0),
-        ("lookup_refreshes_total{reason=\"ttl\"}".into(), 1.0),
-        ("lookup_refreshes_total{reason=\"chain\"}".into(), 1.0),
         (
-            "lookup_prefetch_skipped_total{reason=\"ineligible\"}".into(),
+            "lookup_lookups_total{client=\"engine\",origin=\"arrival\"}".into(),
+            8.0,
+        ),
+        (
+            "lookup_lookups_total{client=\"engine\",origin=\"probe\"}".into(),
+            4.0,
+        ),
+        ("lookup_rpcs_shared_total{client=\"engine\"}".into(), 1.0),
+        (
+            "lookup_refreshes_total{client=\"engine\",reason=\"ttl\"}".into(),
             1.0,
         ),
         (
-            "lookup_prefetch_skipped_total{reason=\"cap_full\"}".into(),
+            "lookup_refreshes_total{client=\"engine\",reason=\"chain\"}".into(),
             1.0,
         ),
         (
-            "lookup_prefetch_skipped_total{reason=\"backlog_full\"}".into(),
+            "lookup_prefetch_skipped_total{client=\"engine\",reason=\"ineligible\"}".into(),
+            1.0,
+        ),
+        (
+            "lookup_prefetch_skipped_total{client=\"engine\",reason=\"cap_full\"}".into(),
+            1.0,
+        ),
+        (
+            "lookup_prefetch_skipped_total{client=\"engine\",reason=\"backlog_full\"}".into(),
             0.0,
         ),
         // First probes: ready r1 r4 r2 r3; pending r20 (S), r5 (A), r10 (T).
-        ("lookup_first_probes_total{result=\"ready\"}".into(), 4.0),
-        ("lookup_first_probes_total{result=\"pending\"}".into(), 3.0),
-        ("lookup_first_probe_ready_ratio".into(), 4.0 / 7.0),
-        // Every lookup RPC sent: S 2, A 6 (r0 r1 r2 r3, the refresh, r5), T 2.
-        ("lookup_queue_wait_seconds_count".into(), 10.0),
-        ("lookup_in_flight".into(), 0.0),
-        ("lookup_prefetch_slots_in_use".into(), 0.0),
         (
-            "lookup_socket_reopens_total{reason=\"timeouts\"}".into(),
+            "lookup_first_probes_total{client=\"engine\",result=\"ready\"}".into(),
+            4.0,
+        ),
+        (
+            "lookup_first_probes_total{client=\"engine\",result=\"pending\"}".into(),
+            3.0,
+        ),
+        (
+            "lookup_first_probe_ready_ratio{client=\"engine\"}".into(),
+            4.0 / 7.0,
+        ),
+        // Every lookup RPC sent: S 2, A 6 (r0 r1 r2 r3, the refresh, r5), T 2.
+        (
+            "lookup_queue_wait_seconds_count{client=\"engine\"}".into(),
+            10.0,
+        ),
+        ("lookup_in_flight{client=\"engine\"}".into(), 0.0),
+        (
+            "lookup_prefetch_slots_in_use{client=\"engine\"}".into(),
+            0.0,
+        ),
+        (
+            "lookup_socket_reopens_total{client=\"engine\",reason=\"timeouts\"}".into(),
             1.0,
         ),
-        ("lookup_socket_reopens_total{reason=\"reset\"}".into(), 1.0),
-        ("lookup_socket_reopens_total{reason=\"error\"}".into(), 0.0),
-        ("lookup_late_replies_total".into(), 0.0),
-        ("lookup_resets_total{outcome=\"ok\"}".into(), 1.0),
-        ("lookup_resets_total{outcome=\"failed\"}".into(), 0.0),
+        (
+            "lookup_socket_reopens_total{client=\"engine\",reason=\"reset\"}".into(),
+            1.0,
+        ),
+        (
+            "lookup_socket_reopens_total{client=\"engine\",reason=\"error\"}".into(),
+            0.0,
+        ),
+        ("lookup_late_replies_total{client=\"engine\"}".into(), 0.0),
+        (
+            "lookup_resets_total{client=\"engine\",outcome=\"ok\"}".into(),
+            1.0,
+        ),
+        (
+            "lookup_resets_total{client=\"engine\",outcome=\"failed\"}".into(),
+            0.0,
+        ),
         // Server: lookups A 6 + T 2; keys 2+3+3+3+4+2 + 3+3; one index call each.
         (
             "lookup_server_requests_total{format=\"tagged-blob\",kind=\"lookup\"}".into(),
@@ -299,11 +345,11 @@ async fn exporter_reports_a_known_sequence() {
         &text,
         &[
             (
-                "lookup_latency_seconds_bucket{outcome=\"timed_out\",le=\"0.5\"}",
+                "lookup_latency_seconds_bucket{client=\"engine\",outcome=\"timed_out\",le=\"0.5\"}",
                 0.0,
             ),
             (
-                "lookup_latency_seconds_bucket{outcome=\"timed_out\",le=\"2.5\"}",
+                "lookup_latency_seconds_bucket{client=\"engine\",outcome=\"timed_out\",le=\"2.5\"}",
                 2.0,
             ),
         ],

@@ -12,7 +12,7 @@ fn config() -> Config {
     let mut c = Config::new(16);
     c.lookup_async = true;
     c.lookup_prefetch_limit = 64;
-    c.lookup_prefetch_ttl_s = 3600.0;
+    c.lookup_prefetch_ttl = Duration::from_secs(3600);
     c
 }
 

@@ -8,8 +8,12 @@ use crate::Error;
 /// vLLM's (`kv_connector_extra_config`); the fields marked *ours* go beyond vLLM.
 ///
 /// Build with [`Config::new`] (which takes the one required key, `block_size`) and
-/// adjust fields; [`Lookups::new`](crate::Lookups::new) validates it.
+/// adjust fields; [`Lookups::new`](crate::Lookups::new) validates it. Times are
+/// [`Duration`]s; vLLM's float-second keys (`lookup_prefetch_ttl_s`,
+/// `lookup_timeout_s`) are read into them by `lookup_tokio::ClientConfig`'s
+/// `from_kv_connector_extra_config`. `#[non_exhaustive]`: later keys are additions.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// False: every probe answers `Ready(0)` and no RPC is ever sent. Default true.
     pub enable_lookup: bool,
@@ -22,12 +26,16 @@ pub struct Config {
     /// Most arrival-time lookups (prefetches) in flight at once; 0 (the default)
     /// disables prefetch (`spec/behaviour.md` rules 2-3).
     pub lookup_prefetch_limit: u32,
-    /// Seconds a completed result stays valid, measured from its reply; older results
-    /// are looked up again at the next probe (rule 6). Default 2.0.
-    pub lookup_prefetch_ttl_s: f64,
-    /// *Ours*: seconds an RPC may stay unanswered after it was sent before it fails
-    /// open with 0 hits (rule 17). Default 5.0.
-    pub lookup_timeout_s: f64,
+    /// vLLM's `lookup_prefetch_ttl_s`: how long a completed result stays valid,
+    /// measured from its reply; older results are looked up again at the next probe
+    /// (rule 6). Zero: each result is read once. Default 2 s.
+    pub lookup_prefetch_ttl: Duration,
+    /// *Ours* (`lookup_timeout_s`): how long an RPC may stay unanswered after it was
+    /// sent before it fails open with 0 hits (rule 17). A value beyond any deadline
+    /// the clock can hold means "never" (deadlines saturate); zero fails each RPC as
+    /// it is released (vLLM's key must be a positive number of seconds, so only a
+    /// value below 1 ns read from it gives zero). Default 5 s.
+    pub lookup_timeout: Duration,
     /// Lookup alignment in tokens, `B` (vLLM default 16; Mooncake traces 512). Required.
     pub block_size: u32,
     /// *Ours*: lookups a probe waits for go to the wire before queued prefetches, and a
@@ -55,8 +63,8 @@ impl Config {
             lookup_async: false,
             load_async: true,
             lookup_prefetch_limit: 0,
-            lookup_prefetch_ttl_s: 2.0,
-            lookup_timeout_s: 5.0,
+            lookup_prefetch_ttl: Duration::from_secs(2),
+            lookup_timeout: Duration::from_secs(5),
             block_size,
             lookup_priority: true,
             lookup_share: true,
@@ -68,31 +76,14 @@ impl Config {
     /// Checks every field.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] naming the key: `block_size` 0; a TTL that is negative,
-    /// NaN or infinite; a timeout that is not a finite positive number; `max_in_flight`
-    /// or `max_queued` 0.
+    /// [`Error::InvalidConfig`] naming the key: `block_size` 0; `max_in_flight` or
+    /// `max_queued` 0. (A negative, NaN or infinite number of seconds cannot be a
+    /// [`Duration`], and a `lookup_timeout_s` of 0: the reader of vLLM's keys rejects
+    /// them, naming the key.)
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &'static str, why: String| Err(Error::InvalidConfig { key, why });
         if self.block_size == 0 {
             return bad("block_size", "must be at least 1 token".into());
-        }
-        if !self.lookup_prefetch_ttl_s.is_finite() || self.lookup_prefetch_ttl_s < 0.0 {
-            return bad(
-                "lookup_prefetch_ttl_s",
-                format!(
-                    "{} is not a finite number of seconds >= 0",
-                    self.lookup_prefetch_ttl_s
-                ),
-            );
-        }
-        if !self.lookup_timeout_s.is_finite() || self.lookup_timeout_s <= 0.0 {
-            return bad(
-                "lookup_timeout_s",
-                format!(
-                    "{} is not a finite number of seconds > 0",
-                    self.lookup_timeout_s
-                ),
-            );
         }
         if self.max_in_flight == 0 {
             return bad("max_in_flight", "must be at least 1".into());
@@ -110,24 +101,30 @@ impl Config {
         self.enable_lookup && self.lookup_async && self.lookup_prefetch_limit > 0
     }
 
-    /// `lookup_prefetch_ttl_s` as a [`Duration`], saturating at [`Duration::MAX`] for
-    /// values too large to represent (call after [`validate`](Self::validate)).
+    /// [`lookup_prefetch_ttl`](Self::lookup_prefetch_ttl).
     #[must_use]
     pub fn ttl(&self) -> Duration {
-        seconds(self.lookup_prefetch_ttl_s)
+        self.lookup_prefetch_ttl
     }
 
-    /// `lookup_timeout_s` as a [`Duration`], saturating at [`Duration::MAX`] for
-    /// values too large to represent (call after [`validate`](Self::validate)).
+    /// [`lookup_timeout`](Self::lookup_timeout).
     #[must_use]
     pub fn timeout(&self) -> Duration {
-        seconds(self.lookup_timeout_s)
+        self.lookup_timeout
     }
 }
 
-/// Finite seconds >= 0 as a [`Duration`]; values beyond its range mean "never" and
-/// saturate instead of panicking (a deadline built from one saturates too:
+/// Seconds as a [`Duration`], as vLLM's float-second keys give them: finite and
+/// `>= 0`; values beyond a [`Duration`]'s range mean "never" and saturate at
+/// [`Duration::MAX`] instead of panicking (a deadline built from one saturates too:
 /// [`timer::deadline_after`](crate::timer::deadline_after)).
-fn seconds(s: f64) -> Duration {
-    Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+///
+/// # Errors
+/// A text saying what is wrong (for the caller to name the key): a negative, NaN or
+/// infinite number.
+pub fn duration_from_secs(s: f64) -> Result<Duration, String> {
+    if s.is_nan() || s.is_infinite() || s < 0.0 {
+        return Err(format!("{s} is not a finite number of seconds >= 0"));
+    }
+    Ok(Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX))
 }

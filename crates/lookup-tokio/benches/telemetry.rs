@@ -27,11 +27,11 @@ fn request(id: u64) -> Request {
 }
 
 fn config(endpoint: Endpoint) -> ClientConfig {
-    let mut config = ClientConfig::new(endpoint, B);
+    let mut config = ClientConfig::zmq(endpoint, B);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 1 << 20;
-    config.core.lookup_prefetch_ttl_s = 3600.0;
-    config.core.lookup_timeout_s = 3600.0;
+    config.core.lookup_prefetch_ttl = Duration::from_secs(3600);
+    config.core.lookup_timeout = Duration::from_secs(3600);
     config
 }
 

@@ -27,12 +27,24 @@ pub enum Error {
     /// current-thread tokio runtime, where blocking would stop the I/O task.
     #[error("probe_blocking called on a current-thread runtime's thread; use probe_wait")]
     BlockingInRuntime,
-    /// Caller misuse: an invalid client transport setting (an empty master address,
-    /// a master client setting it would refuse: see `DirectConfig::validate`).
+    /// Caller misuse: an invalid client setting: a master address that does not parse
+    /// (`DirectConfig::parse`), a master client setting it would refuse
+    /// (`DirectConfig::validate`), a builder without a transport, an endpoint that
+    /// does not parse (`ClientBuilder`).
     #[error("invalid client configuration `{key}`: {why}")]
     InvalidClientConfig {
         /// The setting's name.
         key: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// Caller misuse: a key of vLLM's `kv_connector_extra_config` that is unknown,
+    /// has a value of the wrong type, or is out of range
+    /// (`KvConnectorExtraConfig::from_kv_connector_extra_config`).
+    #[error("kv_connector_extra_config key `{key}`: {why}")]
+    ExtraConfig {
+        /// The key as written.
+        key: String,
         /// What is wrong with it.
         why: String,
     },

@@ -58,11 +58,15 @@ mod clock;
 mod error;
 mod io;
 pub mod metrics;
+mod transport;
 mod warn;
 
-pub use client::{ClientConfig, ClientStats, LookupClient, LookupHandle};
+pub use client::{
+    ClientBuilder, ClientConfig, ClientStats, KvConnectorExtraConfig, LookupClient, LookupHandle,
+    VLLM_STORE_KEYS,
+};
 pub use error::Error;
-pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
+pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig};
 /// Where the lookup server listens (`spec/wire.md`, "Transport").
 pub use lookup_core::Endpoint;
 /// The core's types a scheduler names, so that one dependency line is enough.
@@ -73,5 +77,8 @@ pub use lookup_core::{
 /// The Mooncake master client behind [`Transport::Direct`] (its configuration and
 /// errors).
 pub use mooncake_master;
+/// The master's address (`host:port` or `etcd://...`), checked when parsed.
+pub use mooncake_master::MasterAddr;
 /// How [`DirectConfig`] turns block hashes into store keys.
 pub use mooncake_master::{KeyLayout, RankNamespace};
+pub use transport::{Transport, ZmqConfig};

@@ -53,7 +53,7 @@ async fn lookup_span_carries_request_and_outcome() {
         index,
     )
     .expect("bind");
-    let mut config = ClientConfig::new(server.local_endpoint().clone(), 16);
+    let mut config = ClientConfig::zmq(server.local_endpoint().clone(), 16);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 4;
     let mut client = LookupClient::connect(config).expect("connect");
@@ -63,7 +63,7 @@ async fn lookup_span_carries_request_and_outcome() {
         block_hashes,
         skip_reading_external_kv: false,
     };
-    client.on_new_request(&req);
+    client.on_new_request_with_id(&req, "cmpl-42");
     let deadline = Instant::now() + Duration::from_secs(10);
     let answer = loop {
         match client.probe(&req, 0) {
@@ -92,6 +92,7 @@ async fn lookup_span_carries_request_and_outcome() {
         .unwrap_or_else(|| panic!("no closed lookup span in:\n{text}"));
     for field in [
         "request_id=7",
+        "caller_request_id=\"cmpl-42\"",
         "rpc_id=1",
         "origin=\"arrival\"",
         "num_tokens=50",

@@ -24,8 +24,8 @@ const READY_ZERO: Probe = Probe::Ready {
 /// Sync probes against `endpoint`: each answers an unavailable 0 long before the
 /// 30 s `lookup_timeout_s`. Returns the two probes' latencies.
 async fn probes_fail_fast(endpoint: Endpoint) -> (Duration, Duration, u64) {
-    let mut config = ClientConfig::new(endpoint, 16);
-    config.core.lookup_timeout_s = 30.0;
+    let mut config = ClientConfig::zmq(endpoint, 16);
+    config.core.lookup_timeout = Duration::from_secs(30);
     let mut client = LookupClient::connect(config).expect("connect");
     let t0 = Instant::now();
     assert_eq!(client.probe_wait(&req(1), 0).await, READY_ZERO);

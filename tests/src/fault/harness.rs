@@ -527,11 +527,11 @@ pub fn async_config(
     max_in_flight: u32,
     timeout_s: f64,
 ) -> ClientConfig {
-    let mut config = ClientConfig::new(endpoint.clone(), B);
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = prefetch;
     config.core.max_in_flight = max_in_flight;
-    config.core.lookup_timeout_s = timeout_s;
+    config.core.lookup_timeout = lookup_core::duration_from_secs(timeout_s).expect("seconds");
     config.event_capacity = 1 << 20;
     config
 }

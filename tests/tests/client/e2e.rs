@@ -27,7 +27,7 @@ fn ready(external_tokens: u32) -> Probe {
 
 /// An async-mode client (prefetch limit `prefetch`, up to `max_in_flight` on the wire).
 fn async_config(endpoint: &Endpoint, prefetch: u32, max_in_flight: u32) -> ClientConfig {
-    let mut config = ClientConfig::new(endpoint.clone(), B);
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = prefetch;
     config.core.max_in_flight = max_in_flight;
@@ -306,8 +306,12 @@ async fn silent_server_then_second_server() {
     let endpoint = dir.ipc("lookup.sock");
     let silent = FakeServer::silent(&endpoint);
     let mut config = async_config(&endpoint, 4, 1);
-    config.core.lookup_timeout_s = 0.3;
-    config.reopen_after_timeouts = 2;
+    config.core.lookup_timeout = Duration::from_millis(300);
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 2;
     let mut client = LookupClient::connect(config).expect("connect");
     let a = request(1, 32, &[1, 2]);
     let b = request(2, 32, &[3, 4]);
@@ -363,8 +367,12 @@ async fn late_reply_is_dropped_and_counted() {
     let server = FakeServer::reference(&endpoint, B, &[1, 2, 3]);
     server.pause();
     let mut config = async_config(&endpoint, 0, 1);
-    config.core.lookup_timeout_s = 0.2;
-    config.reopen_after_timeouts = 0;
+    config.core.lookup_timeout = Duration::from_millis(200);
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 0;
     let mut client = LookupClient::connect(config).expect("connect");
     let a = request(1, 48, &[1, 2, 3]);
     assert_eq!(probe_ready(&mut client, &a, 0).await, ready(0));

@@ -11,8 +11,8 @@ async fn sync_probe_wait_both_formats() {
     for format in [Format::TaggedBlob, Format::MsgpackHex] {
         let endpoint = free_tcp();
         let server = FakeServer::reference(&endpoint, B, &[1, 2]);
-        let mut config = ClientConfig::new(endpoint.clone(), B);
-        config.format = format;
+        let mut config = ClientConfig::zmq(endpoint.clone(), B);
+        config.transport.zmq_mut().expect("zmq").format = format;
         let mut client = LookupClient::connect(config).expect("connect");
         let req = request(1, 60, &[1, 2, 3]);
         assert_eq!(client.probe_wait(&req, 0).await, ready(32), "{format}");
@@ -52,8 +52,8 @@ async fn msgpack_reset_is_not_sent() {
     let dir = TempDir::new("mpreset");
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[]);
-    let mut config = ClientConfig::new(endpoint.clone(), B);
-    config.format = Format::MsgpackHex;
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
+    config.transport.zmq_mut().expect("zmq").format = Format::MsgpackHex;
     let mut client = LookupClient::connect(config).expect("connect");
     assert_eq!(
         client.reset_and_wait().await.expect("open"),
@@ -72,8 +72,8 @@ async fn sync_probe_wait_is_bounded() {
     let dir = TempDir::new("syncto");
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::silent(&endpoint);
-    let mut config = ClientConfig::new(endpoint.clone(), B);
-    config.core.lookup_timeout_s = 0.2;
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
+    config.core.lookup_timeout = Duration::from_millis(200);
     let mut client = LookupClient::connect(config).expect("connect");
     let req = request(1, 32, &[1, 2]);
     let answer = tokio::time::timeout(LIMIT, client.probe_wait(&req, 0))
@@ -98,7 +98,7 @@ fn probe_blocking_from_a_plain_thread() {
     let endpoint = dir.ipc("lookup.sock");
     let server = runtime.block_on(async { FakeServer::reference(&endpoint, B, &[1, 2]) });
     let mut client =
-        LookupClient::connect_with_handle(ClientConfig::new(endpoint.clone(), B), runtime.handle())
+        LookupClient::connect_with_handle(ClientConfig::zmq(endpoint.clone(), B), runtime.handle())
             .expect("connect");
     let answers = std::thread::spawn(move || {
         let a = client
@@ -131,7 +131,7 @@ fn probe_blocking_inside_runtimes() {
     multi.block_on(async {
         let server = FakeServer::reference(&endpoint, B, &[1, 2]);
         let mut client =
-            LookupClient::connect(ClientConfig::new(endpoint.clone(), B)).expect("connect");
+            LookupClient::connect(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
         let answer = tokio::spawn(async move {
             let answer = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
             client.close();
@@ -148,7 +148,7 @@ fn probe_blocking_inside_runtimes() {
         .expect("runtime");
     single.block_on(async {
         let mut client =
-            LookupClient::connect(ClientConfig::new(endpoint.clone(), B)).expect("connect");
+            LookupClient::connect(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
         let refused = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
         assert!(
             matches!(refused, Err(Error::BlockingInRuntime)),
@@ -163,7 +163,7 @@ fn probe_blocking_inside_runtimes() {
 #[test]
 fn connect_outside_a_runtime_is_an_error() {
     let endpoint: Endpoint = "tcp://127.0.0.1:1".parse().expect("endpoint");
-    let err = LookupClient::connect(ClientConfig::new(endpoint, B)).expect_err("no runtime");
+    let err = LookupClient::connect(ClientConfig::zmq(endpoint, B)).expect_err("no runtime");
     assert!(matches!(err, Error::NoRuntime), "{err:?}");
 }
 
@@ -171,7 +171,7 @@ fn connect_outside_a_runtime_is_an_error() {
 #[tokio::test]
 async fn invalid_config_is_refused() {
     let endpoint: Endpoint = "tcp://127.0.0.1:1".parse().expect("endpoint");
-    let err = LookupClient::connect(ClientConfig::new(endpoint, 0)).expect_err("block size 0");
+    let err = LookupClient::connect(ClientConfig::zmq(endpoint, 0)).expect_err("block size 0");
     assert!(matches!(err, Error::Core(_)), "{err:?}");
 }
 

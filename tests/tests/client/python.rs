@@ -161,8 +161,8 @@ async fn our_client_against_python_rep_server() {
         // Lookups sent before the peer binds fail fast as unavailable (the client
         // checks its endpoint): wait until Python has started and bound.
         wait_for_socket_file(&endpoint);
-        let mut config = ClientConfig::new(endpoint.clone(), B);
-        config.format = format;
+        let mut config = ClientConfig::zmq(endpoint.clone(), B);
+        config.transport.zmq_mut().expect("zmq").format = format;
         let mut client = LookupClient::connect(config).expect("connect");
         let a = request(1, 60, &[1, 2, 3]);
         let b = request(2, 48, &[1, 9, 3]);

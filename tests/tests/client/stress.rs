@@ -134,7 +134,7 @@ async fn ten_clients_thousand_lookups_each() {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (c, cases) in cases.into_iter().enumerate() {
-        let mut config = ClientConfig::new(endpoint.clone(), B);
+        let mut config = ClientConfig::zmq(endpoint.clone(), B);
         let sync = c % 2 == 0;
         if !sync {
             config.core.lookup_async = true;
@@ -212,12 +212,16 @@ async fn server_restart_mid_run() {
         .map(|j| case(50_000 + j, &index, &layout))
         .collect();
     let first = server(&endpoint, &index, &layout);
-    let mut config = ClientConfig::new(endpoint.clone(), B);
+    let mut config = ClientConfig::zmq(endpoint.clone(), B);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 8;
     config.core.max_in_flight = 4;
-    config.core.lookup_timeout_s = 0.3;
-    config.reopen_after_timeouts = 3;
+    config.core.lookup_timeout = Duration::from_millis(300);
+    config
+        .transport
+        .zmq_mut()
+        .expect("zmq")
+        .reopen_after_timeouts = 3;
     let mut client = LookupClient::connect(config).expect("connect");
 
     // Like a scheduler step loop: each step probes every waiting request of the batch

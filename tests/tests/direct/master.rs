@@ -46,9 +46,9 @@ fn master_config(chunk_keys: usize) -> MasterConfig {
 }
 
 fn direct_config(master: &Master, layout: &KeyLayout, chunk_keys: usize) -> ClientConfig {
-    let mut direct = DirectConfig::new(master.addr(), layout.clone());
+    let mut direct = DirectConfig::parse(&master.addr(), layout.clone()).expect("master address");
     direct.master_config = master_config(chunk_keys);
-    ClientConfig::direct(direct, B)
+    ClientConfig::new(direct, B)
 }
 
 /// What the scheduler should be told for `num_tokens` tokens of `ids` with a local hit
@@ -148,7 +148,7 @@ async fn direct_and_via_server_agree_on_500_random_chains_mooncake_master() {
     )
     .expect("bind");
     let mut via_server =
-        LookupClient::connect(ClientConfig::new(server.local_endpoint().clone(), B))
+        LookupClient::connect(ClientConfig::zmq(server.local_endpoint().clone(), B))
             .expect("zmq client");
     let mut direct = LookupClient::connect(direct_config(&master, &layout, 6)).expect("direct");
 

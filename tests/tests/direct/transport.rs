@@ -31,9 +31,9 @@ fn layout() -> KeyLayout {
 
 /// Sync mode (vLLM's default) over the direct transport, `chunk_keys` keys per call.
 fn config(master: &str, chunk_keys: usize) -> ClientConfig {
-    let mut direct = DirectConfig::new(master, layout());
+    let mut direct = DirectConfig::parse(master, layout()).expect("master address");
     direct.master_config.chunk_keys = chunk_keys;
-    ClientConfig::direct(direct, B)
+    ClientConfig::new(direct, B)
 }
 
 /// The keys of blocks `ids` in both namespaces, block-major.
@@ -128,7 +128,7 @@ async fn direct_reset_is_refused_without_a_call() {
 async fn direct_silent_master_times_out_and_fails_open() {
     let fake = FakeMaster::start(Behaviour::Silent).await;
     let mut config = config(&fake.addr, 1024);
-    config.core.lookup_timeout_s = 0.2;
+    config.core.lookup_timeout = Duration::from_millis(200);
     // The master client's own call timeout is longer: the lookup's timeout decides.
     let mut client = LookupClient::connect(config).expect("connect");
     let req = request(1, 3 * B, &[31, 32, 33]);
@@ -212,7 +212,11 @@ async fn direct_master_not_up_fails_fast_then_recovers() {
         listener.local_addr().expect("addr").to_string()
     };
     let mut config = config(&addr, 1024);
-    config.reopen_backoff = Duration::from_millis(5);
+    config
+        .transport
+        .direct_mut()
+        .expect("direct")
+        .connect_backoff = Duration::from_millis(5);
     let mut client = LookupClient::connect(config).expect("connect succeeds without a master");
     let ids = [51, 52];
     let req = request(1, 3 * B, &ids);
@@ -251,9 +255,9 @@ async fn direct_master_not_up_fails_fast_then_recovers() {
 
 #[tokio::test]
 async fn direct_bad_settings_are_refused_at_connect() {
-    let mut direct = DirectConfig::new("127.0.0.1:1", layout());
+    let mut direct = DirectConfig::parse("127.0.0.1:1", layout()).expect("master address");
     direct.master_config.chunk_keys = 0;
-    let err = LookupClient::connect(ClientConfig::direct(direct, B)).expect_err("chunk_keys 0");
+    let err = LookupClient::connect(ClientConfig::new(direct, B)).expect_err("chunk_keys 0");
     assert!(
         matches!(
             err,
@@ -264,10 +268,9 @@ async fn direct_bad_settings_are_refused_at_connect() {
         ),
         "{err}"
     );
-    let err = LookupClient::connect(ClientConfig::direct(DirectConfig::new("", layout()), B))
-        .expect_err("no master");
-    assert!(
-        matches!(err, Error::InvalidClientConfig { key: "master", .. }),
-        "{err}"
+    let err = DirectConfig::parse("", layout()).expect_err("no master");
+    assert_eq!(
+        err.to_string(),
+        "invalid client configuration `master`: invalid Mooncake master address : expected host:port"
     );
 }

@@ -51,7 +51,7 @@ fn config(
     prefetch_limit: u32,
     max_in_flight: u32,
 ) -> ClientConfig {
-    let mut config = ClientConfig::new(endpoint.clone(), payload.block_size);
+    let mut config = ClientConfig::zmq(endpoint.clone(), payload.block_size);
     config.core.lookup_async = lookup_async;
     config.core.lookup_prefetch_limit = prefetch_limit;
     config.core.max_in_flight = max_in_flight;

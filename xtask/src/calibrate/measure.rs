@@ -154,7 +154,7 @@ async fn through_client(
     calls: fn(u32, bool) -> u32,
     max_absent: u32,
 ) -> anyhow::Result<Vec<(u32, bool, u32, Vec<f64>)>> {
-    let mut config = ClientConfig::new(endpoint, BLOCK_SIZE);
+    let mut config = ClientConfig::zmq(endpoint, BLOCK_SIZE);
     config.core.lookup_async = false;
     config.core.lookup_share = false;
     config.core.max_in_flight = 1;

@@ -76,10 +76,10 @@ pub struct Args {
     #[arg(long, default_value_t = LookupParams::default().prefetch_limit)]
     pub prefetch_limit: u32,
     /// `lookup_prefetch_ttl_s` (seconds; keep it below the master's 10 s read lease).
-    #[arg(long, default_value_t = LookupParams::default().prefetch_ttl_s)]
+    #[arg(long, default_value_t = LookupParams::default().prefetch_ttl_s, value_parser = crate::simulate::mode::seconds_arg)]
     pub prefetch_ttl_s: f64,
     /// `lookup_timeout_s` (seconds).
-    #[arg(long, default_value_t = LookupParams::default().timeout_s)]
+    #[arg(long, default_value_t = LookupParams::default().timeout_s, value_parser = crate::simulate::mode::seconds_arg)]
     pub lookup_timeout_s: f64,
     /// `prefetch+wait`: longest wait for a lookup already queued or on the wire: `auto`
     /// (the client's recent on-wire p90, within `--wait-budget-bounds-ms`) or ms.

@@ -105,7 +105,7 @@ async fn run_one(
             .context("binding the lookup server")?;
             for _ in 0..params.engines {
                 let mut config =
-                    ClientConfig::new(bound.local_endpoint().clone(), params.block_size);
+                    ClientConfig::zmq(bound.local_endpoint().clone(), params.block_size);
                 config.core = core.clone();
                 configs.push(config);
             }
@@ -114,8 +114,8 @@ async fn run_one(
         }
         Transport::Direct => {
             for _ in 0..params.engines {
-                let direct = DirectConfig::new(master.addr.clone(), layout.clone());
-                let mut config = ClientConfig::direct(direct, params.block_size);
+                let direct = DirectConfig::parse(&master.addr, layout.clone())?;
+                let mut config = ClientConfig::new(direct, params.block_size);
                 config.core = core.clone();
                 configs.push(config);
             }

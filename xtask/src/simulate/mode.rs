@@ -70,8 +70,14 @@ impl Mode {
     #[must_use]
     pub fn config(self, lookup: &LookupParams, max_in_flight: u32) -> Config {
         let mut c = Config::new(TRACE_BLOCK_TOKENS);
-        c.lookup_prefetch_ttl_s = lookup.prefetch_ttl_s;
-        c.lookup_timeout_s = lookup.timeout_s;
+        // The command line checked both ([`seconds_arg`]); an unrepresentable value
+        // keeps the default instead of panicking.
+        if let Ok(ttl) = lookup_core::duration_from_secs(lookup.prefetch_ttl_s) {
+            c.lookup_prefetch_ttl = ttl;
+        }
+        if let Ok(timeout) = lookup_core::duration_from_secs(lookup.timeout_s) {
+            c.lookup_timeout = timeout;
+        }
         c.max_in_flight = max_in_flight;
         let (lookup_async, limit, ours) = match self {
             Self::Sync => (false, 0, false),
@@ -85,6 +91,18 @@ impl Mode {
         c.lookup_share = ours;
         c
     }
+}
+
+/// A `--*-s` argument: finite seconds `>= 0` ([`lookup_core::duration_from_secs`]).
+///
+/// # Errors
+/// A text naming what is wrong, for clap to print.
+pub fn seconds_arg(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number of seconds: {e}"))?;
+    lookup_core::duration_from_secs(v)?;
+    Ok(v)
 }
 
 impl fmt::Display for Mode {

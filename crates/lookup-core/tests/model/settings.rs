@@ -55,8 +55,8 @@ impl Settings {
         config.lookup_async = self.lookup_async;
         config.load_async = self.load_async;
         config.lookup_prefetch_limit = self.prefetch_limit;
-        config.lookup_prefetch_ttl_s = self.ttl_s;
-        config.lookup_timeout_s = self.timeout_s;
+        config.lookup_prefetch_ttl = lookup_core::duration_from_secs(self.ttl_s).unwrap();
+        config.lookup_timeout = lookup_core::duration_from_secs(self.timeout_s).unwrap();
         config.lookup_share = self.share;
         config.lookup_priority = self.priority;
         config.max_in_flight = self.max_in_flight;

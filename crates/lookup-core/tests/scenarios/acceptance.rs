@@ -115,7 +115,7 @@ fn s5_ttl_expiry_looks_up_again_but_in_flight_never_expires() {
     let mut c = Config::new(16);
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
-    c.lookup_timeout_s = 60.0;
+    c.lookup_timeout = Duration::from_secs(60);
     let mut h = Harness::new(c);
     h.arrive(&r);
     h.advance(Duration::from_secs(10));
@@ -304,7 +304,7 @@ fn ttl_zero_serves_the_waiting_probe_its_reply_and_reads_each_result_once() {
     let mut c = Config::new(16);
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
-    c.lookup_prefetch_ttl_s = 0.0;
+    c.lookup_prefetch_ttl = Duration::ZERO;
     let mut h = Harness::new(c);
     let r = req(1, 48, &[1, 2, 3]);
     assert_eq!(h.probe(&r, 0), Probe::Pending);
@@ -386,15 +386,16 @@ fn a_failed_lookup_is_not_cached_and_retries_after_the_backoff() {
     assert_eq!(h.lookups.stats().retries_after_failure, 2);
 }
 
-/// Issue regression (huge durations panic): any finite TTL and timeout is accepted
-/// and saturates; nothing panics when the deadline is built.
+/// Issue regression (huge durations panic): any finite TTL and timeout in seconds is
+/// accepted and saturates; nothing panics when the deadline is built.
 #[test]
 fn huge_ttl_and_timeout_saturate_instead_of_panicking() {
     let mut c = Config::new(16);
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
-    c.lookup_prefetch_ttl_s = 1e20;
-    c.lookup_timeout_s = 1e19;
+    c.lookup_prefetch_ttl = lookup_core::duration_from_secs(1e20).unwrap();
+    c.lookup_timeout = lookup_core::duration_from_secs(1e19).unwrap();
+    assert_eq!(c.lookup_prefetch_ttl, Duration::MAX);
     let mut h = Harness::new(c);
     let r = req(1, 48, &[1, 2, 3]);
     h.arrive(&r);

@@ -161,24 +161,22 @@ fn config_rejects_nonsense() {
             .contains("block_size")
     );
     c.block_size = 16;
-    c.lookup_prefetch_ttl_s = f64::NAN;
-    assert!(
-        Lookups::new(c.clone())
-            .unwrap_err()
-            .to_string()
-            .contains("lookup_prefetch_ttl_s")
+    assert_eq!(
+        lookup_core::duration_from_secs(f64::NAN).unwrap_err(),
+        "NaN is not a finite number of seconds >= 0"
     );
-    c.lookup_prefetch_ttl_s = -1.0;
-    assert!(Lookups::new(c.clone()).is_err());
-    c.lookup_prefetch_ttl_s = 2.0;
-    c.lookup_timeout_s = 0.0;
-    assert!(
-        Lookups::new(c.clone())
-            .unwrap_err()
-            .to_string()
-            .contains("lookup_timeout_s")
+    assert_eq!(
+        lookup_core::duration_from_secs(-1.0).unwrap_err(),
+        "-1 is not a finite number of seconds >= 0"
     );
-    c.lookup_timeout_s = 5.0;
+    assert_eq!(
+        lookup_core::duration_from_secs(f64::INFINITY).unwrap_err(),
+        "inf is not a finite number of seconds >= 0"
+    );
+    assert_eq!(
+        lookup_core::duration_from_secs(0.25),
+        Ok(Duration::from_millis(250))
+    );
     c.max_in_flight = 0;
     assert!(
         Lookups::new(c)
@@ -237,7 +235,7 @@ fn end_idle_ends_requests_not_seen_for_longer_than_the_bound() {
     c.lookup_async = true;
     c.lookup_prefetch_limit = 4;
     c.max_in_flight = 1;
-    c.lookup_timeout_s = 60.0;
+    c.lookup_timeout = Duration::from_secs(60);
     let mut h = Harness::new(c);
     let old = req(1, 32, &[1, 2]);
     let queued = req(2, 32, &[3, 4]);

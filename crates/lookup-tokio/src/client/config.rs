@@ -1,48 +1,36 @@
-//! The client's configuration and counters.
+//! The client's configuration ([`ClientConfig`]) and counters ([`ClientStats`]).
 
 use std::time::Duration;
 
-use lookup_core::wire::Format;
 use lookup_core::{Config, Stats};
 use mooncake_master::MasterStats;
 
 #[cfg(doc)]
-use crate::LookupClient;
-use crate::{DirectConfig, Endpoint, Transport};
+use crate::{DirectConfig, LookupClient, ZmqConfig};
+use crate::{Endpoint, Transport};
 
-/// Configuration of a [`LookupClient`].
+/// Configuration of a [`LookupClient`]. Build it with
+/// [`LookupClient::builder`](crate::LookupClient::builder), or with
+/// [`ClientConfig::new`] and adjust fields; `#[non_exhaustive]`: later settings are
+/// additions.
 ///
-/// Build with [`ClientConfig::new`] (a lookup server over ZeroMQ) or
-/// [`ClientConfig::direct`] (the Mooncake master itself) and adjust fields. `core`
-/// carries vLLM's keys (`spec/behaviour.md`, "Configuration"); its `max_in_flight` is
-/// the number of lookup RPCs the client keeps on the wire at once (1, the default, is
-/// vLLM's REQ socket; with the direct transport, queries pipelined on the master
-/// connection).
+/// `core` carries vLLM's keys (`spec/behaviour.md`, "Configuration"; read from
+/// `kv_connector_extra_config` by
+/// [`KvConnectorExtraConfig`](crate::KvConnectorExtraConfig)). Its `lookup_async` is
+/// the one switch between sync and async mode: [`LookupClient::probe_step`] and
+/// [`LookupClient::probe_step_blocking`] follow it. Its `max_in_flight` is the number
+/// of lookup RPCs the client keeps on the wire at once (1, the default, is vLLM's REQ
+/// socket; with the direct transport, queries pipelined on the master connection).
+/// Each transport's own settings sit in its variant ([`ZmqConfig`],
+/// [`DirectConfig`]).
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// The lookup lifecycle's configuration (validated by [`LookupClient::connect`]).
     pub core: Config,
-    /// How lookups reach the store: [`Transport::Zmq`] (the default) or
-    /// [`Transport::Direct`].
+    /// How lookups reach the store, with that transport's settings:
+    /// [`Transport::Zmq`] or [`Transport::Direct`].
     pub transport: Transport,
-    /// Where the lookup server listens (`spec/wire.md`, "Transport"). Used by
-    /// [`Transport::Zmq`] only; [`ClientConfig::direct`] sets it to the master's
-    /// address, which logs then show.
-    pub endpoint: Endpoint,
-    /// Wire format of requests and replies; default `tagged-blob` (vLLM 0.33).
-    /// `msgpack-hex` has no reset message: a reset then ends as
-    /// [`ResetOutcome::TimedOut`](lookup_core::ResetOutcome::TimedOut) without being sent. [`Transport::Zmq`] only.
-    pub format: Format,
-    /// Drop and reopen the socket after this many lookup timeouts in a row, so a
-    /// serial server stuck on one request is not fed the backlog behind it (rule 17).
-    /// 0 never reopens on timeouts. Default 3. [`Transport::Zmq`] only: the master
-    /// answers pipelined calls concurrently, and its client reconnects by itself
-    /// when the connection breaks.
-    pub reopen_after_timeouts: u32,
-    /// First wait before trying again when opening a socket (with the direct
-    /// transport: connecting to the master) fails; it doubles per failure up to 1 s.
-    /// Default 10 ms.
-    pub reopen_backoff: Duration,
     /// Most events kept for [`LookupClient::poll_event`]; beyond it the oldest are
     /// dropped and counted in [`ClientStats::events_dropped`]. Default 1,024.
     pub event_capacity: usize,
@@ -50,36 +38,47 @@ pub struct ClientConfig {
     /// ([`LookupClient::probe_wait`]), so the I/O task's own timeout report arrives
     /// first. Default 100 ms.
     pub wait_margin: Duration,
+    /// Async mode only: how long [`LookupClient::probe_step`] waits for a pending
+    /// answer before it answers `Pending` (prefetch plus a bounded wait,
+    /// [`LookupClient::probe_within`]). Zero (the default) never waits: vLLM's async
+    /// mode, where `Pending` means "try again next step".
+    pub probe_budget: Duration,
+    /// The `client` label on every metric series of this client, so that clients of
+    /// one process (data-parallel engines, one per DP rank) are told apart instead of
+    /// adding up ([`crate::metrics`]). `None` (the default): where lookups go,
+    /// [`Transport::target`] (a vLLM worker's ipc path names its DP rank).
+    pub client_label: Option<String>,
 }
 
 impl ClientConfig {
-    /// Defaults (`spec/behaviour.md`) for `endpoint` with a block size of
-    /// `block_size` tokens.
+    /// The defaults of `spec/behaviour.md` with a block size of `block_size` tokens,
+    /// reaching the store through `transport`.
     #[must_use]
-    pub fn new(endpoint: Endpoint, block_size: u32) -> Self {
+    pub fn new(transport: impl Into<Transport>, block_size: u32) -> Self {
         Self {
             core: Config::new(block_size),
-            transport: Transport::Zmq,
-            endpoint,
-            format: Format::TaggedBlob,
-            reopen_after_timeouts: 3,
-            reopen_backoff: Duration::from_millis(10),
+            transport: transport.into(),
             event_capacity: 1024,
             wait_margin: Duration::from_millis(100),
+            probe_budget: Duration::ZERO,
+            client_label: None,
         }
     }
 
-    /// Defaults (`spec/behaviour.md`) with a block size of `block_size` tokens, asking
-    /// the Mooncake master of `direct` from this process ([`Transport::Direct`]; see
-    /// its docs for the lease side effect and resets). The default
-    /// `lookup_prefetch_ttl_s` (2 s) is below the master's default lease (10 s).
+    /// The `client` label of this client's metric series:
+    /// [`client_label`](Self::client_label), else [`Transport::target`].
     #[must_use]
-    pub fn direct(direct: DirectConfig, block_size: u32) -> Self {
-        let endpoint = Endpoint::Tcp(direct.master.clone());
-        Self {
-            transport: Transport::Direct(Box::new(direct)),
-            ..Self::new(endpoint, block_size)
-        }
+    pub fn label(&self) -> String {
+        self.client_label
+            .clone()
+            .unwrap_or_else(|| self.transport.target())
+    }
+
+    /// [`new`](Self::new) with a lookup server at `endpoint` over ZeroMQ, with
+    /// [`ZmqConfig::new`]'s defaults.
+    #[must_use]
+    pub fn zmq(endpoint: Endpoint, block_size: u32) -> Self {
+        Self::new(crate::ZmqConfig::new(endpoint), block_size)
     }
 }
 

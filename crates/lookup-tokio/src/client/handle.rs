@@ -3,6 +3,8 @@
 //! to the scheduler). The client applies announcements at the start of its next call,
 //! in the order they were sent; they never cross the client's state directly.
 
+use std::sync::Arc;
+
 use lookup_core::{Request, RequestId};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -11,7 +13,8 @@ use crate::Error;
 /// What a handle announces.
 #[derive(Debug)]
 pub(crate) enum Announce {
-    Arrival(Request),
+    /// A request and the caller's own id for it, if given.
+    Arrival(Request, Option<Arc<str>>),
     Finished(RequestId),
 }
 
@@ -32,7 +35,19 @@ impl LookupHandle {
     /// [`Error::Closed`] once the client is gone (dropped); nothing is queued then.
     pub fn on_new_request(&self, req: Request) -> Result<(), Error> {
         self.tx
-            .send(Announce::Arrival(req))
+            .send(Announce::Arrival(req, None))
+            .map_err(|_| Error::Closed)
+    }
+
+    /// As [`on_new_request`](Self::on_new_request), naming the request by the
+    /// caller's own id (see
+    /// [`LookupClient::on_new_request_with_id`](crate::LookupClient::on_new_request_with_id)).
+    ///
+    /// # Errors
+    /// [`Error::Closed`] once the client is gone (dropped); nothing is queued then.
+    pub fn on_new_request_with_id(&self, req: Request, caller_id: &str) -> Result<(), Error> {
+        self.tx
+            .send(Announce::Arrival(req, Some(Arc::from(caller_id))))
             .map_err(|_| Error::Closed)
     }
 

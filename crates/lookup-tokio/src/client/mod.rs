@@ -1,8 +1,12 @@
 //! [`LookupClient`]: the handle a scheduler keeps (DESIGN.md, "lookup-tokio").
 
+mod builder;
 mod config;
+mod extra_config;
 mod handle;
 mod observer;
+#[cfg(test)]
+mod tests;
 mod wait;
 
 use std::sync::atomic::Ordering;
@@ -19,7 +23,9 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use builder::ClientBuilder;
 pub use config::{ClientConfig, ClientStats};
+pub use extra_config::{KvConnectorExtraConfig, VLLM_STORE_KEYS};
 pub use handle::LookupHandle;
 
 use crate::clock;
@@ -51,18 +57,24 @@ const READY_ZERO: Probe = Probe::Ready {
 /// once per wake-up while waiting). Deadlines are the I/O task's: a timed-out RPC
 /// reaches the client as a wire event like a reply.
 ///
-/// Modes (`spec/behaviour.md`, configuration): with `lookup_async = true`,
-/// [`probe`](Self::probe) answers [`Probe::Pending`] until the reply is in, and
-/// arrivals prefetch when `lookup_prefetch_limit > 0`; with `lookup_async = false`
-/// (vLLM's default) use [`probe_wait`](Self::probe_wait) or
-/// [`probe_blocking`](Self::probe_blocking), which never answer `Pending` (rule 10).
+/// Modes (`spec/behaviour.md`, configuration): `lookup_async` is the one switch.
+/// Call [`probe_step`](Self::probe_step) (async schedulers) or
+/// [`probe_step_blocking`](Self::probe_step_blocking) (thread schedulers) each step:
+/// with `lookup_async = false` (vLLM's default) they wait for the answer and never
+/// answer `Pending` (rule 10); with `lookup_async = true` they answer at once, or
+/// after at most [`ClientConfig::probe_budget`] (prefetch plus a bounded wait), and
+/// `Pending` means "try again next step"; arrivals prefetch when
+/// `lookup_prefetch_limit > 0`. The mode-specific calls ([`probe`](Self::probe),
+/// [`probe_wait`](Self::probe_wait), [`probe_within`](Self::probe_within) and their
+/// blocking twins) stay for schedulers that choose per call.
 ///
 /// Dropping the client closes it.
 ///
 /// # Observability
 ///
 /// Each lookup RPC gets a `lookup` span at debug level with `request_id` (of the
-/// request whose call created it), `rpc_id`, `origin`, `num_tokens`, `blocks`, and
+/// request whose call created it), `caller_request_id` (the caller's own id, given
+/// to [`on_new_request_with_id`](Self::on_new_request_with_id)), `rpc_id`, `origin`, `num_tokens`, `blocks`, and
 /// when it ends `outcome`, `hit_tokens`, `requests` (live requests it answered),
 /// `queue_wait_us` and `latency_us`; the I/O task's `rpc` span is its child. Failures
 /// are warned about at most once per 10 s per kind. Metrics go to the [`metrics`]
@@ -84,7 +96,7 @@ const READY_ZERO: Probe = Probe::Ready {
 /// let server = LookupServer::bind(&"tcp://127.0.0.1:0".parse()?, ServerConfig::new(16, layout), index)?;
 ///
 /// // Sync mode (vLLM's default): the probe waits for the answer.
-/// let mut client = LookupClient::connect(ClientConfig::new(server.local_endpoint().clone(), 16))?;
+/// let mut client = LookupClient::connect(ClientConfig::zmq(server.local_endpoint().clone(), 16))?;
 /// let req = Request {
 ///     request_id: RequestId(7),
 ///     num_tokens: 50,
@@ -115,6 +127,8 @@ pub struct LookupClient {
     /// How long a sync-mode wait lasts at most: `lookup_timeout_s` plus
     /// [`ClientConfig::wait_margin`].
     wait_limit: Duration,
+    /// [`ClientConfig::probe_budget`].
+    probe_budget: Duration,
     waits_gave_up: u64,
     warn: WarnLimiter,
     /// [`Transport::Direct`]: the I/O task's master client, once connected.
@@ -126,7 +140,7 @@ pub struct LookupClient {
 }
 
 impl LookupClient {
-    /// Connects to `config.endpoint` (or, with [`Transport::Direct`], to the master)
+    /// Connects to the server of [`Transport::Zmq`] (or, with [`Transport::Direct`], to the master)
     /// and spawns the I/O task on the current tokio runtime. The socket connects in
     /// the background: a server that is not up yet is not an error. The client checks
     /// that something listens at the endpoint: while nothing does (a missing ipc
@@ -158,7 +172,7 @@ impl LookupClient {
     ///
     /// # Errors
     /// As [`connect`](Self::connect), except [`Error::NoRuntime`].
-    #[tracing::instrument(level = "debug", skip_all, fields(endpoint = %config.endpoint))]
+    #[tracing::instrument(level = "debug", skip_all, fields(endpoint = %config.transport.target()))]
     pub fn connect_with_handle(config: ClientConfig, runtime: &Handle) -> Result<Self, Error> {
         // The socket registers with the runtime's reactor, and the task's timer with
         // its clock: enter it first.
@@ -166,28 +180,24 @@ impl LookupClient {
         warn_if_prefetch_inactive(&config.core);
         let mut core = Lookups::with_observer(
             config.core.clone(),
-            ClientObserver::new(clock::now(), config.endpoint.to_string()),
+            ClientObserver::new(clock::now(), config.transport.target(), &config.label()),
         )?;
         core.set_event_capacity(config.event_capacity);
         let timeout = config.core.timeout();
-        let io = IoConfig {
-            backoff: config.reopen_backoff,
-            reopen_after_timeouts: match config.transport {
-                Transport::Zmq => config.reopen_after_timeouts,
-                // The master answers pipelined calls concurrently, and its client
-                // reconnects by itself when the connection breaks.
-                Transport::Direct(_) => 0,
-            },
-            timeout,
-        };
         let mut master = None;
         let spawned = match &config.transport {
-            Transport::Zmq => {
+            Transport::Zmq(zmq) => {
+                let io = IoConfig {
+                    backoff: zmq.reopen_backoff,
+                    reopen_after_timeouts: zmq.reopen_after_timeouts,
+                    timeout,
+                    label: config.label(),
+                };
                 let context = tmq::Context::new();
-                let socket = open_dealer(&context, &config.endpoint.url())?;
+                let socket = open_dealer(&context, &zmq.endpoint.url())?;
                 let wire = ZmqWire::new(
-                    config.endpoint.clone(),
-                    config.format,
+                    zmq.endpoint.clone(),
+                    zmq.format,
                     config.core.block_size,
                     timeout,
                     context,
@@ -197,14 +207,22 @@ impl LookupClient {
             }
             Transport::Direct(direct) => {
                 direct.validate()?;
-                if direct.ttl_outlives_lease(config.core.lookup_prefetch_ttl_s) {
+                if direct.ttl_outlives_lease(config.core.lookup_prefetch_ttl) {
                     tracing::warn!(
-                        lookup_prefetch_ttl_s = config.core.lookup_prefetch_ttl_s,
+                        lookup_prefetch_ttl_s = config.core.lookup_prefetch_ttl.as_secs_f64(),
                         lease_ttl_s = direct.lease_ttl.as_secs_f64(),
                         "lookup_prefetch_ttl_s is not below the Mooncake master's read lease: \
                          a cached result may name blocks evicted since"
                     );
                 }
+                let io = IoConfig {
+                    backoff: direct.connect_backoff,
+                    // The master answers pipelined calls concurrently, and its client
+                    // reconnects by itself when the connection breaks.
+                    reopen_after_timeouts: 0,
+                    timeout,
+                    label: config.label(),
+                };
                 let cell = Arc::new(OnceLock::new());
                 let wire = DirectWire::new(
                     (**direct).clone(),
@@ -218,6 +236,13 @@ impl LookupClient {
         Ok(Self::assemble(core, spawned, &config, runtime, master))
     }
 
+    /// A builder of the configuration, then of the client:
+    /// `LookupClient::builder().zmq("tcp://127.0.0.1:5555").lookup_async(true).connect().await`
+    /// ([`ClientBuilder`]).
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
     /// A client whose I/O task drives `wire` (tests: a seeded fake wire on virtual
     /// time).
     #[cfg(test)]
@@ -229,13 +254,22 @@ impl LookupClient {
         let _entered = runtime.enter();
         let mut core = Lookups::with_observer(
             config.core.clone(),
-            ClientObserver::new(clock::now(), config.endpoint.to_string()),
+            ClientObserver::new(clock::now(), config.transport.target(), &config.label()),
         )?;
         core.set_event_capacity(config.event_capacity);
-        let io = IoConfig {
-            backoff: config.reopen_backoff,
-            reopen_after_timeouts: config.reopen_after_timeouts,
-            timeout: config.core.timeout(),
+        let io = match &config.transport {
+            Transport::Zmq(zmq) => IoConfig {
+                backoff: zmq.reopen_backoff,
+                reopen_after_timeouts: zmq.reopen_after_timeouts,
+                timeout: config.core.timeout(),
+                label: config.label(),
+            },
+            Transport::Direct(direct) => IoConfig {
+                backoff: direct.connect_backoff,
+                reopen_after_timeouts: 0,
+                timeout: config.core.timeout(),
+                label: config.label(),
+            },
         };
         let spawned = spawn(wire, &config, &io, runtime);
         Ok(Self::assemble(core, spawned, &config, runtime, None))
@@ -266,6 +300,7 @@ impl LookupClient {
             transport,
             progressed: false,
             wait_limit: config.core.timeout().saturating_add(config.wait_margin),
+            probe_budget: config.probe_budget,
             waits_gave_up: 0,
             warn: WarnLimiter::default(),
             master,
@@ -275,9 +310,26 @@ impl LookupClient {
     }
 
     /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch
-    /// is on and the request is eligible (rules 1-3). Never blocks.
+    /// is on and the request is eligible (rules 1-3). Never blocks. Its arrival starts
+    /// the clock of `lookup_request_lookup_seconds` (arrival to first `Ready`
+    /// answer, [`crate::metrics`]).
     pub fn on_new_request(&mut self, req: &Request) {
         let now = self.begin();
+        self.core.observer_mut().arrived(req.request_id, None);
+        self.core.on_new_request(req, now);
+        self.end();
+    }
+
+    /// As [`on_new_request`](Self::on_new_request), naming the request by the
+    /// caller's own id (vLLM's `request.request_id` string): the `lookup` spans of
+    /// its lookups carry it as `caller_request_id`, beside the numeric `request_id`.
+    /// Kept until [`on_finished`](Self::on_finished) (or the
+    /// [`end_idle`](Self::end_idle) sweep).
+    pub fn on_new_request_with_id(&mut self, req: &Request, caller_id: &str) {
+        let now = self.begin();
+        self.core
+            .observer_mut()
+            .arrived(req.request_id, Some(Arc::from(caller_id)));
         self.core.on_new_request(req, now);
         self.end();
     }
@@ -288,8 +340,16 @@ impl LookupClient {
     /// flight (rules 4-7, 11-12; see [`Lookups::probe`]). After close: `Ready(0)`.
     pub fn probe(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
         let now = self.begin();
-        let answer = self.core.probe(req, num_computed_tokens, now);
+        let answer = self.probe_core(req, num_computed_tokens, now);
         self.end();
+        answer
+    }
+
+    /// The core's probe, observed: external tokens counted, the request's first
+    /// `Ready` answer timed.
+    fn probe_core(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
+        let answer = self.core.probe(req, num_computed_tokens, now);
+        self.core.observer_mut().probed(req.request_id, answer);
         answer
     }
 
@@ -316,6 +376,7 @@ impl LookupClient {
     /// ([`Lookups::end_idle`]; [`ClientStats::tracked_requests`] shows what is held).
     pub fn end_idle(&mut self, older_than: Duration) -> usize {
         let now = self.begin();
+        self.core.observer_mut().sweep(older_than);
         let ended = self.core.end_idle(older_than, now);
         self.end();
         ended
@@ -332,6 +393,7 @@ impl LookupClient {
     /// (rule 9). Never blocks.
     pub fn on_finished(&mut self, request_id: RequestId) {
         self.begin();
+        self.core.observer_mut().finished(request_id);
         self.core.on_finished(request_id);
         self.end();
     }
@@ -442,8 +504,14 @@ impl LookupClient {
         self.core.observer_mut().clock = now;
         while let Ok(announce) = self.announced.try_recv() {
             match announce {
-                Announce::Arrival(req) => self.core.on_new_request(&req, now),
-                Announce::Finished(request_id) => self.core.on_finished(request_id),
+                Announce::Arrival(req, caller_id) => {
+                    self.core.observer_mut().arrived(req.request_id, caller_id);
+                    self.core.on_new_request(&req, now);
+                }
+                Announce::Finished(request_id) => {
+                    self.core.observer_mut().finished(request_id);
+                    self.core.on_finished(request_id);
+                }
             }
         }
         loop {

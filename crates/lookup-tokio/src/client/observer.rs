@@ -1,12 +1,15 @@
 //! What the client records while the lifecycle works: the metrics of each lookup and
 //! its tracing span. It is the core's [`Observe`] hook, so it sees each lookup as the
 //! core creates, shares, cancels and ends it, and keeps no copy of the core's state:
-//! only the open lookups' spans (and those only while debug tracing is on).
+//! only the open lookups' spans (those only while debug tracing is on) and prompt
+//! lengths, per announced request its arrival time until its first answer (for the
+//! lookup time per request), and the caller's own ids when given (for the spans).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lookup_core::{Event, LookupOutcome, Observe, Origin, RequestId, RpcId};
+use lookup_core::{Event, LookupOutcome, Observe, Origin, Probe, RequestId, RpcId};
 use tracing::Span;
 use tracing::field::Empty;
 
@@ -24,17 +27,87 @@ pub(crate) struct ClientObserver {
     warn: WarnLimiter,
     /// Where lookups go, for warnings.
     endpoint: String,
+    /// `num_tokens` of each lookup RPC not ended yet (for the token counters).
+    rpc_tokens: HashMap<RpcId, u32>,
+    /// Requests announced by `on_new_request` and not answered `Ready` yet: arrival
+    /// time, nanoseconds after `base` (8 bytes: the scheduler may hold 100,000s).
+    arrivals: HashMap<RequestId, u64>,
+    /// The caller's own ids (`on_new_request_with_id`), for spans, with the
+    /// arrival time (for the idle sweep); only requests given one.
+    caller_ids: HashMap<RequestId, (u64, Arc<str>)>,
+    /// The origin of the arrival times.
+    base: Instant,
 }
 
 impl ClientObserver {
-    pub(crate) fn new(clock: Instant, endpoint: String) -> Self {
+    /// An observer whose metric series carry `client = label`, warning about
+    /// `endpoint`.
+    pub(crate) fn new(clock: Instant, endpoint: String, label: &str) -> Self {
         Self {
-            metrics: ClientMetrics::new(),
+            metrics: ClientMetrics::new(label),
             spans: HashMap::new(),
             clock,
             warn: WarnLimiter::default(),
             endpoint,
+            rpc_tokens: HashMap::new(),
+            arrivals: HashMap::new(),
+            caller_ids: HashMap::new(),
+            base: clock,
         }
+    }
+
+    /// The current call's clock read, in nanoseconds after `base` (saturating).
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.clock.saturating_duration_since(self.base).as_nanos())
+            .unwrap_or(u64::MAX)
+    }
+
+    /// `request_id` arrived now (`on_new_request`), named `caller_id` by the caller.
+    /// A second arrival before the first answer keeps the first's time.
+    pub(crate) fn arrived(&mut self, request_id: RequestId, caller_id: Option<Arc<str>>) {
+        let now = self.now_ns();
+        self.arrivals.entry(request_id).or_insert(now);
+        if let Some(caller_id) = caller_id {
+            self.caller_ids.insert(request_id, (now, caller_id));
+        }
+    }
+
+    /// A probe of `request_id` answered `probe`: external tokens are counted, and the
+    /// request's first `Ready` answer since its arrival records its lookup time.
+    pub(crate) fn probed(&mut self, request_id: RequestId, probe: Probe) {
+        let Probe::Ready {
+            external_tokens, ..
+        } = probe
+        else {
+            return;
+        };
+        self.metrics.ready(external_tokens);
+        if let Some(arrived) = self.arrivals.remove(&request_id) {
+            let lookup_time = Duration::from_nanos(self.now_ns().saturating_sub(arrived));
+            self.metrics.request_answered(lookup_time);
+        }
+    }
+
+    /// `request_id` finished: forget it.
+    pub(crate) fn finished(&mut self, request_id: RequestId) {
+        self.arrivals.remove(&request_id);
+        self.caller_ids.remove(&request_id);
+    }
+
+    /// Forgets requests that arrived longer than `older_than` ago (the client's
+    /// `end_idle` sweep).
+    pub(crate) fn sweep(&mut self, older_than: Duration) {
+        let cutoff = self
+            .now_ns()
+            .saturating_sub(u64::try_from(older_than.as_nanos()).unwrap_or(u64::MAX));
+        self.arrivals.retain(|_, arrived| *arrived >= cutoff);
+        self.caller_ids.retain(|_, (arrived, _)| *arrived >= cutoff);
+    }
+
+    /// Requests kept: not answered yet, or named by the caller.
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
+        self.arrivals.len().max(self.caller_ids.len())
     }
 
     /// The span of an open lookup RPC (its `rpc` span's parent), or [`Span::none`].
@@ -44,6 +117,9 @@ impl ClientObserver {
 
     /// The client closed (rule 14): lookups still open end as cancelled.
     pub(crate) fn close(&mut self) {
+        self.rpc_tokens.clear();
+        self.arrivals.clear();
+        self.caller_ids.clear();
         for (_, span) in self.spans.drain() {
             record_end(&span, LookupEnd::Cancelled, None, 0, None, Duration::ZERO);
         }
@@ -59,10 +135,12 @@ impl Observe for ClientObserver {
         num_tokens: u32,
         blocks: usize,
     ) {
+        self.rpc_tokens.insert(rpc_id, num_tokens);
         let span = tracing::debug_span!(
             target: "lookup_tokio::client",
             "lookup",
             request_id = request_id.0,
+            caller_request_id = Empty,
             rpc_id = rpc_id.0,
             origin = origin_label(origin),
             num_tokens,
@@ -74,6 +152,9 @@ impl Observe for ClientObserver {
             latency_us = Empty,
         );
         if !span.is_disabled() {
+            if let Some((_, caller_id)) = self.caller_ids.get(&request_id) {
+                span.record("caller_request_id", &**caller_id);
+            }
             tracing::debug!(target: "lookup_tokio::client", parent: &span, "lookup submitted");
             self.spans.insert(rpc_id, span);
         }
@@ -88,6 +169,7 @@ impl Observe for ClientObserver {
     }
 
     fn lookup_cancelled(&mut self, rpc_id: RpcId, submitted_at: Instant) {
+        self.rpc_tokens.remove(&rpc_id);
         let latency = self.clock.saturating_duration_since(submitted_at);
         self.metrics.lookup_ended(LookupEnd::Cancelled, latency);
         if let Some(span) = self.spans.remove(&rpc_id) {
@@ -119,6 +201,14 @@ impl Observe for ClientObserver {
                 ..
             } => {
                 let end = LookupEnd::of(outcome, requests);
+                let num_tokens = self.rpc_tokens.remove(&rpc_id).unwrap_or(0);
+                match outcome {
+                    LookupOutcome::Hit { hit_tokens } => {
+                        self.metrics.answered(num_tokens, hit_tokens);
+                    }
+                    LookupOutcome::Miss => self.metrics.answered(num_tokens, 0),
+                    LookupOutcome::Malformed | LookupOutcome::Failed(_) => {}
+                }
                 self.metrics.lookup_sent(queue_wait);
                 self.metrics.lookup_ended(end, total);
                 if let Some(span) = self.spans.remove(&rpc_id) {

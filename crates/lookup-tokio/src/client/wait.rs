@@ -12,6 +12,43 @@ use super::{LookupClient, READY_ZERO};
 use crate::{Error, clock};
 
 impl LookupClient {
+    /// The probe of each scheduler step (vLLM's `get_num_new_matched_tokens`), in the
+    /// mode `lookup_async` sets, the one switch (`spec/behaviour.md`, configuration):
+    ///
+    /// - `lookup_async = false` (sync mode, vLLM's default): as
+    ///   [`probe_wait`](Self::probe_wait), never `Pending` (rule 10).
+    /// - `lookup_async = true`: as [`probe_within`](Self::probe_within) with
+    ///   [`ClientConfig::probe_budget`](super::ClientConfig::probe_budget) (zero, the
+    ///   default, is [`probe`](Self::probe): `Pending` means "try next step").
+    pub async fn probe_step(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
+        if self.core.config().lookup_async {
+            let budget = self.probe_budget;
+            self.probe_within(req, num_computed_tokens, budget).await
+        } else {
+            self.probe_wait(req, num_computed_tokens).await
+        }
+    }
+
+    /// As [`probe_step`](Self::probe_step), blocking the calling thread (a
+    /// thread-based scheduler): [`probe_blocking`](Self::probe_blocking) in sync
+    /// mode, [`probe_within_blocking`](Self::probe_within_blocking) in async mode.
+    ///
+    /// # Errors
+    /// [`Error::BlockingInRuntime`] on a thread of a current-thread runtime (nothing
+    /// is probed then).
+    pub fn probe_step_blocking(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+    ) -> Result<Probe, Error> {
+        if self.core.config().lookup_async {
+            let budget = self.probe_budget;
+            self.probe_within_blocking(req, num_computed_tokens, budget)
+        } else {
+            self.probe_blocking(req, num_computed_tokens)
+        }
+    }
+
     /// Sync mode (rule 10): probes and, while the answer is pending, waits for the
     /// I/O task's reports, until the answer is `Ready`. Never answers `Pending`.
     ///
@@ -26,7 +63,7 @@ impl LookupClient {
         let mut now = self.begin();
         let give_up = deadline_after(now, self.wait_limit);
         loop {
-            let answer = self.core.probe(req, num_computed_tokens, now);
+            let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
             if answer != Probe::Pending {
                 return answer;
@@ -60,7 +97,7 @@ impl LookupClient {
         let mut now = self.begin();
         let until = deadline_after(now, budget);
         loop {
-            let answer = self.core.probe(req, num_computed_tokens, now);
+            let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
             if answer != Probe::Pending || now >= until {
                 return answer;
@@ -97,7 +134,7 @@ impl LookupClient {
         let mut now = self.begin();
         let until = deadline_after(now, budget);
         loop {
-            let answer = self.core.probe(req, num_computed_tokens, now);
+            let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
             if answer != Probe::Pending || now >= until {
                 return Ok(answer);
@@ -139,7 +176,7 @@ impl LookupClient {
         let mut now = self.begin();
         let give_up = deadline_after(now, self.wait_limit);
         loop {
-            let answer = self.core.probe(req, num_computed_tokens, now);
+            let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
             if answer != Probe::Pending {
                 return Ok(answer);

@@ -48,6 +48,9 @@ use futures::stream::FuturesUnordered;
 use lookup_core::answer::{blocks_to_check, hit_tokens};
 use lookup_core::{BlockHashes, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
 use mooncake_master::{KeyLayout, MasterAddr, MasterClient, MasterConfig, MasterError};
+
+#[cfg(doc)]
+use crate::Transport;
 use tracing::{Instrument, Span};
 
 use super::{SendError, Wire, WireInput};
@@ -58,99 +61,76 @@ use crate::warn::WarnLimiter;
 /// an existence query answers `true` (`spec/mooncake-master-rpc.md`, "The call").
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
-/// How a [`LookupClient`](crate::LookupClient) reaches the store (DESIGN.md,
-/// "Mooncake master client": both paths sit behind the same state machine).
-///
-/// With [`Direct`](Self::Direct) the client computes the server's answer itself:
-/// the store keys of the blocks in question with the server's [`KeyLayout`], one
-/// logical `BatchExistKey` query per lookup (chunks of
-/// [`MasterConfig::chunk_keys`], stopping at the chunk that ends the leading run),
-/// the leading run over every rank namespace and the full-hit rule (`spec/wire.md`,
-/// "What the server computes"). Two things differ from a server:
-///
-/// - **Lease side effect.** Every key the master answers `true` gets a read lease for
-///   its `default_kv_lease_ttl` (10 s by default), exactly as through vLLM's worker.
-///   Keep `lookup_prefetch_ttl_s` (2 s by default) below it, so that a cached result
-///   is backed by the lease for its whole life ([`DirectConfig::lease_ttl`]).
-/// - **Reset.** The master's only reset (`RemoveAll`) is tenant-wide: a reset is
-///   never sent and ends as
-///   [`ResetOutcome::Failed`](lookup_core::ResetOutcome::Failed); every key stays.
-///
-/// # Failures
-///
-/// Every failure answers 0 hits (rule 11), as a
-/// [`LookupOutcome`](lookup_core::LookupOutcome) in its `Event::LookupDone`:
-///
-/// | what happened | outcome |
-/// |---|---|
-/// | the master answered; a key with an application `ErrorCode` ends the run at its block (vLLM counts only `1`s) | `Hit` / `Miss` |
-/// | no answer within `lookup_timeout_s` of the send, or the master client's own `call_timeout` | `Failed(TimedOut)` |
-/// | a reply that does not decode, or with a wrong number of answers | `Malformed` |
-/// | not connected yet after a failed connect, connection down or lost, the call refused | `Failed(Transport)` |
-///
-/// Until the first connect succeeds, lookups wait while an attempt is under way (at
-/// most the master client's `connect_timeout`, 1 s by default) and fail fast during
-/// the backoff between attempts, which starts at `ClientConfig::reopen_backoff` and
-/// doubles up to 1 s. Once connected, the master client reconnects on its own after a
-/// lost connection, and calls fail fast while it is down.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Transport {
-    /// A lookup server over ZeroMQ (a vLLM MooncakeStoreConnector worker, or our
-    /// `lookup_server::LookupServer`) at
-    /// [`ClientConfig::endpoint`](crate::ClientConfig::endpoint), in
-    /// [`ClientConfig::format`](crate::ClientConfig::format). The default.
-    #[default]
-    Zmq,
-    /// The Mooncake master itself, from the scheduler's process (see above). Boxed:
-    /// the settings are large and read once, at connect.
-    Direct(Box<DirectConfig>),
-}
-
-/// Settings of the direct transport ([`Transport::Direct`]). Build with
-/// [`DirectConfig::new`] and adjust fields.
+/// Settings of the direct transport ([`Transport::Direct`]): where the master is, how
+/// keys are laid out, the master client's settings and the lease. Build with
+/// [`DirectConfig::new`] and adjust fields. `#[non_exhaustive]`: later settings are
+/// additions.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DirectConfig {
-    /// The master's RPC address, `host:port` (`--rpc_address:--rpc_port`; port 50051
-    /// by default), or `etcd://h1:p1;h2:p2` for a high-availability cluster whose
-    /// leader the master client finds and follows (cluster id:
-    /// `master_config.cluster_id`, else `$MC_STORE_CLUSTER_ID`, else
-    /// `mooncake_cluster`; `spec/mooncake-master-rpc.md`, "High availability").
-    pub master: String,
+    /// The master's RPC address, typed and checked when it was built
+    /// ([`MasterAddr::parse`], or `"host:port".parse()`): `host:port`
+    /// (`--rpc_address:--rpc_port`; port 50051 by default), or `etcd://h1:p1;h2:p2`
+    /// for a high-availability cluster whose leader the master client finds and
+    /// follows (its cluster id is resolved when the address is parsed;
+    /// `spec/mooncake-master-rpc.md`, "High availability").
+    pub master: MasterAddr,
     /// How block hashes become store keys: the same cache prefix, model and rank
     /// namespaces as the workers that write the blocks (`spec/wire.md`, "What the
     /// server computes", step 2). A block counts only when every namespace key exists.
     pub layout: KeyLayout,
     /// The master client's settings: `chunk_keys` (keys per `BatchExistKey` call,
-    /// default 1,024), `call_timeout`, `connect_timeout`, `tenant_id`, backoff.
+    /// default 1,024), `call_timeout`, `connect_timeout`, `tenant_id`, backoff. Its
+    /// `cluster_id` plays no part here: [`master`](Self::master) carries it.
     pub master_config: MasterConfig,
-    /// The master's `default_kv_lease_ttl` (seconds of read lease per positive
-    /// answer). Default 10 s, the master's default. Only checked against
-    /// `lookup_prefetch_ttl_s`: a cached result older than the lease may name blocks
-    /// evicted since, so [`LookupClient::connect`](crate::LookupClient::connect) warns
-    /// when the TTL is not below it.
+    /// The master's `default_kv_lease_ttl` (read lease per positive answer). Default
+    /// 10 s, the master's default. Only checked against `lookup_prefetch_ttl_s`: a
+    /// cached result older than the lease may name blocks evicted since, so
+    /// [`LookupClient::connect`](crate::LookupClient::connect) warns when the TTL is
+    /// not below it.
     pub lease_ttl: Duration,
+    /// First wait before trying again when connecting to the master fails, before
+    /// the first success; it doubles per failure up to 1 s. Default 10 ms.
+    pub connect_backoff: Duration,
 }
 
 impl DirectConfig {
-    /// The master at `master` (`host:port` or `etcd://...`), keys laid out by `layout`, the master
-    /// client's defaults and the master's default lease of 10 s.
+    /// The master at `master`, keys laid out by `layout`, the master client's
+    /// defaults, the master's default lease of 10 s and a connect backoff of 10 ms.
     #[must_use]
-    pub fn new(master: impl Into<String>, layout: KeyLayout) -> Self {
+    pub fn new(master: MasterAddr, layout: KeyLayout) -> Self {
         Self {
-            master: master.into(),
+            master,
             layout,
             master_config: MasterConfig::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
+            connect_backoff: Duration::from_millis(10),
         }
+    }
+
+    /// As [`new`](Self::new) with the address as text (`host:port` or
+    /// `etcd://h1:p1;h2:p2`, cluster id from `$MC_STORE_CLUSTER_ID` or
+    /// `mooncake_cluster`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidClientConfig`] with key `master` and the parser's reason, for
+    /// an address that does not parse (`"not-a-host"`: no port).
+    pub fn parse(master: &str, layout: KeyLayout) -> Result<Self, Error> {
+        let master = MasterAddr::parse(master, None).map_err(|e| Error::InvalidClientConfig {
+            key: "master",
+            why: e.to_string(),
+        })?;
+        Ok(Self::new(master, layout))
     }
 
     /// Checks the settings the master client would refuse only once connecting, so
     /// that the mistake is an error of `connect`, not a stream of failed lookups.
     ///
     /// # Errors
-    /// [`Error::InvalidClientConfig`] naming the field: an empty or malformed
-    /// `master`; a `master_config` with `chunk_keys` 0, a zero `call_timeout` or
-    /// `connect_timeout`, or a `backoff_min` that is zero or above `backoff_max`.
+    /// [`Error::InvalidClientConfig`] naming the field: a `master_config` with
+    /// `chunk_keys` 0, a zero `call_timeout` or `connect_timeout`, or a
+    /// `backoff_min` that is zero or above `backoff_max`. (The address was checked
+    /// when it was parsed.)
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &'static str, why: &str| {
             Err(Error::InvalidClientConfig {
@@ -159,12 +139,6 @@ impl DirectConfig {
             })
         };
         let m = &self.master_config;
-        if self.master.trim().is_empty() {
-            return bad("master", "the master's host:port is empty");
-        }
-        if let Err(e) = MasterAddr::parse(&self.master, m.cluster_id.as_deref()) {
-            return bad("master", &e.to_string());
-        }
         if m.chunk_keys == 0 {
             return bad("master_config.chunk_keys", "must be at least 1");
         }
@@ -183,11 +157,11 @@ impl DirectConfig {
         Ok(())
     }
 
-    /// Whether a result TTL of `ttl_s` seconds outlives the read lease (see
+    /// Whether a result TTL of `ttl` outlives the read lease (see
     /// [`lease_ttl`](Self::lease_ttl)).
     #[must_use]
-    pub fn ttl_outlives_lease(&self, ttl_s: f64) -> bool {
-        ttl_s >= self.lease_ttl.as_secs_f64()
+    pub fn ttl_outlives_lease(&self, ttl: Duration) -> bool {
+        ttl >= self.lease_ttl
     }
 }
 
@@ -217,6 +191,8 @@ struct Ended {
 /// answering one lookup with the server's rules (`spec/wire.md`).
 pub(crate) struct DirectWire {
     direct: DirectConfig,
+    /// The master's address as text, for logs.
+    name: String,
     block_size: u32,
     keys_per_block: usize,
     link: Link,
@@ -238,6 +214,7 @@ impl DirectWire {
         let keys_per_block = direct.layout.namespaces().len();
         let link = Link::Connecting(connect(&direct));
         Self {
+            name: direct.master.to_string(),
             direct,
             block_size,
             keys_per_block,
@@ -329,7 +306,7 @@ impl Wire for DirectWire {
     type Payload = Reply;
 
     fn name(&self) -> &str {
-        &self.direct.master
+        &self.name
     }
 
     fn connecting(&self) -> bool {
@@ -444,7 +421,7 @@ impl Wire for DirectWire {
 }
 
 fn connect(direct: &DirectConfig) -> Connecting {
-    Box::pin(MasterClient::connect(
+    Box::pin(MasterClient::connect_to(
         direct.master.clone(),
         direct.master_config.clone(),
     ))
@@ -474,52 +451,82 @@ fn query(
 mod tests {
     use super::*;
 
+    fn direct(master: &str) -> Result<DirectConfig, Error> {
+        DirectConfig::parse(master, KeyLayout::default())
+    }
+
+    fn why_of(result: Result<DirectConfig, Error>) -> String {
+        match result.and_then(|c| c.validate().map(|()| c)) {
+            Err(e) => e.to_string(),
+            Ok(c) => panic!("expected an error, got {c:?}"),
+        }
+    }
+
+    #[test]
+    fn the_master_address_is_checked_when_it_is_built() {
+        assert_eq!(
+            why_of(direct("not-a-host")),
+            "invalid client configuration `master`: invalid Mooncake master address not-a-host: expected host:port"
+        );
+        assert_eq!(
+            why_of(direct(" ")),
+            "invalid client configuration `master`: invalid Mooncake master address  : expected host:port"
+        );
+        assert_eq!(
+            why_of(direct("127.0.0.1")),
+            "invalid client configuration `master`: invalid Mooncake master address 127.0.0.1: expected host:port"
+        );
+        assert_eq!(
+            why_of(direct("redis://h:1")),
+            "invalid client configuration `master`: invalid Mooncake master address redis://h:1: unsupported scheme redis:// (host:port or etcd://h1:p1;h2:p2)"
+        );
+        assert_eq!(
+            why_of(direct("etcd://")),
+            "invalid client configuration `master`: invalid Mooncake master address etcd://: etcd:// needs at least one host:port"
+        );
+        let ok = direct("127.0.0.1:50051").unwrap();
+        assert_eq!(ok.master.to_string(), "127.0.0.1:50051");
+        assert!(ok.validate().is_ok());
+        let ha = direct("etcd://127.0.0.1:2379;h:2380").unwrap();
+        assert_eq!(ha.master.to_string(), "etcd://127.0.0.1:2379;h:2380");
+    }
+
     #[test]
     fn validate_names_the_bad_field() {
-        let layout = KeyLayout::default();
-        assert!(
-            DirectConfig::new("127.0.0.1:50051", layout.clone())
-                .validate()
-                .is_ok()
-        );
-        let key_of = |config: DirectConfig| match config.validate() {
-            Err(Error::InvalidClientConfig { key, .. }) => key,
-            other => panic!("expected InvalidClientConfig, got {other:?}"),
-        };
-        assert_eq!(key_of(DirectConfig::new(" ", layout.clone())), "master");
-        for bad in ["127.0.0.1", "etcd://", "redis://h:1"] {
-            assert_eq!(
-                key_of(DirectConfig::new(bad, layout.clone())),
-                "master",
-                "{bad}"
-            );
-        }
-        assert!(
-            DirectConfig::new("etcd://127.0.0.1:2379;h:2380", layout.clone())
-                .validate()
-                .is_ok()
-        );
-        let mut config = DirectConfig::new("127.0.0.1:50051", layout.clone());
+        let base = || direct("127.0.0.1:50051").unwrap();
+        let mut config = base();
         config.master_config.chunk_keys = 0;
-        assert_eq!(key_of(config), "master_config.chunk_keys");
-        let mut config = DirectConfig::new("127.0.0.1:50051", layout.clone());
+        assert_eq!(
+            why_of(Ok(config)),
+            "invalid client configuration `master_config.chunk_keys`: must be at least 1"
+        );
+        let mut config = base();
         config.master_config.call_timeout = Duration::ZERO;
-        assert_eq!(key_of(config), "master_config.call_timeout");
-        let mut config = DirectConfig::new("127.0.0.1:50051", layout.clone());
+        assert_eq!(
+            why_of(Ok(config)),
+            "invalid client configuration `master_config.call_timeout`: must be positive"
+        );
+        let mut config = base();
         config.master_config.connect_timeout = Duration::ZERO;
-        assert_eq!(key_of(config), "master_config.connect_timeout");
-        let mut config = DirectConfig::new("127.0.0.1:50051", layout);
+        assert_eq!(
+            why_of(Ok(config)),
+            "invalid client configuration `master_config.connect_timeout`: must be positive"
+        );
+        let mut config = base();
         config.master_config.backoff_min = config.master_config.backoff_max * 2;
-        assert_eq!(key_of(config), "master_config.backoff_min");
+        assert_eq!(
+            why_of(Ok(config)),
+            "invalid client configuration `master_config.backoff_min`: must be positive and at most backoff_max"
+        );
     }
 
     #[test]
     fn the_default_ttl_stays_below_the_default_lease() {
-        let config = DirectConfig::new("127.0.0.1:50051", KeyLayout::default());
+        let config = direct("127.0.0.1:50051").unwrap();
         assert_eq!(config.lease_ttl, Duration::from_secs(10));
-        assert!(!config.ttl_outlives_lease(lookup_core::Config::new(16).lookup_prefetch_ttl_s));
-        assert!(!config.ttl_outlives_lease(9.999));
-        assert!(config.ttl_outlives_lease(10.0));
-        assert!(config.ttl_outlives_lease(30.0));
+        assert!(!config.ttl_outlives_lease(lookup_core::Config::new(16).lookup_prefetch_ttl));
+        assert!(!config.ttl_outlives_lease(Duration::from_millis(9_999)));
+        assert!(config.ttl_outlives_lease(Duration::from_secs(10)));
+        assert!(config.ttl_outlives_lease(Duration::from_secs(30)));
     }
 }

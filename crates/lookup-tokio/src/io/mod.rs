@@ -12,7 +12,7 @@ pub(crate) mod direct;
 pub(crate) mod zmq;
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
 
@@ -152,6 +152,8 @@ pub(crate) struct IoConfig {
     pub(crate) reopen_after_timeouts: u32,
     /// `lookup_timeout_s` (the dispatcher's; here for warnings).
     pub(crate) timeout: Duration,
+    /// The `client` label of the task's metric series.
+    pub(crate) label: String,
 }
 
 /// The task's ends of what links it to the handle.
@@ -233,7 +235,7 @@ impl<W: Wire> IoTask<W> {
             timeout: config.timeout,
             timeouts_in_a_row: 0,
             warn: WarnLimiter::default(),
-            metrics: ActorMetrics::new(),
+            metrics: ActorMetrics::new(&config.label),
         }
     }
 

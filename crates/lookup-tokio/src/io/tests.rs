@@ -23,11 +23,11 @@ async fn process_wide() -> tokio::sync::MutexGuard<'static, ()> {
 
 fn config(timeout_ms: u64) -> ClientConfig {
     let endpoint: Endpoint = "ipc:///tmp/unused-fake-wire".parse().expect("endpoint");
-    let mut config = ClientConfig::new(endpoint, 16);
+    let mut config = ClientConfig::zmq(endpoint, 16);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 64;
     config.core.max_in_flight = 8;
-    config.core.lookup_timeout_s = timeout_ms as f64 / 1000.0;
+    config.core.lookup_timeout = Duration::from_millis(timeout_ms);
     config
 }
 
@@ -97,7 +97,7 @@ async fn a_reply_after_the_timeout_is_dropped_and_counted_once() {
     };
     let (wire, _, _) = FakeWire::new(2, knobs);
     let mut cfg = config(200);
-    cfg.reopen_after_timeouts = 0;
+    cfg.transport.zmq_mut().expect("zmq").reopen_after_timeouts = 0;
     let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
     let r = req(1, 4);
     client.on_new_request(&r);
@@ -145,8 +145,8 @@ async fn failed_opens_retry_after_a_doubling_backoff_capped_at_one_second() {
     };
     let (wire, _, record) = FakeWire::new(4, knobs);
     let mut cfg = config(100);
-    cfg.reopen_after_timeouts = 1;
-    cfg.reopen_backoff = 10 * MS;
+    cfg.transport.zmq_mut().expect("zmq").reopen_after_timeouts = 1;
+    cfg.transport.zmq_mut().expect("zmq").reopen_backoff = 10 * MS;
     let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
     client.on_new_request(&req(1, 2));
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -172,7 +172,7 @@ async fn a_sync_probe_queued_behind_a_hung_rpc_gives_up_at_timeout_plus_margin()
     let (wire, _, _) = FakeWire::new(5, knobs);
     let mut cfg = config(200);
     cfg.core.max_in_flight = 1;
-    cfg.reopen_after_timeouts = 0;
+    cfg.transport.zmq_mut().expect("zmq").reopen_after_timeouts = 0;
     cfg.wait_margin = 100 * MS;
     let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
     client.on_new_request(&req(1, 2));
@@ -282,8 +282,8 @@ async fn huge_timeouts_saturate_in_the_driver() {
     };
     let (wire, _, _) = FakeWire::new(9, knobs);
     let mut cfg = config(200);
-    cfg.core.lookup_timeout_s = 1e19;
-    cfg.core.lookup_prefetch_ttl_s = 1e20;
+    cfg.core.lookup_timeout = lookup_core::duration_from_secs(1e19).expect("seconds");
+    cfg.core.lookup_prefetch_ttl = lookup_core::duration_from_secs(1e20).expect("seconds");
     cfg.core.lookup_async = false;
     cfg.core.lookup_prefetch_limit = 0;
     let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();

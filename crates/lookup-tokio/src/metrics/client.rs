@@ -1,8 +1,10 @@
 //! [`ClientMetrics`]: the metric handles of one `LookupClient`, on the scheduler's
 //! thread, and [`LookupEnd`], the `outcome` label of a lookup RPC.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lookup_core::{LookupOutcome, ResetOutcome, RpcFailure, Stats};
@@ -55,23 +57,37 @@ impl LookupEnd {
 /// Handles of one outcome-labelled metric, indexed by [`LookupEnd`] (macro arms
 /// spell the labels as literals so that every key is static).
 macro_rules! per_outcome {
-    ($kind:ident, $name:literal) => {
+    ($kind:ident, $name:literal, $client:expr) => {
         [
-            metrics::$kind!($name, "outcome" => "hit"),
-            metrics::$kind!($name, "outcome" => "miss"),
-            metrics::$kind!($name, "outcome" => "failed"),
-            metrics::$kind!($name, "outcome" => "timed_out"),
-            metrics::$kind!($name, "outcome" => "malformed"),
-            metrics::$kind!($name, "outcome" => "cancelled"),
-            metrics::$kind!($name, "outcome" => "stale"),
+            metrics::$kind!($name, "client" => $client.clone(), "outcome" => "hit"),
+            metrics::$kind!($name, "client" => $client.clone(), "outcome" => "miss"),
+            metrics::$kind!($name, "client" => $client.clone(), "outcome" => "failed"),
+            metrics::$kind!($name, "client" => $client.clone(), "outcome" => "timed_out"),
+            metrics::$kind!($name, "client" => $client.clone(), "outcome" => "malformed"),
+            metrics::$kind!($name, "client" => $client.clone(), "outcome" => "cancelled"),
+            metrics::$kind!($name, "client" => $client.clone(), "outcome" => "stale"),
         ]
     };
 }
 
-/// Eligible requests by their first probe, over every client of the process: the
-/// ratio gauge is one series, so it is computed from process-wide totals.
-pub(super) static FIRST_PROBES_READY: AtomicU64 = AtomicU64::new(0);
-pub(super) static FIRST_PROBES_PENDING: AtomicU64 = AtomicU64::new(0);
+/// Eligible requests by their first probe, `ready` and `pending`, summed over the
+/// clients of one label.
+type FirstProbes = Arc<(AtomicU64, AtomicU64)>;
+
+/// The first-probe totals of each `client` label in the process: the ratio gauge is
+/// one series per label, so clients that share a label share its totals (as they
+/// share the label's counters).
+static FIRST_PROBES: Mutex<Option<HashMap<String, FirstProbes>>> = Mutex::new(None);
+
+/// The first-probe totals of `label`, shared by every client with that label.
+fn first_probes_of(label: &str) -> FirstProbes {
+    let mut all = FIRST_PROBES.lock().unwrap_or_else(PoisonError::into_inner);
+    Arc::clone(
+        all.get_or_insert_with(HashMap::new)
+            .entry(label.to_owned())
+            .or_default(),
+    )
+}
 
 /// The core's counters the metrics follow, as of the last publication.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,6 +134,14 @@ fn add(counter: &Counter, was: u64, now: u64) {
 /// scheduler's thread.
 pub(crate) struct ClientMetrics {
     latency: [Histogram; LookupEnd::COUNT],
+    /// Per request, from its arrival to its first `Ready` answer.
+    lookup_time: Histogram,
+    /// Prompt tokens of lookup RPCs the store answered (hit or miss).
+    tokens_queried: Counter,
+    /// Hit tokens those answers claimed.
+    hit_tokens: Counter,
+    /// External tokens of every `Ready` answer given to the scheduler.
+    external_tokens: Counter,
     outcomes: [Counter; LookupEnd::COUNT],
     queue_wait: Histogram,
     lookups_arrival: Counter,
@@ -133,6 +157,8 @@ pub(crate) struct ClientMetrics {
     first_ready_ratio: Gauge,
     slots_in_use: Gauge,
     resets: [Counter; 3],
+    /// The totals behind `first_ready_ratio`, shared with the label's other clients.
+    first_probes: FirstProbes,
     published: Watched,
 }
 
@@ -145,30 +171,37 @@ impl fmt::Debug for ClientMetrics {
 }
 
 impl ClientMetrics {
-    /// Handles from the recorder installed now (no-ops without one).
-    pub(crate) fn new() -> Self {
+    /// Handles from the recorder installed now (no-ops without one), every series
+    /// labelled `client = label`.
+    pub(crate) fn new(label: &str) -> Self {
         use metrics::{counter, gauge, histogram};
+        let c = label.to_owned();
         Self {
-            latency: per_outcome!(histogram, "lookup_latency_seconds"),
-            outcomes: per_outcome!(counter, "lookup_outcomes_total"),
-            queue_wait: histogram!("lookup_queue_wait_seconds"),
-            lookups_arrival: counter!("lookup_lookups_total", "origin" => "arrival"),
-            lookups_probe: counter!("lookup_lookups_total", "origin" => "probe"),
-            rpcs_shared: counter!("lookup_rpcs_shared_total"),
-            refreshes_ttl: counter!("lookup_refreshes_total", "reason" => "ttl"),
-            refreshes_chain: counter!("lookup_refreshes_total", "reason" => "chain"),
-            skipped_ineligible: counter!("lookup_prefetch_skipped_total", "reason" => "ineligible"),
-            skipped_cap_full: counter!("lookup_prefetch_skipped_total", "reason" => "cap_full"),
-            skipped_backlog_full: counter!("lookup_prefetch_skipped_total", "reason" => "backlog_full"),
-            first_ready: counter!("lookup_first_probes_total", "result" => "ready"),
-            first_pending: counter!("lookup_first_probes_total", "result" => "pending"),
-            first_ready_ratio: gauge!("lookup_first_probe_ready_ratio"),
-            slots_in_use: gauge!("lookup_prefetch_slots_in_use"),
+            latency: per_outcome!(histogram, "lookup_latency_seconds", c),
+            lookup_time: histogram!("lookup_request_lookup_seconds", "client" => c.clone()),
+            tokens_queried: counter!("lookup_tokens_queried_total", "client" => c.clone()),
+            hit_tokens: counter!("lookup_hit_tokens_total", "client" => c.clone()),
+            external_tokens: counter!("lookup_external_tokens_total", "client" => c.clone()),
+            outcomes: per_outcome!(counter, "lookup_outcomes_total", c),
+            queue_wait: histogram!("lookup_queue_wait_seconds", "client" => c.clone()),
+            lookups_arrival: counter!("lookup_lookups_total", "client" => c.clone(), "origin" => "arrival"),
+            lookups_probe: counter!("lookup_lookups_total", "client" => c.clone(), "origin" => "probe"),
+            rpcs_shared: counter!("lookup_rpcs_shared_total", "client" => c.clone()),
+            refreshes_ttl: counter!("lookup_refreshes_total", "client" => c.clone(), "reason" => "ttl"),
+            refreshes_chain: counter!("lookup_refreshes_total", "client" => c.clone(), "reason" => "chain"),
+            skipped_ineligible: counter!("lookup_prefetch_skipped_total", "client" => c.clone(), "reason" => "ineligible"),
+            skipped_cap_full: counter!("lookup_prefetch_skipped_total", "client" => c.clone(), "reason" => "cap_full"),
+            skipped_backlog_full: counter!("lookup_prefetch_skipped_total", "client" => c.clone(), "reason" => "backlog_full"),
+            first_ready: counter!("lookup_first_probes_total", "client" => c.clone(), "result" => "ready"),
+            first_pending: counter!("lookup_first_probes_total", "client" => c.clone(), "result" => "pending"),
+            first_ready_ratio: gauge!("lookup_first_probe_ready_ratio", "client" => c.clone()),
+            slots_in_use: gauge!("lookup_prefetch_slots_in_use", "client" => c.clone()),
             resets: [
-                counter!("lookup_resets_total", "outcome" => "ok"),
-                counter!("lookup_resets_total", "outcome" => "failed"),
-                counter!("lookup_resets_total", "outcome" => "timed_out"),
+                counter!("lookup_resets_total", "client" => c.clone(), "outcome" => "ok"),
+                counter!("lookup_resets_total", "client" => c.clone(), "outcome" => "failed"),
+                counter!("lookup_resets_total", "client" => c, "outcome" => "timed_out"),
             ],
+            first_probes: first_probes_of(label),
             published: Watched::default(),
         }
     }
@@ -178,6 +211,25 @@ impl ClientMetrics {
     pub(crate) fn lookup_ended(&self, end: LookupEnd, latency: Duration) {
         self.latency[end as usize].record(latency.as_secs_f64());
         self.outcomes[end as usize].increment(1);
+    }
+
+    /// The store answered a lookup RPC of a `num_tokens`-token prompt with
+    /// `hit_tokens` (0 for a miss).
+    pub(crate) fn answered(&self, num_tokens: u32, hit_tokens: u32) {
+        self.tokens_queried.increment(u64::from(num_tokens));
+        self.hit_tokens.increment(u64::from(hit_tokens));
+    }
+
+    /// A probe answered `Ready` with `external_tokens`.
+    pub(crate) fn ready(&self, external_tokens: u32) {
+        if external_tokens > 0 {
+            self.external_tokens.increment(u64::from(external_tokens));
+        }
+    }
+
+    /// A request got its first `Ready` answer `lookup_time` after its arrival.
+    pub(crate) fn request_answered(&self, lookup_time: Duration) {
+        self.lookup_time.record(lookup_time.as_secs_f64());
     }
 
     /// A lookup RPC went on the wire `wait` after its submission.
@@ -245,8 +297,9 @@ impl ClientMetrics {
         if ready + pending > 0 {
             self.first_ready.increment(ready);
             self.first_pending.increment(pending);
-            let ready = FIRST_PROBES_READY.fetch_add(ready, Ordering::Relaxed) + ready;
-            let pending = FIRST_PROBES_PENDING.fetch_add(pending, Ordering::Relaxed) + pending;
+            let (ready_total, pending_total) = &*self.first_probes;
+            let ready = ready_total.fetch_add(ready, Ordering::Relaxed) + ready;
+            let pending = pending_total.fetch_add(pending, Ordering::Relaxed) + pending;
             // Counts stay far below 2^53, where f64 is exact.
             #[allow(clippy::cast_precision_loss)]
             self.first_ready_ratio

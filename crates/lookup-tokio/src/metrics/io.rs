@@ -24,18 +24,20 @@ pub(crate) struct ActorMetrics {
 }
 
 impl ActorMetrics {
-    /// Handles from the recorder installed now (no-ops without one).
-    pub(crate) fn new() -> Self {
+    /// Handles from the recorder installed now (no-ops without one), every series
+    /// labelled `client = label`.
+    pub(crate) fn new(label: &str) -> Self {
         use metrics::{counter, gauge};
+        let c = label.to_owned();
         Self {
-            in_flight: gauge!("lookup_in_flight"),
+            in_flight: gauge!("lookup_in_flight", "client" => c.clone()),
             on_wire: 0,
             reopens: [
-                counter!("lookup_socket_reopens_total", "reason" => "timeouts"),
-                counter!("lookup_socket_reopens_total", "reason" => "reset"),
-                counter!("lookup_socket_reopens_total", "reason" => "error"),
+                counter!("lookup_socket_reopens_total", "client" => c.clone(), "reason" => "timeouts"),
+                counter!("lookup_socket_reopens_total", "client" => c.clone(), "reason" => "reset"),
+                counter!("lookup_socket_reopens_total", "client" => c.clone(), "reason" => "error"),
             ],
-            late_replies: counter!("lookup_late_replies_total"),
+            late_replies: counter!("lookup_late_replies_total", "client" => c),
         }
     }
 

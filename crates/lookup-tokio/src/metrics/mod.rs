@@ -16,8 +16,14 @@
 //! existing series (about 10 ns with the Prometheus recorder), never a registry
 //! lookup or an allocation.
 //!
-//! Several clients in one process add up: counters and histograms are shared series,
-//! and each client moves the gauges by its own changes.
+//! Every series carries a `client` label: [`ClientConfig::client_label`], by default
+//! where the client sends its lookups ([`Transport::target`]: a vLLM worker's ipc
+//! path names its data-parallel rank). Clients of one process with different labels
+//! (data-parallel engines) are told apart; clients that share a label add up into
+//! its series (each moves the gauges by its own changes).
+//!
+//! [`ClientConfig::client_label`]: crate::ClientConfig::client_label
+//! [`Transport::target`]: crate::Transport::target
 //!
 //! # Client metrics
 //!
@@ -37,6 +43,12 @@
 //! | `lookup_socket_reopens_total` | counter | reopens | `reason` | sockets dropped and opened again: `timeouts` (rule 17), `reset` (rule 13), `error` |
 //! | `lookup_late_replies_total` | counter | replies | — | replies dropped because their RPC had ended (rule 17) |
 //! | `lookup_resets_total` | counter | resets | `outcome` | reset RPCs ended: `ok`, `failed`, `timed_out` |
+//! | `lookup_tokens_queried_total` | counter | tokens | — | prompt tokens (`num_tokens`) of the lookup RPCs the store answered (hit or miss) |
+//! | `lookup_hit_tokens_total` | counter | tokens | — | hit tokens those answers claimed (from the start of the prompt, before the local hit is taken off) |
+//! | `lookup_external_tokens_total` | counter | tokens | — | external tokens of every `Ready` answer given to the scheduler (a request probed again before allocation counts again) |
+//! | `lookup_request_lookup_seconds` | histogram | seconds | — | per request, from its arrival (`on_new_request`) to its first `Ready` answer; requests never announced are not timed |
+//!
+//! All but `lookup_server_*` also carry `client`.
 //!
 //! `outcome` of a lookup RPC: `hit` (hit tokens > 0), `miss` (0), `malformed` (a
 //! reply that broke `spec/wire.md` or its guards), `timed_out` (unanswered
@@ -60,8 +72,7 @@ mod io;
 #[cfg(test)]
 mod tests;
 
-/// Held by tests that drive clients, and by the test of the process-wide first-probe
-/// ratio, so that the ratio's inputs do not move while it is checked.
+/// Held by tests that drive clients, so that they run one at a time.
 #[cfg(test)]
 pub(crate) static PROCESS_WIDE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -81,6 +92,26 @@ pub fn describe() {
         "lookup_latency_seconds",
         Unit::Seconds,
         "Lookup RPCs from submission to their end, by outcome"
+    );
+    describe_histogram!(
+        "lookup_request_lookup_seconds",
+        Unit::Seconds,
+        "Requests from their arrival to their first Ready answer"
+    );
+    describe_counter!(
+        "lookup_tokens_queried_total",
+        Unit::Count,
+        "Prompt tokens of the lookup RPCs the store answered"
+    );
+    describe_counter!(
+        "lookup_hit_tokens_total",
+        Unit::Count,
+        "Hit tokens the store's answers claimed"
+    );
+    describe_counter!(
+        "lookup_external_tokens_total",
+        Unit::Count,
+        "External tokens of the Ready answers given to the scheduler"
     );
     describe_histogram!(
         "lookup_queue_wait_seconds",

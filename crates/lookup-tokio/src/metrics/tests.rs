@@ -2,14 +2,12 @@
 //! label lands in its series, counters follow the core's by difference, gauges move
 //! by each client's share.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lookup_core::{LookupOutcome, RpcFailure, Stats};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use super::*;
-use crate::metrics::client::{FIRST_PROBES_PENDING, FIRST_PROBES_READY};
 
 /// A recorder of its own (not the global one) and its rendering.
 fn recorder() -> PrometheusRecorder {
@@ -61,7 +59,7 @@ fn outcome_labels() {
 fn each_outcome_records_under_its_label() {
     let recorder = recorder();
     let handle = recorder.handle();
-    let client = metrics::with_local_recorder(&recorder, ClientMetrics::new);
+    let client = metrics::with_local_recorder(&recorder, || ClientMetrics::new("c0"));
     let all = [
         LookupEnd::Hit,
         LookupEnd::Miss,
@@ -83,7 +81,7 @@ fn each_outcome_records_under_its_label() {
         assert_eq!(
             value(
                 &text,
-                &format!("lookup_outcomes_total{{outcome=\"{label}\"}}")
+                &format!("lookup_outcomes_total{{client=\"c0\",outcome=\"{label}\"}}")
             ),
             Some(expected),
             "{label}"
@@ -91,7 +89,7 @@ fn each_outcome_records_under_its_label() {
         assert_eq!(
             value(
                 &text,
-                &format!("lookup_latency_seconds_count{{outcome=\"{label}\"}}")
+                &format!("lookup_latency_seconds_count{{client=\"c0\",outcome=\"{label}\"}}")
             ),
             Some(expected),
             "{label}"
@@ -100,14 +98,18 @@ fn each_outcome_records_under_its_label() {
         assert_eq!(
             value(
                 &text,
-                &format!("lookup_latency_seconds_bucket{{outcome=\"{label}\",le=\"0.005\"}}")
+                &format!(
+                    "lookup_latency_seconds_bucket{{client=\"c0\",outcome=\"{label}\",le=\"0.005\"}}"
+                )
             ),
             Some(expected)
         );
         assert_eq!(
             value(
                 &text,
-                &format!("lookup_latency_seconds_bucket{{outcome=\"{label}\",le=\"0.0025\"}}")
+                &format!(
+                    "lookup_latency_seconds_bucket{{client=\"c0\",outcome=\"{label}\",le=\"0.0025\"}}"
+                )
             ),
             Some(0.0)
         );
@@ -120,7 +122,7 @@ fn each_outcome_records_under_its_label() {
 fn sync_publishes_differences() {
     let recorder = recorder();
     let handle = recorder.handle();
-    let mut client = metrics::with_local_recorder(&recorder, ClientMetrics::new);
+    let mut client = metrics::with_local_recorder(&recorder, || ClientMetrics::new("c0"));
     let mut stats = Stats::default();
     stats.lookups_arrival = 3;
     stats.lookups_probe = 1;
@@ -135,67 +137,182 @@ fn sync_publishes_differences() {
     assert_eq!(client.sync(&stats, 1), 2);
     let text = handle.render();
     let get = |series: &str| value(&text, series);
-    assert_eq!(get("lookup_lookups_total{origin=\"arrival\"}"), Some(5.0));
-    assert_eq!(get("lookup_lookups_total{origin=\"probe\"}"), Some(1.0));
-    assert_eq!(get("lookup_rpcs_shared_total"), Some(3.0));
-    assert_eq!(get("lookup_refreshes_total{reason=\"ttl\"}"), Some(2.0));
-    assert_eq!(get("lookup_refreshes_total{reason=\"chain\"}"), Some(1.0));
     assert_eq!(
-        get("lookup_prefetch_skipped_total{reason=\"cap_full\"}"),
+        get("lookup_lookups_total{client=\"c0\",origin=\"arrival\"}"),
+        Some(5.0)
+    );
+    assert_eq!(
+        get("lookup_lookups_total{client=\"c0\",origin=\"probe\"}"),
+        Some(1.0)
+    );
+    assert_eq!(get("lookup_rpcs_shared_total{client=\"c0\"}"), Some(3.0));
+    assert_eq!(
+        get("lookup_refreshes_total{client=\"c0\",reason=\"ttl\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        get("lookup_refreshes_total{client=\"c0\",reason=\"chain\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        get("lookup_prefetch_skipped_total{client=\"c0\",reason=\"cap_full\"}"),
         Some(4.0)
     );
     assert_eq!(
-        get("lookup_prefetch_skipped_total{reason=\"ineligible\"}"),
+        get("lookup_prefetch_skipped_total{client=\"c0\",reason=\"ineligible\"}"),
         Some(0.0)
     );
-    assert_eq!(get("lookup_prefetch_slots_in_use"), Some(1.0));
+    assert_eq!(
+        get("lookup_prefetch_slots_in_use{client=\"c0\"}"),
+        Some(1.0)
+    );
 
-    let other = metrics::with_local_recorder(&recorder, ClientMetrics::new);
+    let other = metrics::with_local_recorder(&recorder, || ClientMetrics::new("c0"));
     let mut other = other;
     other.sync(&Stats::default(), 3);
     assert_eq!(
-        value(&handle.render(), "lookup_prefetch_slots_in_use"),
+        value(
+            &handle.render(),
+            "lookup_prefetch_slots_in_use{client=\"c0\"}"
+        ),
         Some(4.0),
         "the gauge sums the clients"
     );
     drop(client);
     assert_eq!(
-        value(&handle.render(), "lookup_prefetch_slots_in_use"),
+        value(
+            &handle.render(),
+            "lookup_prefetch_slots_in_use{client=\"c0\"}"
+        ),
         Some(3.0)
     );
     drop(other);
     assert_eq!(
-        value(&handle.render(), "lookup_prefetch_slots_in_use"),
+        value(
+            &handle.render(),
+            "lookup_prefetch_slots_in_use{client=\"c0\"}"
+        ),
         Some(0.0)
     );
 }
 
 #[test]
 fn first_probe_counters_and_ratio() {
-    let _only = PROCESS_WIDE.blocking_lock();
     let recorder = recorder();
     let handle = recorder.handle();
-    let mut client = metrics::with_local_recorder(&recorder, ClientMetrics::new);
-    // The ratio is process-wide; other tests of this binary may add to it, so
-    // only this test's counters are checked exactly.
+    let mut client = metrics::with_local_recorder(&recorder, || ClientMetrics::new("c0"));
     let mut stats = Stats::default();
     stats.first_probes_ready = 3;
     stats.first_probes_pending = 1;
     client.sync(&stats, 0);
     let text = handle.render();
     assert_eq!(
-        value(&text, "lookup_first_probes_total{result=\"ready\"}"),
+        value(
+            &text,
+            "lookup_first_probes_total{client=\"c0\",result=\"ready\"}"
+        ),
         Some(3.0)
     );
     assert_eq!(
-        value(&text, "lookup_first_probes_total{result=\"pending\"}"),
+        value(
+            &text,
+            "lookup_first_probes_total{client=\"c0\",result=\"pending\"}"
+        ),
         Some(1.0)
     );
-    let ready = FIRST_PROBES_READY.load(Ordering::Relaxed) as f64;
-    let pending = FIRST_PROBES_PENDING.load(Ordering::Relaxed) as f64;
     assert_eq!(
-        value(&text, "lookup_first_probe_ready_ratio"),
-        Some(ready / (ready + pending))
+        value(&text, "lookup_first_probe_ready_ratio{client=\"c0\"}"),
+        Some(0.75)
+    );
+    stats.first_probes_pending = 5;
+    client.sync(&stats, 0);
+    assert_eq!(
+        value(
+            &handle.render(),
+            "lookup_first_probe_ready_ratio{client=\"c0\"}"
+        ),
+        Some(3.0 / 8.0)
+    );
+}
+
+/// Data-parallel engines: each client's series carry its label, so two clients of
+/// one process are told apart instead of adding up.
+#[test]
+fn each_client_has_its_own_series() {
+    let recorder = recorder();
+    let handle = recorder.handle();
+    let mut dp0 = metrics::with_local_recorder(&recorder, || ClientMetrics::new("dp0"));
+    let mut dp1 = metrics::with_local_recorder(&recorder, || ClientMetrics::new("dp1"));
+    let mut stats = Stats::default();
+    stats.lookups_arrival = 2;
+    dp0.sync(&stats, 1);
+    stats.lookups_arrival = 7;
+    dp1.sync(&stats, 4);
+    dp0.lookup_ended(LookupEnd::Hit, Duration::from_millis(1));
+    let text = handle.render();
+    let get = |series: &str| value(&text, series);
+    assert_eq!(
+        get("lookup_lookups_total{client=\"dp0\",origin=\"arrival\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        get("lookup_lookups_total{client=\"dp1\",origin=\"arrival\"}"),
+        Some(7.0)
+    );
+    assert_eq!(
+        get("lookup_prefetch_slots_in_use{client=\"dp0\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        get("lookup_prefetch_slots_in_use{client=\"dp1\"}"),
+        Some(4.0)
+    );
+    assert_eq!(
+        get("lookup_outcomes_total{client=\"dp0\",outcome=\"hit\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        get("lookup_outcomes_total{client=\"dp1\",outcome=\"hit\"}"),
+        Some(0.0)
+    );
+}
+
+/// Tokens queried, hit tokens answered, external tokens reported, and the lookup
+/// time per request, each exact.
+#[test]
+fn token_counters_and_lookup_time() {
+    let recorder = recorder();
+    let handle = recorder.handle();
+    let client = metrics::with_local_recorder(&recorder, || ClientMetrics::new("c0"));
+    client.answered(48, 32);
+    client.answered(100, 0);
+    client.ready(16);
+    client.ready(0);
+    client.ready(32);
+    client.request_answered(Duration::from_millis(3));
+    client.request_answered(Duration::from_millis(30));
+    let text = handle.render();
+    let get = |series: &str| value(&text, series);
+    assert_eq!(
+        get("lookup_tokens_queried_total{client=\"c0\"}"),
+        Some(148.0)
+    );
+    assert_eq!(get("lookup_hit_tokens_total{client=\"c0\"}"), Some(32.0));
+    assert_eq!(
+        get("lookup_external_tokens_total{client=\"c0\"}"),
+        Some(48.0)
+    );
+    assert_eq!(
+        get("lookup_request_lookup_seconds_count{client=\"c0\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        get("lookup_request_lookup_seconds_sum{client=\"c0\"}"),
+        Some(0.033)
+    );
+    assert_eq!(
+        get("lookup_request_lookup_seconds_bucket{client=\"c0\",le=\"0.005\"}"),
+        Some(1.0)
     );
 }
 
@@ -203,7 +320,7 @@ fn first_probe_counters_and_ratio() {
 fn actor_gauge_and_reopens() {
     let recorder = recorder();
     let handle = recorder.handle();
-    let mut actor = metrics::with_local_recorder(&recorder, ActorMetrics::new);
+    let mut actor = metrics::with_local_recorder(&recorder, || ActorMetrics::new("c0"));
     actor.lookup_on_wire();
     actor.lookup_on_wire();
     actor.lookup_off_wire();
@@ -212,20 +329,35 @@ fn actor_gauge_and_reopens() {
     actor.reopened(ReopenReason::Error);
     actor.late_reply();
     let text = handle.render();
-    assert_eq!(value(&text, "lookup_in_flight"), Some(1.0));
+    assert_eq!(value(&text, "lookup_in_flight{client=\"c0\"}"), Some(1.0));
     assert_eq!(
-        value(&text, "lookup_socket_reopens_total{reason=\"timeouts\"}"),
+        value(
+            &text,
+            "lookup_socket_reopens_total{client=\"c0\",reason=\"timeouts\"}"
+        ),
         Some(1.0)
     );
     assert_eq!(
-        value(&text, "lookup_socket_reopens_total{reason=\"reset\"}"),
+        value(
+            &text,
+            "lookup_socket_reopens_total{client=\"c0\",reason=\"reset\"}"
+        ),
         Some(0.0)
     );
     assert_eq!(
-        value(&text, "lookup_socket_reopens_total{reason=\"error\"}"),
+        value(
+            &text,
+            "lookup_socket_reopens_total{client=\"c0\",reason=\"error\"}"
+        ),
         Some(2.0)
     );
-    assert_eq!(value(&text, "lookup_late_replies_total"), Some(1.0));
+    assert_eq!(
+        value(&text, "lookup_late_replies_total{client=\"c0\"}"),
+        Some(1.0)
+    );
     drop(actor);
-    assert_eq!(value(&handle.render(), "lookup_in_flight"), Some(0.0));
+    assert_eq!(
+        value(&handle.render(), "lookup_in_flight{client=\"c0\"}"),
+        Some(0.0)
+    );
 }

@@ -1,0 +1,261 @@
+//! [`ClientBuilder`]: a [`LookupClient`] from its settings in one expression; errors
+//! are kept until [`ClientBuilder::build`] or `connect` reports the first.
+
+use std::time::Duration;
+
+use lookup_core::Config;
+use serde_json::Value;
+use tokio::runtime::Handle;
+
+use super::extra_config::KvConnectorExtraConfig;
+use super::{ClientConfig, LookupClient};
+use crate::{DirectConfig, Endpoint, Error, KeyLayout, Transport, ZmqConfig};
+
+/// Builds a [`ClientConfig`] and connects a [`LookupClient`]
+/// ([`LookupClient::builder`]):
+///
+/// ```no_run
+/// # async fn f() -> Result<(), lookup_tokio::Error> {
+/// use std::time::Duration;
+/// let client = lookup_tokio::LookupClient::builder()
+///     .zmq("tcp://127.0.0.1:5555")
+///     .block_size(16)
+///     .lookup_async(true)
+///     .lookup_prefetch_limit(32)
+///     .lookup_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// # drop(client); Ok(()) }
+/// ```
+///
+/// Required: a transport ([`zmq`](Self::zmq), [`zmq_endpoint`](Self::zmq_endpoint),
+/// [`direct`](Self::direct) or [`transport`](Self::transport)). The block size
+/// defaults to vLLM's 16 tokens. Every other setting has `spec/behaviour.md`'s
+/// default. A setting that does not parse is kept as an error: the first one is
+/// returned by [`build`](Self::build) / [`connect`](Self::connect).
+#[derive(Debug)]
+#[must_use]
+pub struct ClientBuilder {
+    core: Config,
+    transport: Option<Transport>,
+    event_capacity: Option<usize>,
+    wait_margin: Option<Duration>,
+    probe_budget: Option<Duration>,
+    client_label: Option<String>,
+    error: Option<Error>,
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        Self {
+            core: Config::new(16),
+            transport: None,
+            event_capacity: None,
+            wait_margin: None,
+            probe_budget: None,
+            client_label: None,
+            error: None,
+        }
+    }
+}
+
+impl ClientBuilder {
+    fn fail(mut self, error: Error) -> Self {
+        self.error.get_or_insert(error);
+        self
+    }
+
+    /// A lookup server over ZeroMQ at `endpoint` (`tcp://HOST:PORT` or
+    /// `ipc://PATH`), with [`ZmqConfig::new`]'s defaults.
+    pub fn zmq(self, endpoint: &str) -> Self {
+        match endpoint.parse::<Endpoint>() {
+            Ok(endpoint) => self.zmq_endpoint(endpoint),
+            Err(e) => self.fail(Error::InvalidClientConfig {
+                key: "endpoint",
+                why: e.to_string(),
+            }),
+        }
+    }
+
+    /// A lookup server over ZeroMQ at `endpoint` (for example
+    /// [`Endpoint::vllm`], a vLLM worker's ipc path).
+    pub fn zmq_endpoint(self, endpoint: Endpoint) -> Self {
+        self.transport(ZmqConfig::new(endpoint))
+    }
+
+    /// The Mooncake master at `master` (`host:port` or `etcd://h1:p1;h2:p2`) asked
+    /// directly, keys laid out by `layout` ([`DirectConfig::parse`]; an address that
+    /// does not parse, such as `"not-a-host"`, is the error `build` returns).
+    pub fn direct(self, master: &str, layout: KeyLayout) -> Self {
+        match DirectConfig::parse(master, layout) {
+            Ok(direct) => self.transport(direct),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Any transport with its settings ([`ZmqConfig`], [`DirectConfig`]).
+    pub fn transport(mut self, transport: impl Into<Transport>) -> Self {
+        self.transport = Some(transport.into());
+        self
+    }
+
+    /// Lookup alignment in tokens (vLLM's `--block-size`; default 16).
+    pub fn block_size(mut self, block_size: u32) -> Self {
+        self.core.block_size = block_size;
+        self
+    }
+
+    /// The lookup keys of vLLM's `kv_connector_extra_config`
+    /// ([`KvConnectorExtraConfig::from_kv_connector_extra_config`]: an unknown or
+    /// mistyped key is the error `build` returns). Settings made after this call
+    /// override it.
+    pub fn kv_connector_extra_config(self, extra: &Value) -> Self {
+        self.extra(KvConnectorExtraConfig::from_kv_connector_extra_config(
+            extra,
+        ))
+    }
+
+    /// As [`kv_connector_extra_config`](Self::kv_connector_extra_config), ignoring
+    /// unknown keys.
+    pub fn kv_connector_extra_config_lenient(self, extra: &Value) -> Self {
+        self.extra(KvConnectorExtraConfig::from_kv_connector_extra_config_lenient(extra))
+    }
+
+    fn extra(mut self, read: Result<KvConnectorExtraConfig, Error>) -> Self {
+        match read {
+            Ok(keys) => {
+                keys.apply(&mut self.core);
+                self
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// `enable_lookup` (default true).
+    pub fn enable_lookup(mut self, on: bool) -> Self {
+        self.core.enable_lookup = on;
+        self
+    }
+
+    /// `lookup_async`, the one switch between sync mode (false, vLLM's default:
+    /// [`LookupClient::probe_step`] waits for the answer) and async mode (true).
+    pub fn lookup_async(mut self, on: bool) -> Self {
+        self.core.lookup_async = on;
+        self
+    }
+
+    /// `load_async` (default true).
+    pub fn load_async(mut self, on: bool) -> Self {
+        self.core.load_async = on;
+        self
+    }
+
+    /// `lookup_prefetch_limit`: most arrival-time lookups in flight (default 0, no
+    /// prefetch; prefetch needs `lookup_async`).
+    pub fn lookup_prefetch_limit(mut self, limit: u32) -> Self {
+        self.core.lookup_prefetch_limit = limit;
+        self
+    }
+
+    /// `lookup_prefetch_ttl_s` (default 2 s).
+    pub fn lookup_prefetch_ttl(mut self, ttl: Duration) -> Self {
+        self.core.lookup_prefetch_ttl = ttl;
+        self
+    }
+
+    /// `lookup_timeout_s` (default 5 s).
+    pub fn lookup_timeout(mut self, timeout: Duration) -> Self {
+        self.core.lookup_timeout = timeout;
+        self
+    }
+
+    /// Most lookup RPCs on the wire at once (default 1).
+    pub fn max_in_flight(mut self, n: u32) -> Self {
+        self.core.max_in_flight = n;
+        self
+    }
+
+    /// The whole lifecycle configuration at once (its `block_size` included).
+    pub fn core(mut self, core: Config) -> Self {
+        self.core = core;
+        self
+    }
+
+    /// [`ClientConfig::event_capacity`] (default 1,024).
+    pub fn event_capacity(mut self, events: usize) -> Self {
+        self.event_capacity = Some(events);
+        self
+    }
+
+    /// [`ClientConfig::wait_margin`] (default 100 ms).
+    pub fn wait_margin(mut self, margin: Duration) -> Self {
+        self.wait_margin = Some(margin);
+        self
+    }
+
+    /// [`ClientConfig::probe_budget`] (default zero).
+    pub fn probe_budget(mut self, budget: Duration) -> Self {
+        self.probe_budget = Some(budget);
+        self
+    }
+
+    /// [`ClientConfig::client_label`]: the `client` label of every metric series
+    /// (default: where lookups go).
+    pub fn client_label(mut self, label: impl Into<String>) -> Self {
+        self.client_label = Some(label.into());
+        self
+    }
+
+    /// The configuration, checked.
+    ///
+    /// # Errors
+    /// The first setting that did not parse ([`Error::InvalidClientConfig`],
+    /// [`Error::ExtraConfig`]); [`Error::InvalidClientConfig`] with key `transport`
+    /// when none was given; [`Error::Core`] for an invalid lifecycle configuration
+    /// ([`Config::validate`]); a direct transport setting the master client would
+    /// refuse ([`DirectConfig::validate`]).
+    pub fn build(self) -> Result<ClientConfig, Error> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        let transport = self.transport.ok_or(Error::InvalidClientConfig {
+            key: "transport",
+            why: "no transport: call zmq, direct or transport".to_owned(),
+        })?;
+        self.core.validate()?;
+        if let Transport::Direct(direct) = &transport {
+            direct.validate()?;
+        }
+        let mut config = ClientConfig::new(transport, self.core.block_size);
+        config.core = self.core;
+        if let Some(events) = self.event_capacity {
+            config.event_capacity = events;
+        }
+        if let Some(margin) = self.wait_margin {
+            config.wait_margin = margin;
+        }
+        if let Some(budget) = self.probe_budget {
+            config.probe_budget = budget;
+        }
+        config.client_label = self.client_label;
+        Ok(config)
+    }
+
+    /// [`build`](Self::build), then [`LookupClient::connect`] on the current tokio
+    /// runtime.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build) and [`LookupClient::connect`].
+    pub async fn connect(self) -> Result<LookupClient, Error> {
+        LookupClient::connect(self.build()?)
+    }
+
+    /// [`build`](Self::build), then [`LookupClient::connect_with_handle`]: for a
+    /// thread-based scheduler, the I/O task runs on `runtime`.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build) and [`LookupClient::connect_with_handle`].
+    pub fn connect_with_handle(self, runtime: &Handle) -> Result<LookupClient, Error> {
+        LookupClient::connect_with_handle(self.build()?, runtime)
+    }
+}
