@@ -4,5 +4,7 @@
 
 #[path = "programs/lookup.rs"]
 mod lookup;
+#[path = "programs/master.rs"]
+mod master;
 #[path = "programs/server.rs"]
 mod server;

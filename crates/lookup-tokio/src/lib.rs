@@ -63,6 +63,7 @@ mod warn;
 pub use client::{ClientConfig, ClientStats, LookupClient, LookupHandle};
 pub use error::Error;
 pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
+pub use io::zmq::{EndpointUnreachable, check_reachable};
 /// Where the lookup server listens (`spec/wire.md`, "Transport").
 pub use lookup_core::Endpoint;
 /// The core's types a scheduler names, so that one dependency line is enough.
