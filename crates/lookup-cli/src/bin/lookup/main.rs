@@ -6,6 +6,7 @@
 //! lookup probe --mooncake-master 127.0.0.1:50051 --model Qwen3-8B --num-tokens 48 --hashes ...
 //! lookup probe --mooncake-master 'etcd://10.0.0.1:2379;10.0.0.2:2379' --mooncake-cluster-id prod ...
 //! lookup reset --endpoint tcp://127.0.0.1:5555
+//! lookup doctor --endpoint ipc:///tmp/lookup.sock --num-tokens 48 --hashes-file hashes.txt
 //! ```
 //!
 //! `probe` sends one lookup (`spec/wire.md`, either format) and prints the hit tokens,
@@ -20,13 +21,19 @@
 //! `spec/mooncake-master-rpc.md`), and prints the hit tokens and the outcome: `hit`,
 //! `miss`, `not needed` (no full block), or `unavailable` with its cause.
 //!
+//! `doctor` runs the checks a user whose hit rate looks low needs (reachability, the
+//! wire format, prefetch activity, the TTL against the store's lease, and against a
+//! master whether any key of the configured layout exists), each `ok`, `warn` or
+//! `fail` with the fix.
+//!
 //! Exit status: 0 success; 1 no reply within `--timeout-s`, a reset that failed, or
 //! an unavailable master; 2 bad arguments; 3 a malformed reply (wrong length, a hit
 //! above `--num-tokens` or not a multiple of `--block-size`: `spec/wire.md`,
 //! "Client-side guards"); 4 nothing listens at the endpoint (no socket file at the
-//! ipc path, or the tcp port refused).
+//! ipc path, or the tcp port refused); `doctor`: 1 when any check fails.
 
 mod args;
+mod doctor;
 mod exchange;
 mod master;
 
@@ -39,7 +46,7 @@ use crate::args::{Master, Prompt, Target};
 use crate::exchange::{ensure_reachable, exchange};
 
 /// Exit status for a reply that did not come in time, a reset the server refused, an
-/// or an unavailable master.
+/// unavailable master, or a doctor's failed check.
 pub(crate) const EXIT_FAILED: u8 = 1;
 /// Exit status for arguments that do not make sense (clap uses it too).
 pub(crate) const EXIT_USAGE: u8 = 2;
@@ -67,6 +74,9 @@ enum Cmd {
     Probe(ProbeArgs),
     /// Ask the server to wipe its store (`tagged-blob` only).
     Reset(ResetArgs),
+    /// Check why hits may be lost: reachability, wire format, prefetch, TTL against
+    /// the lease, and whether the store holds any key of the configured layout.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -125,6 +135,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Probe(args) => runtime.block_on(probe(args)),
         Cmd::Reset(args) => runtime.block_on(reset(args)),
+        Cmd::Doctor(args) => runtime.block_on(doctor::run(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
