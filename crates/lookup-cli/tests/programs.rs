@@ -1,8 +1,13 @@
 //! The two programs run as their users run them (`CARGO_BIN_EXE_*`: cargo builds them
 //! with the tests, with the crate's default `prometheus` feature), against our server,
-//! servers that misbehave, and the real Mooncake master.
+//! servers that misbehave, and the real Mooncake master (also a high-availability
+//! cluster: a real etcd and two real masters).
 
+#[path = "programs/ha.rs"]
+mod ha;
 #[path = "programs/lookup.rs"]
 mod lookup;
+#[path = "programs/master.rs"]
+mod master;
 #[path = "programs/server.rs"]
 mod server;

@@ -59,8 +59,9 @@ pub(crate) fn prepare_ipc_path(path: &Path, take_over: bool) -> Result<(), Error
                     endpoint: format!("ipc://{}", path.display()),
                 });
             }
-            fs::remove_file(path)?;
-            tracing::info!(path = %path.display(), "removed a stale ipc socket file");
+            if remove_stale(path)? {
+                tracing::info!(path = %path.display(), "removed a stale ipc socket file");
+            }
             Ok(())
         }
         Ok(_) => Err(Error::InvalidServerConfig {
@@ -69,6 +70,18 @@ pub(crate) fn prepare_ipc_path(path: &Path, take_over: bool) -> Result<(), Error
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Unlinks the stale socket file at `path`; `Ok(false)` when it is gone already. The
+/// server that made it may unlink it itself between the liveness check and this call
+/// (it is shutting down: its `IpcFile` drops), which leaves the path free just the
+/// same (issue "never a silent miss", bug d: the rebind race).
+fn remove_stale(path: &Path) -> io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -110,6 +123,29 @@ impl Drop for IpcFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bug d (the rebind race): right after a server was dropped, its task unlinked
+    /// the file between the liveness check and the removal, and the bind failed with
+    /// `No such file or directory`. A file gone meanwhile is a free path.
+    #[test]
+    fn a_stale_file_unlinked_meanwhile_counts_as_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("lookup.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
+        assert!(remove_stale(&path).expect("a stale file is removed"));
+        assert!(!path.exists());
+        // What the shutting-down server's unlink leaves behind for the second call.
+        assert!(!remove_stale(&path).expect("NotFound is success"));
+        // Anything else is still an error.
+        let not_a_dir = dir.path().join("file");
+        fs::write(&not_a_dir, b"x").expect("write");
+        assert_eq!(
+            remove_stale(&not_a_dir.join("lookup.sock"))
+                .expect_err("ENOTDIR")
+                .kind(),
+            io::ErrorKind::NotADirectory
+        );
+    }
 
     #[test]
     fn loopback_hosts() {

@@ -10,7 +10,7 @@
 //! | name | type | unit | labels | what |
 //! |---|---|---|---|---|
 //! | `lookup_server_requests_total` | counter | requests | `format`, `kind` | messages received: `kind` `lookup`, `reset`, `malformed`, `unknown`, `no_delimiter`; `format` `tagged-blob`, `msgpack-hex`, `unknown` (neither), `none` (no delimiter) |
-//! | `lookup_server_keys_checked_total` | counter | keys | — | store keys asked about (blocks × rank namespaces) |
+//! | `lookup_server_keys_checked_total` | counter | keys | — | store keys the index asked about (an early stop asks fewer than blocks × rank namespaces) |
 //! | `lookup_server_index_latency_seconds` | histogram | seconds | — | per index call, failed ones included |
 //! | `lookup_server_decode_errors_total` | counter | requests | `format` | malformed lookups, answered with hit 0 (`spec/wire.md`) |
 //! | `lookup_server_mooncake_leader_changes_total` | counter | changes | — | moves of a [`MooncakeIndex`](crate::MooncakeIndex) on an `etcd://` address to a newer Mooncake master leader (`spec/mooncake-master-rpc.md`, "High availability") |

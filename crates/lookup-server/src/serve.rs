@@ -394,10 +394,6 @@ async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHas
         return 0;
     }
     let keys = shared.layout.chain_keys(block_hashes, blocks);
-    bump(
-        &shared.counters.keys_checked,
-        u64::try_from(keys.len()).unwrap_or(u64::MAX),
-    );
     let namespaces = shared.layout.namespaces().len();
     let started = std::time::Instant::now();
     let answer =
@@ -408,11 +404,18 @@ async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHas
             Ok(answer) => answer,
             Err(_) => Err(IndexError::Store("the index panicked".to_owned())),
         };
-    shared.metrics.index_call(keys.len(), started.elapsed());
+    // The keys the index actually asked (bug e: an early stop asks fewer than the
+    // chain has); a failed call counts none, `index_errors` counts it.
+    let keys_asked = answer.as_ref().map_or(0, |run| run.keys_asked);
+    bump(
+        &shared.counters.keys_checked,
+        u64::try_from(keys_asked).unwrap_or(u64::MAX),
+    );
+    shared.metrics.index_call(keys_asked, started.elapsed());
     let hit = match answer {
         // An index never finds more blocks than it was asked about; capping keeps a
         // faulty one from reaching past the chain.
-        Ok(run) => hit_tokens(num_tokens, shared.block_size, run.min(blocks)),
+        Ok(run) => hit_tokens(num_tokens, shared.block_size, run.blocks.min(blocks)),
         Err(e) => {
             let n = bump(&shared.counters.index_errors, 1);
             if worth_a_warning(n) {

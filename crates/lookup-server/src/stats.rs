@@ -10,8 +10,10 @@ pub struct ServerStats {
     pub requests: u64,
     /// Well-formed lookups, in either format.
     pub lookups: u64,
-    /// Keys asked about in index calls (blocks × namespaces, summed). An index that
-    /// stops once the leading run has ended may send fewer to its store.
+    /// Keys the index asked its store about in answered lookups
+    /// ([`LeadingRun::keys_asked`](crate::LeadingRun::keys_asked), summed): blocks ×
+    /// namespaces for the in-memory index; for the Mooncake index only the chunks
+    /// sent, up to the one that ended the leading run. Failed index calls count none.
     pub keys_checked: u64,
     /// Hit tokens answered, summed (tokens).
     pub hit_tokens: u64,

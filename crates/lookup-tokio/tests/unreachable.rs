@@ -1,10 +1,13 @@
 //! A misconfigured endpoint shows at once (real ZeroMQ sockets): a missing ipc socket
 //! file or a refused tcp port fails lookups fast as unavailable, names the endpoint,
-//! and never reads as a miss or costs `lookup_timeout_s` per probe.
+//! and never reads as a miss or costs `lookup_timeout_s` per probe; a prefetch ends as
+//! a transport failure naming its request, with no probe needed to see it.
 
 use std::time::{Duration, Instant};
 
-use lookup_core::{Answer, BlockHashes, Probe, Request, RequestId, Unavailable};
+use lookup_core::{
+    Answer, BlockHashes, Event, LookupOutcome, Probe, Request, RequestId, RpcFailure, Unavailable,
+};
 use lookup_tokio::{ClientConfig, Endpoint, LookupClient};
 
 fn req(id: u64) -> Request {
@@ -52,6 +55,60 @@ async fn probes_fail_fast(endpoint: Endpoint) -> (Duration, Duration, u64) {
     );
     client.shutdown().await;
     (first, second, stats.endpoint_unreachable)
+}
+
+/// Async mode with prefetch: a lookup started at arrival against `endpoint` ends as a
+/// transport failure naming its request, without any probe; returns the time from
+/// the arrival to that event (the first error the scheduler can see).
+async fn first_visible_error(endpoint: Endpoint) -> Duration {
+    let mut config = ClientConfig::zmq(endpoint, 16);
+    config.core.lookup_timeout = Duration::from_secs(30);
+    config.core.lookup_async = true;
+    config.core.lookup_prefetch_limit = 4;
+    let mut client = LookupClient::connect(config).expect("connect");
+    let t0 = Instant::now();
+    client.on_new_request(&req(7));
+    let deadline = t0 + Duration::from_secs(30);
+    let event = loop {
+        if let Some(event) = client.poll_event() {
+            break event;
+        }
+        let now = Instant::now();
+        assert!(now < deadline, "no event within the 30 s timeout");
+        client.wait_progress(deadline - now).await;
+    };
+    let took = t0.elapsed();
+    match event {
+        Event::LookupDone {
+            outcome,
+            request_ids,
+            ..
+        } => {
+            assert_eq!(outcome, LookupOutcome::Failed(RpcFailure::Transport));
+            assert_eq!(request_ids, [RequestId(7)]);
+        }
+        other => panic!("expected the lookup's end, got {other:?}"),
+    }
+    client.shutdown().await;
+    took
+}
+
+#[tokio::test]
+async fn a_prefetch_against_a_missing_ipc_file_ends_as_a_transport_failure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let took = first_visible_error(Endpoint::Ipc(dir.path().join("none.sock"))).await;
+    eprintln!("[unreachable ipc] first lookup to its failure event {took:?}");
+}
+
+#[tokio::test]
+async fn a_prefetch_against_a_refused_tcp_port_ends_as_a_transport_failure() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let took = first_visible_error(Endpoint::Tcp(format!("127.0.0.1:{port}"))).await;
+    eprintln!("[refused tcp] first lookup to its failure event {took:?}");
 }
 
 #[tokio::test]

@@ -116,25 +116,52 @@ async fn dropping_the_handle_stops_the_server_and_unlinks_the_file() {
     panic!("the socket file outlived the dropped server by 5 s");
 }
 
+/// A take-over (`ServerConfig::take_over`, vLLM's bind): the second server binds the
+/// path while the first still runs and answers. Connections made from then on reach
+/// the second; a connection made before stays with the first until it closes; the
+/// first's shutdown leaves the second's file in place.
 #[tokio::test]
 async fn a_second_server_can_take_over_the_path() {
     let dir = TempDir::new().unwrap();
     let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
+    let layout = KeyLayout::new("m");
+    // The first server holds nothing, the second block 5: the hit says who answered.
     let first = LookupServer::bind(&endpoint, config(), Arc::new(InMemoryIndex::new())).unwrap();
-    first.shutdown().await;
+    let ctx = tmq::Context::new();
+    let ask = |n: u32| lookup(Format::TaggedBlob, n, B, &[5]);
+    let mut old = Req::connect(&ctx, &endpoint);
+    assert_eq!(hit(Format::TaggedBlob, &old.call(&ask(17)).await), 0);
+    let first_inode = std::os::unix::fs::MetadataExt::ino(
+        &std::fs::symlink_metadata(endpoint.ipc_path().unwrap()).unwrap(),
+    );
 
     let index = Arc::new(InMemoryIndex::new());
-    store(&index, &KeyLayout::new("m"), &[5]);
-    let second = LookupServer::bind(&endpoint, config(), index).unwrap();
-    let mut req = Req::connect(&tmq::Context::new(), &endpoint);
-    assert_eq!(
-        hit(
-            Format::TaggedBlob,
-            &req.call(&lookup(Format::TaggedBlob, 17, B, &[5])).await
-        ),
-        16
+    store(&index, &layout, &[5]);
+    let mut take_over = config();
+    take_over.take_over = true;
+    let second = LookupServer::bind(&endpoint, take_over, index).unwrap();
+    let second_inode = std::os::unix::fs::MetadataExt::ino(
+        &std::fs::symlink_metadata(endpoint.ipc_path().unwrap()).unwrap(),
     );
+    assert_ne!(first_inode, second_inode, "the path is a new socket file");
+
+    let mut new = Req::connect(&ctx, &endpoint);
+    assert_eq!(hit(Format::TaggedBlob, &new.call(&ask(17)).await), 16);
+    // The first still runs: the connection made before the take-over reaches it.
+    assert_eq!(hit(Format::TaggedBlob, &old.call(&ask(17)).await), 0);
+    assert_eq!(first.stats().lookups, 2);
+    assert_eq!(second.stats().lookups, 1);
+
+    drop(old);
+    first.shutdown().await;
+    assert!(
+        endpoint.ipc_path().unwrap().exists(),
+        "the first server's shutdown removed the second's file"
+    );
+    assert_eq!(hit(Format::TaggedBlob, &new.call(&ask(33)).await), 16);
+    assert_eq!(second.stats().lookups, 2);
     second.shutdown().await;
+    assert!(!endpoint.ipc_path().unwrap().exists());
 }
 
 #[tokio::test]

@@ -288,3 +288,98 @@ async fn boundaries_timeout_malformed_and_usage() {
         stderr(&out)
     );
 }
+
+/// `lookup probe ARGS --timeout-s 30` against an endpoint nothing listens on: its exit
+/// status and stderr, and the wall time, which must stay far below the 30 s a
+/// queued ZeroMQ request would wait.
+async fn probe_unreachable(url: &str) -> (Output, std::time::Duration) {
+    let hashes = [1, 2].map(hash_hex).join(",");
+    let started = std::time::Instant::now();
+    let out = lookup(&[
+        "probe",
+        "--endpoint",
+        url,
+        "--num-tokens",
+        "40",
+        "--hashes",
+        &hashes,
+        "--timeout-s",
+        "30",
+    ])
+    .await;
+    let wall = started.elapsed();
+    assert!(
+        wall < std::time::Duration::from_secs(30),
+        "waited out the timeout: {wall:?}"
+    );
+    (out, wall)
+}
+
+/// A missing ipc socket file: exit 4 at once, naming the path (issue "never a silent
+/// miss", section 3: `lookup probe` exits non-zero within 1 s and says which it was).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_names_a_missing_ipc_socket_file() {
+    let dir = TempDir::new("cli-nofile");
+    let endpoint = dir.ipc("no-server.sock");
+    let Endpoint::Ipc(path) = &endpoint else {
+        unreachable!()
+    };
+    let url = endpoint.url();
+    let (out, wall) = probe_unreachable(&url).await;
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(stdout(&out), "");
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: {url} is unreachable: no socket file at {} (is the lookup server \
+             running, and is the path the one it binds?)\n",
+            path.display()
+        )
+    );
+    eprintln!("[lookup probe, missing ipc file] exit 4 after {wall:?} of wall time");
+}
+
+/// An ipc socket file nobody accepts on (left by a server that died): exit 4, named
+/// as a stale socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_names_a_stale_ipc_socket_file() {
+    let dir = TempDir::new("cli-stale");
+    let endpoint = dir.ipc("stale.sock");
+    let Endpoint::Ipc(path) = &endpoint else {
+        unreachable!()
+    };
+    drop(std::os::unix::net::UnixListener::bind(path).expect("bind"));
+    assert!(path.exists(), "the socket file stays behind");
+    let url = endpoint.url();
+    let (out, _) = probe_unreachable(&url).await;
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: {url} is unreachable: nothing listens on {} (a stale socket file: the \
+             server that made it is gone)\n",
+            path.display()
+        )
+    );
+}
+
+/// A refused tcp port: exit 4 at once, naming the port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_names_a_refused_tcp_port() {
+    let endpoint = free_tcp();
+    let Endpoint::Tcp(addr) = &endpoint else {
+        unreachable!()
+    };
+    let url = endpoint.url();
+    let (out, wall) = probe_unreachable(&url).await;
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(stdout(&out), "");
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: {url} is unreachable: connection refused at tcp port {addr} (is the \
+             lookup server running, and is the port the one it binds?)\n"
+        )
+    );
+    eprintln!("[lookup probe, refused tcp port] exit 4 after {wall:?} of wall time");
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{BlockIndex, IndexFuture};
+use super::{BlockIndex, IndexFuture, LeadingRun};
 
 /// Another index behind a fixed latency per call: models a store that takes, say,
 /// 1 ms to answer (benchmarks of concurrent lookups, `issues` "lookup-tokio",
@@ -55,7 +55,7 @@ impl<I: BlockIndex> BlockIndex for DelayedIndex<I> {
         &'a self,
         keys_per_block: usize,
         keys: &'a [String],
-    ) -> IndexFuture<'a, usize> {
+    ) -> IndexFuture<'a, LeadingRun> {
         Box::pin(async move {
             tokio::time::sleep(self.latency).await;
             self.inner.leading_blocks(keys_per_block, keys).await

@@ -66,6 +66,10 @@ pub trait BlockIndex: Send + Sync {
     /// existence answers have side effects or cost per key, such as Mooncake's read
     /// leases) overrides it; it must still answer from one logical existence query.
     ///
+    /// The answer says how many keys the index actually asked its store
+    /// ([`LeadingRun::keys_asked`]: the server's `keys_checked`); the default asks
+    /// all of them.
+    ///
     /// # Errors
     /// As [`exists`](Self::exists), and [`IndexError::AnswerCount`] when `exists`
     /// answers a different number of flags than keys.
@@ -73,7 +77,7 @@ pub trait BlockIndex: Send + Sync {
         &'a self,
         keys_per_block: usize,
         keys: &'a [String],
-    ) -> IndexFuture<'a, usize> {
+    ) -> IndexFuture<'a, LeadingRun> {
         Box::pin(async move {
             let flags = self.exists(keys).await?;
             if flags.len() != keys.len() {
@@ -82,9 +86,23 @@ pub trait BlockIndex: Send + Sync {
                     got: flags.len(),
                 });
             }
-            Ok(leading_run(&flags, keys_per_block))
+            Ok(LeadingRun {
+                blocks: leading_run(&flags, keys_per_block),
+                keys_asked: keys.len(),
+            })
         })
     }
+}
+
+/// The answer of [`BlockIndex::leading_blocks`]: the run, and what it cost the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeadingRun {
+    /// Leading blocks whose every key exists.
+    pub blocks: usize,
+    /// Keys the index asked its store about (an index that stops after the call
+    /// ending the run asks fewer than it was given; issue "never a silent miss",
+    /// bug e).
+    pub keys_asked: usize,
 }
 
 impl<T: BlockIndex + ?Sized> BlockIndex for Arc<T> {
@@ -96,7 +114,7 @@ impl<T: BlockIndex + ?Sized> BlockIndex for Arc<T> {
         &'a self,
         keys_per_block: usize,
         keys: &'a [String],
-    ) -> IndexFuture<'a, usize> {
+    ) -> IndexFuture<'a, LeadingRun> {
         (**self).leading_blocks(keys_per_block, keys)
     }
 
@@ -120,12 +138,15 @@ mod tests {
         let keys: Vec<String> = ["a0", "a1", "b0", "b1", "c0", "c1"]
             .map(String::from)
             .into();
-        assert_eq!(index.leading_blocks(2, &keys).await.unwrap(), 1);
-        assert_eq!(index.leading_blocks(1, &keys).await.unwrap(), 3);
-        assert_eq!(index.leading_blocks(0, &keys).await.unwrap(), 0);
+        assert_eq!(index.leading_blocks(2, &keys).await.unwrap().blocks, 1);
+        assert_eq!(index.leading_blocks(1, &keys).await.unwrap().blocks, 3);
+        assert_eq!(index.leading_blocks(0, &keys).await.unwrap().blocks, 0);
         let wrapped: Arc<dyn BlockIndex> =
             Arc::new(DelayedIndex::new(index, Duration::from_millis(1)));
-        assert_eq!(wrapped.leading_blocks(2, &keys[..3]).await.unwrap(), 1);
+        assert_eq!(
+            wrapped.leading_blocks(2, &keys[..3]).await.unwrap().blocks,
+            1
+        );
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::io::ErrorKind;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -21,34 +22,74 @@ use crate::warn::WarnLimiter;
 /// A reachability check of the endpoint: `Err` names what is missing.
 type Check = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
+/// Why nothing listens at an endpoint, as [`check_reachable`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndpointUnreachable {
+    /// `ipc://PATH`: no file at the path (a typo, or the server has not bound yet).
+    #[error("no socket file at {}", .0.display())]
+    NoSocketFile(PathBuf),
+    /// `ipc://PATH`: the file is there but nothing accepts on it (a stale socket left
+    /// by a server that died).
+    #[error("nothing listens on {}", .0.display())]
+    NothingListens(PathBuf),
+    /// `tcp://HOST:PORT`: the connection was refused (nothing listens on the port).
+    #[error("connection refused at tcp port {0}")]
+    Refused(String),
+    /// Another error of the connect, with the endpoint's path or address.
+    #[error("{endpoint}: {error}")]
+    Other {
+        /// The ipc path or the tcp `host:port`.
+        endpoint: String,
+        /// The operating system's error.
+        error: String,
+    },
+}
+
 /// Whether something listens at `endpoint`, in the time a connect takes (a missing
-/// ipc socket file or a refused tcp port answers at once). ZeroMQ itself never says:
-/// it queues messages for a peer that may come, so without this check a typo in the
-/// path reads as a silent server and costs `lookup_timeout_s` per lookup. A check
-/// that cannot tell in 1 s counts as reachable.
-async fn reachable(endpoint: Endpoint) -> Result<(), String> {
-    match &endpoint {
+/// ipc socket file or a refused tcp port answers at once; issue "never a silent
+/// miss", `spec/wire.md`, "Transport"). ZeroMQ itself never says: it queues messages
+/// for a peer that may come, so without this check a typo in the path reads as a
+/// silent server and costs `lookup_timeout_s` per lookup. A tcp connect that cannot
+/// tell within 1 s counts as reachable. The probe connection is closed at once; a
+/// REP or ROUTER server ignores it.
+///
+/// # Errors
+/// [`EndpointUnreachable`], naming the path or the port.
+pub async fn check_reachable(endpoint: &Endpoint) -> Result<(), EndpointUnreachable> {
+    match endpoint {
         Endpoint::Ipc(path) => match tokio::net::UnixStream::connect(path).await {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                Err(format!("no socket file at {}", path.display()))
+                Err(EndpointUnreachable::NoSocketFile(path.clone()))
             }
             Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-                Err(format!("nothing listens on {}", path.display()))
+                Err(EndpointUnreachable::NothingListens(path.clone()))
             }
-            Err(e) => Err(format!("{}: {e}", path.display())),
+            Err(e) => Err(EndpointUnreachable::Other {
+                endpoint: path.display().to_string(),
+                error: e.to_string(),
+            }),
         },
         Endpoint::Tcp(addr) => {
             let connect = tokio::net::TcpStream::connect(addr.as_str());
             match tokio::time::timeout(Duration::from_secs(1), connect).await {
                 Ok(Ok(_)) | Err(_) => Ok(()),
                 Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused => {
-                    Err(format!("connection refused at tcp port {addr}"))
+                    Err(EndpointUnreachable::Refused(addr.clone()))
                 }
-                Ok(Err(e)) => Err(format!("tcp {addr}: {e}")),
+                Ok(Err(e)) => Err(EndpointUnreachable::Other {
+                    endpoint: format!("tcp {addr}"),
+                    error: e.to_string(),
+                }),
             }
         }
     }
+}
+
+/// [`check_reachable`] with the reason as text, for the wire's warnings.
+async fn reachable(endpoint: Endpoint) -> Result<(), String> {
+    check_reachable(&endpoint).await.map_err(|e| e.to_string())
 }
 
 /// Bytes of the RPC-id envelope frame: the core's `RpcId`, u64 big-endian.

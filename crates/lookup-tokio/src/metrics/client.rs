@@ -102,6 +102,10 @@ struct Watched {
     prefetch_backlog_full: u64,
     first_probes_ready: u64,
     first_probes_pending: u64,
+    answers_hit: u64,
+    answers_miss: u64,
+    answers_not_needed: u64,
+    answers_unavailable: u64,
     slots_in_use: u32,
 }
 
@@ -118,6 +122,10 @@ impl Watched {
             prefetch_backlog_full: stats.prefetch_backlog_full,
             first_probes_ready: stats.first_probes_ready,
             first_probes_pending: stats.first_probes_pending,
+            answers_hit: stats.answers_hit,
+            answers_miss: stats.answers_miss,
+            answers_not_needed: stats.answers_not_needed,
+            answers_unavailable: stats.answers_unavailable,
             slots_in_use,
         }
     }
@@ -159,6 +167,8 @@ pub(crate) struct ClientMetrics {
     resets: [Counter; 3],
     /// The totals behind `first_ready_ratio`, shared with the label's other clients.
     first_probes: FirstProbes,
+    /// `Ready` answers by what they rest on: hit, miss, not_needed, unavailable.
+    answers: [Counter; 4],
     published: Watched,
 }
 
@@ -202,6 +212,12 @@ impl ClientMetrics {
                 counter!("lookup_resets_total", "client" => c, "outcome" => "timed_out"),
             ],
             first_probes: first_probes_of(label),
+            answers: [
+                counter!("lookup_answers_total", "client" => label.to_owned(), "answer" => "hit"),
+                counter!("lookup_answers_total", "client" => label.to_owned(), "answer" => "miss"),
+                counter!("lookup_answers_total", "client" => label.to_owned(), "answer" => "not_needed"),
+                counter!("lookup_answers_total", "client" => label.to_owned(), "answer" => "unavailable"),
+            ],
             published: Watched::default(),
         }
     }
@@ -283,6 +299,18 @@ impl ClientMetrics {
             &self.skipped_backlog_full,
             was.prefetch_backlog_full,
             now.prefetch_backlog_full,
+        );
+        add(&self.answers[0], was.answers_hit, now.answers_hit);
+        add(&self.answers[1], was.answers_miss, now.answers_miss);
+        add(
+            &self.answers[2],
+            was.answers_not_needed,
+            now.answers_not_needed,
+        );
+        add(
+            &self.answers[3],
+            was.answers_unavailable,
+            now.answers_unavailable,
         );
         if now.slots_in_use != was.slots_in_use {
             self.slots_in_use

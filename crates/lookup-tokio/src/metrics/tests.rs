@@ -361,3 +361,33 @@ fn actor_gauge_and_reopens() {
         Some(0.0)
     );
 }
+
+/// The core's answers by basis land in `lookup_answers_total{answer=...}`, by
+/// difference, each in its own series.
+#[test]
+fn answers_are_counted_by_what_they_rest_on() {
+    let recorder = recorder();
+    let handle = recorder.handle();
+    let mut client = metrics::with_local_recorder(&recorder, || ClientMetrics::new("c0"));
+    let mut stats = Stats::default();
+    stats.answers_hit = 4;
+    stats.answers_miss = 3;
+    stats.answers_unavailable = 1;
+    client.sync(&stats, 0);
+    stats.answers_hit = 6;
+    stats.answers_not_needed = 2;
+    stats.answers_unavailable = 5;
+    client.sync(&stats, 0);
+    client.sync(&stats, 0);
+    let text = handle.render();
+    let get = |answer: &str| {
+        value(
+            &text,
+            &format!("lookup_answers_total{{client=\"c0\",answer=\"{answer}\"}}"),
+        )
+    };
+    assert_eq!(get("hit"), Some(6.0));
+    assert_eq!(get("miss"), Some(3.0));
+    assert_eq!(get("not_needed"), Some(2.0));
+    assert_eq!(get("unavailable"), Some(5.0));
+}

@@ -361,7 +361,7 @@ impl MasterClient {
         B: AsRef<[K]> + Sync,
         K: AsRef<str> + Sync,
     {
-        self.leading_blocks_by(blocks.len(), |i| blocks[i].as_ref())
+        self.leading_blocks_by(blocks.len(), |i| blocks[i].as_ref(), &mut 0)
             .await
     }
 
@@ -378,19 +378,43 @@ impl MasterClient {
         keys: &[K],
         keys_per_block: usize,
     ) -> Result<usize, MasterError> {
+        self.leading_blocks_flat_counted(keys, keys_per_block)
+            .await
+            .0
+    }
+
+    /// As [`leading_blocks_flat`](Self::leading_blocks_flat), also returning how many
+    /// keys were asked of the master in this call (every chunk handed to the
+    /// connection, up to the one
+    /// that ended the run or failed): fewer than `keys.len()` when the run ends
+    /// early, and never a key past the chunk that ended it. The count is this call's
+    /// own, where [`MasterStats::keys_asked`] sums every call of the client.
+    ///
+    /// # Errors
+    /// As [`leading_blocks_flat`](Self::leading_blocks_flat); the count is returned
+    /// beside the error too.
+    pub async fn leading_blocks_flat_counted<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        keys_per_block: usize,
+    ) -> (Result<usize, MasterError>, usize) {
         if keys_per_block == 0 {
-            return Err(MasterError::InvalidConfig {
+            let error = MasterError::InvalidConfig {
                 what: "keys_per_block",
                 why: "must be at least 1".to_owned(),
-            });
+            };
+            return (Err(error), 0);
         }
         let full = keys.len() / keys_per_block;
+        let mut asked = 0;
         let run = self
-            .leading_blocks_by(full, |i| {
-                &keys[i * keys_per_block..(i + 1) * keys_per_block]
-            })
-            .await?;
-        Ok(run)
+            .leading_blocks_by(
+                full,
+                |i| &keys[i * keys_per_block..(i + 1) * keys_per_block],
+                &mut asked,
+            )
+            .await;
+        (run, asked)
     }
 
     /// `RemoveAll`: removes every object of the tenant ([`MasterConfig::tenant_id`])
@@ -448,6 +472,7 @@ impl MasterClient {
         &self,
         blocks: usize,
         block: F,
+        asked: &mut usize,
     ) -> Result<usize, MasterError>
     where
         K: AsRef<str> + Sync + 'k,
@@ -471,6 +496,7 @@ impl MasterClient {
             let keys: Vec<&str> = (start..end)
                 .flat_map(|i| block(i).iter().map(AsRef::as_ref))
                 .collect();
+            *asked += keys.len();
             let answers = self.batch_exist_chunk(&keys).await?;
             let mut offset = 0;
             for i in start..end {

@@ -21,7 +21,7 @@ use mooncake_master::{
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::{BlockIndex, IndexError, IndexFuture};
+use super::{BlockIndex, IndexError, IndexFuture, LeadingRun};
 
 /// What a [`MooncakeIndex`] does with a reset request (`spec/wire.md`, "Format
 /// `tagged-blob`": vLLM's worker drains its pending puts, then calls
@@ -277,12 +277,16 @@ impl MooncakeIndex {
         &self,
         keys_per_block: usize,
         keys: &[String],
-    ) -> Result<usize, IndexError> {
+    ) -> Result<LeadingRun, IndexError> {
         bump(&self.counters.lookups, 1);
         if keys_per_block == 0 {
-            return Ok(0);
+            return Ok(LeadingRun::default());
         }
-        let run = match self.master.leading_blocks_flat(keys, keys_per_block).await {
+        let (answer, keys_asked) = self
+            .master
+            .leading_blocks_flat_counted(keys, keys_per_block)
+            .await;
+        let run = match answer {
             Ok(run) => run,
             // The key that would end the run carries an ErrorCode: every key before it
             // was answered `true`, so the run ends at its block (vLLM counts only 1s).
@@ -297,7 +301,10 @@ impl MooncakeIndex {
             Err(e) => return Err(self.failed(&e)),
         };
         bump(&self.counters.blocks_found, count(run));
-        Ok(run)
+        Ok(LeadingRun {
+            blocks: run,
+            keys_asked,
+        })
     }
 
     async fn query_exists(&self, keys: &[String]) -> Result<Vec<bool>, IndexError> {
@@ -329,7 +336,7 @@ impl BlockIndex for MooncakeIndex {
         &'a self,
         keys_per_block: usize,
         keys: &'a [String],
-    ) -> IndexFuture<'a, usize> {
+    ) -> IndexFuture<'a, LeadingRun> {
         let span = tracing::debug_span!("mooncake_lookup", keys = keys.len(), keys_per_block);
         Box::pin(
             self.query_leading_blocks(keys_per_block, keys)

@@ -1,0 +1,318 @@
+//! `lookup doctor`: the checks for a user whose hit rate looks low, with the
+//! client's own settings (endpoint or Mooncake master, model, rank layout, block
+//! size, the lifecycle keys of `spec/behaviour.md`, and a prompt's hashes).
+//!
+//! Each check prints one line, `ok`, `warn` or `fail`, what it found, and for a
+//! `warn` or `fail` the fix:
+//!
+//! - `reachability`: something listens (the client's own check, with the connect's
+//!   round trip), or the master (through etcd for `etcd://`) accepts and answers
+//!   `ServiceReady`;
+//! - `wire`: one lookup answered in the configured wire format (through a server), or
+//!   one `BatchExistKey` query answered (a master), with its round trip;
+//! - `prefetch`: whether the settings start lookups at arrival, and whether one that
+//!   did answered before the first probe (a real `LookupClient`);
+//! - `ttl`: `lookup_prefetch_ttl_s` against the store's read lease;
+//! - `keys` (a master only): whether the first block's keys exist under the
+//!   configured layout, else under which common alternative (model name forms, cache
+//!   prefix, rank layouts) they do: see [`keys`].
+//!
+//! Exits 1 when any check fails.
+
+mod keys;
+mod prefetch;
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use lookup_core::wire::{self, Format};
+use lookup_core::{BlockHashes, Endpoint};
+use lookup_server::mooncake_master::MasterClient;
+
+use crate::args::{Master, Prompt, Target};
+use crate::exchange::exchange;
+use crate::{EXIT_FAILED, Failure, master};
+
+/// The master's default read lease (`default_kv_lease_ttl`) in seconds
+/// (`spec/mooncake-master-rpc.md`, "The call").
+const DEFAULT_LEASE_S: f64 = 10.0;
+
+#[derive(Args, Debug)]
+pub(crate) struct DoctorArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    master: Master,
+    #[command(flatten)]
+    prompt: Prompt,
+    /// Wire format: `tagged-blob` (vLLM 0.33) or `msgpack-hex` (before vLLM #45659).
+    #[arg(long, default_value = "tagged-blob")]
+    format: Format,
+    /// vLLM's `enable_lookup`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    enable_lookup: bool,
+    /// vLLM's `lookup_async`.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    lookup_async: bool,
+    /// vLLM's `lookup_prefetch_limit` (lookups started at arrival at once).
+    #[arg(long, default_value_t = 0)]
+    lookup_prefetch_limit: u32,
+    /// vLLM's `lookup_prefetch_ttl_s` (seconds a result is served).
+    #[arg(long, default_value_t = 2.0)]
+    lookup_prefetch_ttl_s: f64,
+    /// The store's read lease in seconds (the master's `-default_kv_lease_ttl`, in
+    /// ms there), granted to every key a lookup finds.
+    #[arg(long, default_value_t = DEFAULT_LEASE_S)]
+    lease_ttl_s: f64,
+}
+
+/// How a check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// The lines printed so far and the count of each status.
+#[derive(Default)]
+pub(crate) struct Report {
+    fails: usize,
+    warns: usize,
+    oks: usize,
+}
+
+impl Report {
+    /// Prints `{status} {check}: {finding}`, and `; fix: {fix}` when there is one.
+    pub(crate) fn line(&mut self, status: Status, check: &str, finding: &str, fix: Option<&str>) {
+        let word = match status {
+            Status::Ok => {
+                self.oks += 1;
+                "ok"
+            }
+            Status::Warn => {
+                self.warns += 1;
+                "warn"
+            }
+            Status::Fail => {
+                self.fails += 1;
+                "fail"
+            }
+        };
+        match fix {
+            Some(fix) => println!("{word} {check}: {finding}; fix: {fix}"),
+            None => println!("{word} {check}: {finding}"),
+        }
+    }
+
+    pub(crate) fn ok(&mut self, check: &str, finding: &str) {
+        self.line(Status::Ok, check, finding, None);
+    }
+
+    pub(crate) fn warn(&mut self, check: &str, finding: &str, fix: &str) {
+        self.line(Status::Warn, check, finding, Some(fix));
+    }
+
+    pub(crate) fn fail(&mut self, check: &str, finding: &str, fix: &str) {
+        self.line(Status::Fail, check, finding, Some(fix));
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+/// Runs every check and prints the summary; fails (exit 1) when any check failed.
+pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
+    let block_hashes = args.prompt.block_hashes()?;
+    let timeout = args.target.timeout()?;
+    let layout = args.master.layout()?;
+    if !(args.lookup_prefetch_ttl_s.is_finite() && args.lookup_prefetch_ttl_s >= 0.0) {
+        return Err(Failure::usage("--lookup-prefetch-ttl-s must be at least 0"));
+    }
+    if !(args.lease_ttl_s.is_finite() && args.lease_ttl_s > 0.0) {
+        return Err(Failure::usage("--lease-ttl-s must be above 0"));
+    }
+    let mut report = Report::default();
+    let reachable = match &args.master.mooncake_master {
+        Some(addr) => {
+            let master = check_master(&mut report, addr, &args, &block_hashes, timeout).await;
+            if let Some(master) = &master {
+                keys::check(&mut report, master, &layout, &block_hashes).await;
+            }
+            master.is_some()
+        }
+        None => {
+            let endpoint = args.target.endpoint()?;
+            check_server(&mut report, &endpoint, &args, &block_hashes, timeout).await
+        }
+    };
+    prefetch::check(&mut report, &args, &block_hashes, reachable, timeout).await;
+    check_ttl(&mut report, &args);
+    println!(
+        "doctor: {} ok, {} warn, {} fail",
+        report.oks, report.warns, report.fails
+    );
+    if report.fails > 0 {
+        return Err(Failure {
+            code: EXIT_FAILED,
+            message: format!("{} check(s) failed", report.fails),
+        });
+    }
+    Ok(())
+}
+
+/// `reachability` and `wire` through a lookup server; whether the rest can be asked.
+async fn check_server(
+    report: &mut Report,
+    endpoint: &Endpoint,
+    args: &DoctorArgs,
+    block_hashes: &BlockHashes,
+    timeout: Duration,
+) -> bool {
+    let started = Instant::now();
+    if let Err(why) = lookup_tokio::check_reachable(endpoint).await {
+        report.fail(
+            "reachability",
+            &format!("{endpoint}: {why}"),
+            "start the lookup server, or give the endpoint it binds (--endpoint, or vLLM's \
+             --base-path/--lookup-rpc-port/--hostname/--dp-rank)",
+        );
+        return false;
+    }
+    report.ok(
+        "reachability",
+        &format!("{endpoint} accepts connections ({})", ms(started.elapsed())),
+    );
+    let (num_tokens, block_size) = (args.prompt.num_tokens, args.prompt.block_size);
+    let frames = wire::encode_lookup(args.format, num_tokens, block_size, block_hashes);
+    let format = args.format;
+    let other = match format {
+        Format::TaggedBlob => "msgpack-hex",
+        Format::MsgpackHex => "tagged-blob",
+    };
+    match exchange(endpoint, frames, timeout).await {
+        Err(failure) => report.fail(
+            "wire",
+            &failure.message,
+            &format!(
+                "check that the server speaks {format} (--format {other} for an older vLLM) \
+                 and is not stuck on another request"
+            ),
+        ),
+        Ok((reply, round_trip)) => match wire::decode_lookup_reply(format, &reply) {
+            Ok(reply) if reply.hit_tokens <= num_tokens && reply.hit_tokens % block_size == 0 => {
+                report.ok(
+                    "wire",
+                    &format!(
+                        "{format} reply in {}: hit_tokens {} of {num_tokens}",
+                        ms(round_trip),
+                        reply.hit_tokens
+                    ),
+                );
+            }
+            Ok(reply) => report.fail(
+                "wire",
+                &format!(
+                    "the reply's hit_tokens {} breaks the guards (num_tokens {num_tokens}, \
+                     block size {block_size}): the client answers it as 0",
+                    reply.hit_tokens
+                ),
+                "give the block size the server uses (--block-size)",
+            ),
+            Err(e) => report.fail(
+                "wire",
+                &format!("the reply does not decode as {format}: {e}"),
+                &format!("check --format (the server may speak {other})"),
+            ),
+        },
+    }
+    true
+}
+
+/// `reachability` and `wire` against a master; the connected client, if any.
+async fn check_master(
+    report: &mut Report,
+    addr: &str,
+    args: &DoctorArgs,
+    block_hashes: &BlockHashes,
+    timeout: Duration,
+) -> Option<MasterClient> {
+    let (client, connect_time) = match master::connect(addr, &args.master, timeout).await {
+        Ok(connected) => connected,
+        Err(e) => {
+            report.fail(
+                "reachability",
+                &format!("the Mooncake master at {addr}: {e}"),
+                "start the master, or give its -rpc_address:-rpc_port (etcd://H:P;... and \
+                 --mooncake-cluster-id for a high-availability cluster)",
+            );
+            return None;
+        }
+    };
+    let leader = client
+        .leader()
+        .map(|l| format!(" (leader {}, view {})", l.leader, l.version))
+        .unwrap_or_default();
+    let started = Instant::now();
+    match client.service_ready().await {
+        Ok(version) => report.ok(
+            "reachability",
+            &format!(
+                "the Mooncake master at {addr}{leader} serves, version {version} (connect {}, \
+                 ServiceReady {})",
+                ms(connect_time),
+                ms(started.elapsed())
+            ),
+        ),
+        Err(e) => report.warn(
+            "reachability",
+            &format!("the Mooncake master at {addr}{leader} accepts but ServiceReady failed: {e}"),
+            "an older master lacks ServiceReady; otherwise check the master's log",
+        ),
+    }
+    let started = Instant::now();
+    let layout = match args.master.layout() {
+        Ok(layout) => layout,
+        Err(_) => return Some(client),
+    };
+    match master::ask(&client, &layout, &args.prompt, block_hashes).await {
+        Ok(found) => report.ok(
+            "wire",
+            &format!(
+                "BatchExistKey answered in {}: hit_tokens {} of {} ({})",
+                ms(started.elapsed()),
+                found.hit_tokens(),
+                args.prompt.num_tokens,
+                found.outcome()
+            ),
+        ),
+        Err(e) => report.fail(
+            "wire",
+            &format!("the existence query failed: {e}"),
+            "check the master's version (0.3.5 or later) and --tenant-id",
+        ),
+    }
+    Some(client)
+}
+
+/// `ttl`: a cached result must not outlive the read lease that keeps its blocks
+/// (issue "never a silent miss", section 3; `spec/mooncake-master-rpc.md`).
+fn check_ttl(report: &mut Report, args: &DoctorArgs) {
+    let (ttl, lease) = (args.lookup_prefetch_ttl_s, args.lease_ttl_s);
+    if ttl >= lease {
+        report.warn(
+            "ttl",
+            &format!(
+                "lookup_prefetch_ttl_s {ttl} s is at or above the store's read lease {lease} s: \
+                 a cached hit may name blocks evicted since"
+            ),
+            "keep lookup_prefetch_ttl_s below the lease (--lookup-prefetch-ttl-s)",
+        );
+    } else {
+        report.ok(
+            "ttl",
+            &format!("lookup_prefetch_ttl_s {ttl} s is below the store's read lease {lease} s"),
+        );
+    }
+}
