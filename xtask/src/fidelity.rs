@@ -92,6 +92,9 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
     server.block_size = r.block_size;
     server.namespaces = r.tp_size;
     server.concurrency = r.max_in_flight;
+    // Replay runs one lookup server (and one master) for all its engines, on the same
+    // two cores as everything else: its lookups queue there.
+    server.shared = true;
     Ok(SimParams {
         engine: EngineParams {
             engines: r.engines,

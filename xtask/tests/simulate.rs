@@ -60,6 +60,7 @@ fn tiny_params(engines: u32) -> SimParams {
             chunk_keys: 0,
             concurrency: 1,
             jitter_s: 0.0,
+            shared: false,
         },
         lookup: LookupParams {
             prefetch_limit: 4,
@@ -330,6 +331,7 @@ fn lookup_cost_counts_vllm_blocks_namespaces_and_the_early_stop() {
         chunk_keys: 64,
         concurrency: 1,
         jitter_s: 0.0,
+        shared: false,
     };
     let r = run(&trace, Mode::Sync, &p);
     assert_eq!(r.ttft_ns(), vec![22_132_000, 16_192_000]);
