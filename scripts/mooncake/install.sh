@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real Mooncake master and Python client for the tests, idempotently:
 # Debian's libibverbs1 (the wheel's only missing shared library; no RDMA hardware is
-# used with protocol "tcp") and the pinned PyPI wheel into the project-local venv
+# used with protocol "tcp"), Debian's etcd-server (the masters' leader election in
+# high-availability mode) and the pinned PyPI wheel into the project-local venv
 # `.venv`. Prints the path of `mooncake_master` on its last line.
 #
 # Environment: PYTHON (default python3, must be CPython 3.11 for the wheel),
@@ -13,15 +14,29 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 VENV="${MOONCAKE_VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 
-STATUS="$(dpkg-query -W -f='${Status}' libibverbs1 2>/dev/null || true)"
-if [ "$STATUS" != "install ok installed" ]; then
-    echo "== installing libibverbs1 (Debian)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-get install -y -q libibverbs1 >/dev/null 2>&1; then
-        # The package lists may be missing or stale: refresh only when needed.
-        apt-get update -q >/dev/null
-        apt-get install -y -q libibverbs1 >/dev/null
+# Installs a Debian package unless it is installed already; refreshes the package
+# lists only when the first attempt fails (they may be missing or stale).
+ensure_deb() {
+    local status
+    status="$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)"
+    if [ "$status" != "install ok installed" ]; then
+        echo "== installing $1 (Debian)" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        if ! apt-get install -y -q "$1" >/dev/null 2>&1; then
+            apt-get update -q >/dev/null
+            apt-get install -y -q "$1" >/dev/null
+        fi
     fi
+}
+
+ensure_deb libibverbs1
+# etcd for the high-availability tests: the masters elect their leader in it, and the
+# clients find the leader there (`spec/mooncake-master-rpc.md`, "High availability").
+# The tests start their own etcd on loopback; the package's service is not used.
+ensure_deb etcd-server
+if ! command -v etcd >/dev/null; then
+    echo "error: etcd not found on PATH after installing etcd-server" >&2
+    exit 1
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

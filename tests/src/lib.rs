@@ -1,46 +1,34 @@
-//! Helpers shared by the end-to-end tests in `tests/tests/`.
+//! The support library of the end-to-end tests in `tests/tests/` (and of the program
+//! tests of `lookup-cli`): compiled once, shared by every test binary.
+//!
+//! - [`client`]: unique endpoints, a scriptable in-test lookup server, the reference
+//!   hit, polling helpers (the client tests);
+//! - [`server`]: REQ and DEALER clients written with tmq directly, request frames of
+//!   both formats, test indexes that fail, gate or wait (the server tests);
+//! - [`direct`]: a scriptable fake Mooncake master (the direct-transport tests);
+//! - [`fault`]: the fault workload, its index, a fault-injecting server, the
+//!   call-timing harness, a server in a child process, process readers (the fault,
+//!   load and server-fuzz tests);
+//! - [`fuzz`]: bounded input strategies and reference decoders (the fuzz tests);
+//! - [`mooncake`]: a real Mooncake master and a real Python store client;
+//! - [`metrics`]: scraping a Prometheus exposition, one raw exchange with a server;
+//! - [`KilledOnDrop`]: a child process that never outlives its test.
+//!
+//! Test binaries are grouped by area (`client`, `direct`, `fuzz`, `mooncake`,
+//! `server`), one module a former file. A test keeps a binary of its own when it
+//! reads process-wide state (a global metrics recorder, a global allocator, this
+//! process's descriptors, threads or memory) or holds a caller-time budget under
+//! faults (`fault_injection`, `fault_restart`), so that no other area runs beside it.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Child, Command};
-use std::sync::{Mutex, OnceLock};
+use std::process::Child;
 
-/// The binary `bin` of workspace package `package`, built once per test process with
-/// `features` and the profile of the running test (`target/<profile>/<bin>`).
-///
-/// # Panics
-/// When `cargo build` fails or the binary is missing afterwards: the test cannot run.
-pub fn cargo_bin(package: &str, bin: &str, features: &[&str]) -> PathBuf {
-    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
-    let key = format!("{package}/{bin}/{}", features.join(","));
-    let mut built = BUILT
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(path) = built.get(&key) {
-        return path.clone();
-    }
-    // target/<profile>/deps/<test>-HASH -> target/<profile>/<bin>
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>");
-    let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "--quiet", "-p", package, "--bin", bin]);
-    if !features.is_empty() {
-        build.args(["--features", &features.join(",")]);
-    }
-    if profile_dir.file_name().is_some_and(|p| p == "release") {
-        build.arg("--release");
-    }
-    let status = build.status().expect("run cargo build");
-    assert!(status.success(), "cargo build of {bin} failed");
-    let path = profile_dir.join(bin);
-    assert!(path.exists(), "{} missing after the build", path.display());
-    built.insert(key, path.clone());
-    path
-}
+pub mod client;
+pub mod direct;
+pub mod fault;
+pub mod fuzz;
+pub mod metrics;
+pub mod mooncake;
+pub mod server;
 
 /// A child process killed (and reaped) on drop, so a failing test leaves none behind.
 #[derive(Debug)]

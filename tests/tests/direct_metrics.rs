@@ -2,12 +2,10 @@
 //! gauge while lookups wait at a gated fake master, then outcomes and latency samples
 //! once it answers. One test: a process has one global recorder.
 
-mod direct_support;
-
 use std::net::TcpListener;
 
-use direct_support::{Behaviour, FakeMaster, eventually, request};
 use lookup_core::{BlockHashes, Probe};
+use lookup_tests::direct::{Behaviour, FakeMaster, eventually, request};
 use lookup_tokio::{ClientConfig, DirectConfig, KeyLayout, LookupClient};
 
 const B: u32 = 16;

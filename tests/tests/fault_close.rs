@@ -4,14 +4,12 @@
 //! behind: no file, no socket, no file descriptor, no thread. Alone in its binary, so
 //! that this process's descriptors and threads are the client's and the server's only.
 
-mod fault_support;
-
 use std::time::{Duration, Instant};
 
-use fault_support::{
+use lookup_core::{Probe, Request};
+use lookup_tests::fault::{
     FaultServer, Harness, TempDir, async_config, open_fds, open_sockets, request, status_field,
 };
-use lookup_core::{Probe, Request};
 
 const LIMIT: Duration = Duration::from_secs(10);
 

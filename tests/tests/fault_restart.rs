@@ -8,14 +8,12 @@
 //! wait (plus slack), every slot returned, every answer its request's own hit or 0
 //! from a failed lookup; and most lookups still answered exactly.
 
-mod fault_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fault_support::{ChildServer, Harness, TempDir, async_config, request};
 use lookup_core::Request;
+use lookup_tests::fault::{ChildServer, Harness, TempDir, async_config, request};
 
 /// Kill period of the server.
 const PERIOD: Duration = Duration::from_millis(200);
@@ -27,7 +25,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 #[test]
 #[ignore = "the server process of server_killed_and_restarted_every_200ms; serves only when spawned by it"]
 fn child_server() {
-    fault_support::child_server_main();
+    lookup_tests::fault::child_server_main();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,18 +11,18 @@
 //! - requests whose hash count or hash length is above the documented limits are
 //!   answered with 0 hits and never reach the index.
 
-mod fault_support;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fault_support::{B, ChainIndex, Harness, async_config, chain, expected_hit, layout, request};
 use futures::{SinkExt, StreamExt};
 use lookup_core::wire::{self, Format, MAX_HASHES};
 use lookup_server::{Endpoint, Error, LookupServer, ServerConfig};
+use lookup_tests::fault::{
+    B, ChainIndex, Harness, async_config, chain, expected_hit, layout, request,
+};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -97,7 +97,7 @@ fn claim_frame(addr: &str, claim: u64, quiet: Duration) -> bool {
 /// `VmSize` of this process (kB): address space, which a buffer sized from a claim
 /// would take at once, even before any byte of it is written.
 fn vm_size() -> u64 {
-    fault_support::status_field(None, "VmSize")
+    lookup_tests::fault::status_field(None, "VmSize")
 }
 
 fn tcp_addr(endpoint: &Endpoint) -> String {
@@ -206,7 +206,19 @@ async fn client_hangs_up_on_a_reply_claiming_a_gigabyte() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let endpoint = Endpoint::Tcp(listener.local_addr().expect("addr").to_string());
     let hostile = std::thread::spawn(move || {
-        let (mut stream, _) = listener.accept().expect("accept");
+        // The client first checks that something listens (a connect it closes at
+        // once); the ZeroMQ connection is the one that sends a greeting.
+        let mut stream = loop {
+            let (stream, _) = listener.accept().expect("accept");
+            stream
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            let mut first = [0u8; 1];
+            if matches!(stream.peek(&mut first), Ok(1)) {
+                stream.set_read_timeout(None).expect("timeout");
+                break stream;
+            }
+        };
         stream.write_all(&greeting()).expect("greeting");
         stream.write_all(&ready("ROUTER")).expect("ready");
         // Let the client's greeting, READY and lookup arrive, then lie.
@@ -223,7 +235,7 @@ async fn client_hangs_up_on_a_reply_claiming_a_gigabyte() {
     let req = request(5);
     h.probe_until_ready(std::slice::from_ref(&req), Instant::now() + LIMIT)
         .await;
-    let peak = fault_support::status_field(None, "VmPeak").saturating_sub(before);
+    let peak = lookup_tests::fault::status_field(None, "VmPeak").saturating_sub(before);
     let (closed, after) = hostile.join().expect("hostile server");
     eprintln!("client address space peak +{peak} kB; hung up: {closed} after {after:?}");
     assert!(closed, "the client kept a connection that claimed 1 GiB");
@@ -244,10 +256,10 @@ async fn client_hangs_up_on_a_reply_claiming_a_gigabyte() {
 async fn requests_above_the_limits_never_reach_the_index() {
     // Address-space peaks are process-wide: one test at a time.
     let _serial = SERIAL.lock().await;
-    let dir = fault_support::TempDir::new("limits");
+    let dir = lookup_tests::fault::TempDir::new("limits");
     let endpoint = dir.ipc("lookup.sock");
     let index = Arc::new(ChainIndex::new());
-    let server = fault_support::chain_server(&endpoint, Arc::clone(&index));
+    let server = lookup_tests::fault::chain_server(&endpoint, Arc::clone(&index));
     let tokens = Bytes::from_static(&[0, 0, 4, 0]);
     let hostile: Vec<(Format, Vec<Bytes>)> = vec![
         (

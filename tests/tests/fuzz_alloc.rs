@@ -4,13 +4,13 @@
 //! gigabytes allocates nothing from the claim. Alone in its binary: dhat is the global
 //! allocator here and counts the whole process.
 
-mod fuzz_support;
-
 use std::fmt::Debug;
 
 use bytes::Bytes;
-use fuzz_support::{any_request, config, msgpack_request, reply_frames, size, tagged_request};
 use lookup_core::wire::{self, Format, MAX_HASHES};
+use lookup_tests::fuzz::{
+    any_request, config, msgpack_request, reply_frames, size, tagged_request,
+};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
 

@@ -16,15 +16,13 @@
 //! Figures: `cargo test -p lookup-tests --test load_burst -- --nocapture` (add
 //! `--release` for an optimised build; `LOAD_ARRIVALS=20000` for another size).
 
-mod fault_support;
-
 use std::time::{Duration, Instant};
 
-use fault_support::{
+use lookup_core::Request;
+use lookup_tests::fault::{
     CALL_BUDGET, CHAIN_BLOCKS, CallTimes, ChildServer, HASH_LEN, Harness, TempDir, async_config,
     request, status_field,
 };
-use lookup_core::Request;
 
 /// Most arrival-time lookups not ended (`lookup_prefetch_limit`).
 const PREFETCH_LIMIT: u32 = 256;
@@ -41,7 +39,7 @@ const LIMIT: Duration = Duration::from_secs(600);
 #[test]
 #[ignore = "the server process of the load tests; serves only when spawned by them"]
 fn child_server() {
-    fault_support::child_server_main();
+    lookup_tests::fault::child_server_main();
 }
 
 /// About 40 s in a debug build on 2 cores; `LOAD_ARRIVALS` runs another size.
@@ -88,9 +86,8 @@ async fn burst(arrivals: u64) {
         h.client.on_new_request(req);
         *time = call.elapsed();
         let core = h.client.core();
-        let stats = core.stats();
-        // Only arrival-time RPCs exist during the burst; none is cancelled or fails.
-        let unsent = stats.rpcs_created - stats.rpcs_sent;
+        // RPCs handed to the I/O task and not yet released to the wire.
+        let unsent = core.queued_rpcs() as u64;
         assert!(
             core.slots_in_use() <= PREFETCH_LIMIT,
             "{} slots in use",
@@ -171,7 +168,7 @@ async fn burst(arrivals: u64) {
          {server_hwm} kB; {} events dropped (capacity 1,024)",
         core.lookups_probe,
         core.ttl_refreshes,
-        core.rpcs_sent,
+        stats.rpcs_sent,
         h.peak_open_rpcs,
         stats.events_dropped,
     );

@@ -1,27 +1,20 @@
 //! Metrics over the Prometheus exporter (`lookup_tokio::metrics`): a known sequence of
 //! lookups through `LookupClient` against a real `LookupServer` (and a silent peer),
 //! then the exposition scraped over HTTP on loopback and checked series by series,
-//! with exact counter values and histogram sample counts. Also the `lookup-server`
-//! program's `--metrics-addr`.
+//! with exact counter values and histogram sample counts. (The `lookup-server`
+//! program's `--metrics-addr` is tested with the program, in `lookup-cli`.)
 //!
 //! A process has one global recorder and clients take their handles from it at
-//! connect, so every in-process assertion lives in one test; the other test only
-//! talks to a child process.
+//! connect, so every in-process assertion lives in one test, in a binary of its own.
 
-mod client_support;
-
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use client_support::{FakeServer, free_tcp, request};
-use futures::{SinkExt, StreamExt};
-use lookup_core::wire::{self, Format};
 use lookup_core::{BlockHashes, Probe, Request, RequestId, ResetOutcome};
 use lookup_server::{DelayedIndex, InMemoryIndex, LookupServer, ServerConfig};
+use lookup_tests::client::{FakeServer, free_tcp, request};
+use lookup_tests::metrics::{call, expect, free_addr, scrape, value};
 use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient};
 
 const B: u32 = 16;
@@ -35,60 +28,6 @@ fn ready(external_tokens: u32) -> Probe {
         external_tokens,
         load_async: external_tokens > 0,
     }
-}
-
-/// A loopback address whose port was free a moment ago.
-fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr")
-}
-
-/// `GET /metrics` over a plain TCP stream; the body of a 200 answer.
-fn scrape_blocking(addr: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect to the exporter");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("read timeout");
-    // HTTP/1.0: the answer is the whole body up to EOF, never chunked.
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send the request");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read the answer");
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .expect("an HTTP header and body");
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "scrape answered {head}"
-    );
-    body.to_owned()
-}
-
-async fn scrape(addr: SocketAddr) -> String {
-    tokio::task::spawn_blocking(move || scrape_blocking(addr))
-        .await
-        .expect("join")
-}
-
-/// The value of the sample `series` (name and labels as the exposition writes them).
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let (name, value) = line.rsplit_once(' ')?;
-        (name == series).then(|| value.parse().expect("a number"))
-    })
-}
-
-/// Asserts exact sample values.
-fn expect(text: &str, samples: &[(&str, f64)]) {
-    let wrong: Vec<String> = samples
-        .iter()
-        .filter(|(series, want)| value(text, series) != Some(*want))
-        .map(|(series, want)| format!("{series}: want {want}, got {:?}", value(text, series)))
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "{}\n--- exposition:\n{text}",
-        wrong.join("\n")
-    );
 }
 
 /// An async-mode client (prefetch limit `prefetch`, up to `max_in_flight` on the wire).
@@ -129,30 +68,6 @@ async fn probe_ready(client: &mut LookupClient, req: &Request) -> Probe {
             answer => return answer,
         }
     }
-}
-
-/// One request/reply exchange with a lookup server over a DEALER socket.
-async fn call(endpoint: &Endpoint, frames: &[&[u8]]) -> Vec<Bytes> {
-    let mut socket = tmq::dealer(&tmq::Context::new())
-        .set_linger(0)
-        .connect(&endpoint.url())
-        .expect("connect a dealer");
-    let mut message: Vec<tmq::Message> = vec![
-        tmq::Message::from(&7u64.to_be_bytes()[..]),
-        tmq::Message::new(),
-    ];
-    message.extend(frames.iter().map(|f| tmq::Message::from(*f)));
-    socket.send(message).await.expect("send");
-    let reply = tokio::time::timeout(LIMIT, socket.next())
-        .await
-        .expect("a reply in time")
-        .expect("a message")
-        .expect("no socket error");
-    reply
-        .into_iter()
-        .skip(2)
-        .map(|m| Bytes::copy_from_slice(&m))
-        .collect()
 }
 
 /// The whole story in one test (one recorder per process): a silent peer (timeouts,
@@ -206,7 +121,7 @@ async fn exporter_reports_a_known_sequence() {
     assert_eq!(s.probe(&r20, 0), Probe::Pending);
     s.on_new_request(&r21); // takes the one prefetch slot
     s.on_new_request(&r22); // cap full
-    until_client(&mut s, "both sent", |c| c.stats().core.rpcs_sent == 2).await;
+    until_client(&mut s, "both sent", |c| c.stats().rpcs_sent == 2).await;
     expect(
         &scrape(metrics_addr).await,
         &[
@@ -229,7 +144,7 @@ async fn exporter_reports_a_known_sequence() {
     let mut a = LookupClient::connect(async_config(&endpoint, 8, 1)).expect("connect");
     let r0 = request(100, 40, &[1, 2]);
     a.on_new_request(&r0);
-    until_client(&mut a, "r0 sent", |c| c.stats().core.rpcs_sent == 1).await;
+    until_client(&mut a, "r0 sent", |c| c.stats().rpcs_sent == 1).await;
     a.on_finished(r0.request_id); // on the wire: its reply will answer nobody (stale)
     let r1 = request(1, 50, &[1, 2, 3]);
     let r4 = request(4, 50, &[1, 2, 3]); // the same prompt: shares r1's RPC
@@ -410,62 +325,4 @@ async fn exporter_reports_a_known_sequence() {
         Some(23.0)
     );
     server.shutdown().await;
-}
-
-/// `lookup-server --metrics-addr`: the program serves its server metrics over HTTP.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lookup_server_program_serves_metrics() {
-    let metrics_addr = free_addr();
-    let bin = tokio::task::spawn_blocking(|| {
-        lookup_tests::cargo_bin("lookup-cli", "lookup-server", &["prometheus"])
-    })
-    .await
-    .expect("join");
-    let mut child = lookup_tests::KilledOnDrop(
-        Command::new(bin)
-            .args(["--bind", "tcp://127.0.0.1:0", "--block-size", "16"])
-            .args(["--metrics-addr", &metrics_addr.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run lookup-server"),
-    );
-    let stdout = child.0.stdout.take().expect("piped stdout");
-    // The first line is the bound endpoint; the exporter is installed before it.
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("join")
-    .expect("read stdout");
-    let endpoint: Endpoint = line.trim_end().parse().expect("an endpoint");
-
-    let hashes = BlockHashes::from_u64s(&[1, 2, 3]);
-    let frames = wire::encode_lookup(Format::TaggedBlob, 50, B, &hashes);
-    let frames: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
-    let reply = call(&endpoint, &frames).await;
-    assert_eq!(
-        reply,
-        vec![Bytes::from_static(&[0, 0, 0, 0])],
-        "empty store"
-    );
-
-    expect(
-        &scrape(metrics_addr).await,
-        &[
-            (
-                "lookup_server_requests_total{format=\"tagged-blob\",kind=\"lookup\"}",
-                1.0,
-            ),
-            ("lookup_server_keys_checked_total", 3.0),
-            ("lookup_server_index_latency_seconds_count", 1.0),
-            (
-                "lookup_server_decode_errors_total{format=\"tagged-blob\"}",
-                0.0,
-            ),
-        ],
-    );
-    drop(child);
 }

@@ -45,7 +45,7 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
 pub fn run_tests(args: &Args) -> anyhow::Result<()> {
     let root = root();
     if !args.no_install {
-        eprintln!("== Mooncake master and Python client (scripts/mooncake/install.sh)");
+        eprintln!("== Mooncake master, Python client and etcd (scripts/mooncake/install.sh)");
         run(Command::new("bash")
             .arg(root.join("scripts/mooncake/install.sh"))
             .current_dir(&root))?;

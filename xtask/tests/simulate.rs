@@ -141,7 +141,7 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
         ),
         (0, 2)
     );
-    assert_eq!(sync.stats.rpcs_sent, 2);
+    assert_eq!(sync.rpcs_sent, 2);
     assert_eq!(sync.steps, 3);
     assert_eq!(sync.makespan_ns, 48 * MS);
     // GPU: [1, 22] + [22, 32] + [32, 48].
@@ -158,7 +158,7 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
         ),
         (0, 2)
     );
-    assert_eq!(asynch.stats.rpcs_sent, 2);
+    assert_eq!(asynch.rpcs_sent, 2);
     assert_eq!(asynch.steps, 4);
 
     // Handled only between steps (before vLLM #65466), R1 arriving at 5 ms enters at
@@ -182,7 +182,7 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
             (1, 1)
         );
         assert_eq!(pre.stats.lookups_arrival, 2);
-        assert_eq!(pre.stats.rpcs_sent, 2);
+        assert_eq!(pre.rpcs_sent, 2);
         assert_eq!(pre.rpcs_wasted, 0);
     }
 
@@ -200,7 +200,7 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
         ),
         (1, 1)
     );
-    assert_eq!(wait.stats.rpcs_sent, 2);
+    assert_eq!(wait.rpcs_sent, 2);
 
     // A budget shorter than the lookup: R0 waits the whole 0.5 ms, is deferred, and
     // is scheduled when the engine next loops at the reply (1 ms), as in async.
@@ -248,7 +248,7 @@ fn local_hit_at_the_cap_needs_no_lookup_and_wastes_a_prefetch() {
     // R0: blocks 1 ms, [1, 17] (10 + 6 ms). R1: no RPC, [100, 110.88] (88 tokens).
     assert_eq!(sync.ttft_ns(), vec![17 * MS, 10_880_000]);
     assert_eq!(sync.local_hit_tokens, 512);
-    assert_eq!(sync.stats.rpcs_sent, 1);
+    assert_eq!(sync.rpcs_sent, 1);
     assert_eq!(
         (
             sync.stats.first_probes_ready,
@@ -258,7 +258,7 @@ fn local_hit_at_the_cap_needs_no_lookup_and_wastes_a_prefetch() {
     );
     let pre = run(&trace, Mode::Prefetch, &p);
     assert_eq!(pre.ttft_ns(), vec![17 * MS, 10_880_000]);
-    assert_eq!(pre.stats.rpcs_sent, 2);
+    assert_eq!(pre.rpcs_sent, 2);
     assert_eq!(pre.rpcs_wasted, 1);
 }
 

@@ -29,16 +29,16 @@ fn request(id: u64) -> Request {
 fn benches(c: &mut Criterion) {
     let now = Instant::now();
     let mut lookups = Lookups::new(config()).unwrap();
-    let mut dispatcher = Dispatcher::new(&config());
+    let mut dispatcher: Dispatcher = Dispatcher::new(&config());
     let req = request(1);
     lookups.on_new_request(&req, now);
     while let Some(cmd) = lookups.poll_transmit() {
-        dispatcher.push(cmd);
+        dispatcher.push(cmd, ());
     }
-    let out = dispatcher.next_send().unwrap();
-    lookups.handle_sent(out.rpc_id, now);
-    dispatcher.on_done(out.rpc_id);
-    lookups.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, now);
+    let out = dispatcher.poll_transmit(now).unwrap();
+    assert!(dispatcher.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, now));
+    let (event, ()) = dispatcher.poll_event().unwrap();
+    lookups.handle_wire_event(event);
     while lookups.poll_event().is_some() {}
     let later = now + Duration::from_millis(1);
     c.bench_function("probe_cached_64_hashes", |b| {
@@ -48,7 +48,7 @@ fn benches(c: &mut Criterion) {
     // Requests are built up front: the cycle measures the core, not chain hashing.
     let reqs: Vec<Request> = (0..4096).map(request).collect();
     let mut lookups = Lookups::new(config()).unwrap();
-    let mut dispatcher = Dispatcher::new(&config());
+    let mut dispatcher: Dispatcher = Dispatcher::new(&config());
     let mut i = 0usize;
     c.bench_function("cycle_arrival_probe_allocate_64_hashes", |b| {
         b.iter(|| {
@@ -56,12 +56,12 @@ fn benches(c: &mut Criterion) {
             i += 1;
             lookups.on_new_request(req, now);
             while let Some(cmd) = lookups.poll_transmit() {
-                dispatcher.push(cmd);
+                dispatcher.push(cmd, ());
             }
-            let out = dispatcher.next_send().unwrap();
-            lookups.handle_sent(out.rpc_id, now);
-            dispatcher.on_done(out.rpc_id);
-            lookups.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, later);
+            let out = dispatcher.poll_transmit(now).unwrap();
+            assert!(dispatcher.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, later));
+            let (event, ()) = dispatcher.poll_event().unwrap();
+            lookups.handle_wire_event(event);
             while lookups.poll_event().is_some() {}
             let _ = black_box(lookups.probe(req, 16, later));
             lookups.on_allocated(req.request_id);

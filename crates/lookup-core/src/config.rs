@@ -110,15 +110,24 @@ impl Config {
         self.enable_lookup && self.lookup_async && self.lookup_prefetch_limit > 0
     }
 
-    /// `lookup_prefetch_ttl_s` as a [`Duration`] (call after [`validate`](Self::validate)).
+    /// `lookup_prefetch_ttl_s` as a [`Duration`], saturating at [`Duration::MAX`] for
+    /// values too large to represent (call after [`validate`](Self::validate)).
     #[must_use]
     pub fn ttl(&self) -> Duration {
-        Duration::from_secs_f64(self.lookup_prefetch_ttl_s)
+        seconds(self.lookup_prefetch_ttl_s)
     }
 
-    /// `lookup_timeout_s` as a [`Duration`] (call after [`validate`](Self::validate)).
+    /// `lookup_timeout_s` as a [`Duration`], saturating at [`Duration::MAX`] for
+    /// values too large to represent (call after [`validate`](Self::validate)).
     #[must_use]
     pub fn timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.lookup_timeout_s)
+        seconds(self.lookup_timeout_s)
     }
+}
+
+/// Finite seconds >= 0 as a [`Duration`]; values beyond its range mean "never" and
+/// saturate instead of panicking (a deadline built from one saturates too:
+/// [`timer::deadline_after`](crate::timer::deadline_after)).
+fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
 }

@@ -1,14 +1,25 @@
 //! The lookup lifecycle of `spec/behaviour.md`.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::Unavailable;
+use crate::timer::{Backoff, deadline_after};
 use crate::{
-    BlockHashes, Command, Config, Error, Event, LookupOutcome, Origin, Priority, Probe, Reply,
-    Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, TicketState,
+    Answer, BlockHashes, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe,
+    Reply, Request, RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket,
+    TicketState, WireEvent,
 };
+
+/// First wait before a failed request is looked up again (rule 11); doubles per failed
+/// lookup up to [`RETRY_BACKOFF_MAX`], back to this after a lookup succeeds.
+pub const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest wait before a failed request is looked up again (rule 11).
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// What identifies the question an RPC asks: equal keys get equal answers, so they
 /// may share one RPC (rule 16), and a reply is applied only to requests whose
@@ -44,13 +55,20 @@ enum LookupState {
         block_hashes: BlockHashes,
         /// An arrival-time lookup holds one prefetch slot (rule 3).
         holds_slot: bool,
+        /// This request probed while waiting: a probe waits for the RPC (rule 15).
+        awaited: bool,
     },
-    /// The answer is in (already validated and failure-mapped: rule 11).
+    /// The answer is in (already validated: rule 11).
     Done {
         num_tokens: u32,
         block_hashes: BlockHashes,
-        hit_tokens: u32,
+        answer: Answer,
         replied_at: Instant,
+        /// A probe of this request waited for it and has not read it yet: the next
+        /// probe reads it whatever its age (rules 6 and 10: a probe answers with the
+        /// reply it waited for; the TTL only ages results already read or never
+        /// waited for).
+        owed: bool,
     },
 }
 
@@ -84,14 +102,10 @@ struct RequestEntry {
     eligible: bool,
     first_probe: FirstProbe,
     lookup: Option<LookupState>,
-}
-
-#[derive(Debug)]
-enum RpcPhase {
-    /// Handed to the driver; the ticket tells whether it went on the wire.
-    Dispatched,
-    /// The driver reported it sent at `sent_at`; it fails at `deadline`.
-    Sent { sent_at: Instant, deadline: Instant },
+    /// What the last `Ready` answer rested on.
+    last_answer: Option<Answer>,
+    /// The last arrival or probe of it ([`Lookups::end_idle`]).
+    last_seen: Instant,
 }
 
 #[derive(Debug)]
@@ -103,15 +117,21 @@ enum RpcKind {
 #[derive(Debug)]
 struct Rpc {
     kind: RpcKind,
+    /// Whether it went on the wire is the ticket's to say (rule 9); the wire's own
+    /// state (deadline, send time) is the driver's `Dispatcher`'s.
     ticket: Ticket,
-    priority: Priority,
+    /// In the awaited send class (rule 15).
+    awaited: bool,
+    /// Subscribers that probed it (their `LookupState::Waiting::awaited`): while
+    /// any is left, the RPC stays awaited; when the last is discarded, it is
+    /// demoted (rule 15: priority follows the probes currently waiting).
+    awaiting: u32,
     /// Live requests waiting for this answer.
     subscribers: Vec<RequestId>,
     /// Prefetch slots this RPC holds until it ends (rule 3), including those of
     /// requests discarded after it was sent.
     slots: u32,
     submitted_at: Instant,
-    phase: RpcPhase,
 }
 
 /// The scheduler-side lookup lifecycle (`spec/behaviour.md` rules 1-17), sans-IO.
@@ -120,58 +140,76 @@ struct Rpc {
 ///
 /// Every input takes `now`, the caller's clock; the type never reads a clock.
 /// After every input (`on_new_request`, `probe`, `on_allocated`, `on_finished`,
-/// `on_preempted`, `reset`, `close`, `handle_sent`, `handle_reply`,
-/// `handle_rpc_error`, `handle_timeout`):
+/// `on_preempted`, `reset`, `close`, `handle_wire_event`):
 ///
-/// 1. drain [`poll_transmit`](Self::poll_transmit) into a
-///    [`Dispatcher`](crate::Dispatcher) and send what it releases, reporting each
-///    with [`handle_sent`](Self::handle_sent);
-/// 2. drain [`poll_event`](Self::poll_event);
-/// 3. re-read [`poll_timeout`](Self::poll_timeout) and call
-///    [`handle_timeout`](Self::handle_timeout) when it passes. Calling it early or
-///    twice is harmless.
+/// 1. drain [`poll_transmit`](Self::poll_transmit) into the driver's
+///    [`Dispatcher`](crate::Dispatcher) (the wire's half of the protocol: send queue,
+///    RPCs on the wire, their deadlines);
+/// 2. drain [`poll_event`](Self::poll_event).
 ///
-/// A probe that finds its result cached does not allocate.
+/// Each [`WireEvent`] the dispatcher reports is given back with
+/// [`handle_wire_event`](Self::handle_wire_event). `Lookups` keeps no deadline of its
+/// own: an RPC's timeout (rule 17) is the dispatcher's, and reaches this type as a
+/// wire event like a reply. A probe that finds its result cached does not allocate.
 #[derive(Debug)]
-pub struct Lookups {
+pub struct Lookups<O: Observe = ()> {
     config: Config,
     ttl: Duration,
-    timeout: Duration,
     closed: bool,
     next_rpc: u64,
     requests: HashMap<RequestId, RequestEntry>,
     rpcs: HashMap<RpcId, Rpc>,
     shared: HashMap<ShareKey, RpcId>,
-    timers: BTreeSet<(Instant, RpcId)>,
     slots_in_use: u32,
-    /// RPCs handed to the driver and not reported sent (`max_queued` backlog).
-    unsent: usize,
+    /// RPCs handed to the driver whose ticket is still queued (`max_queued` backlog),
+    /// kept by the tickets themselves.
+    backlog: Arc<AtomicUsize>,
+    /// Rule 11: after a failed lookup, a failed request is looked up again only once
+    /// `retry_at` passed, one at a time (`retrying`), so a dead server sees no storm.
+    retry_backoff: Backoff,
+    retry_at: Option<Instant>,
+    retrying: Option<RpcId>,
     transmits: VecDeque<Command>,
     events: VecDeque<Event>,
+    event_capacity: usize,
+    observer: O,
     stats: Stats,
 }
 
 impl Lookups {
-    /// A lookup state machine with `config`.
+    /// A lookup state machine with `config` and no observer.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] as [`Config::validate`].
     pub fn new(config: Config) -> Result<Self, Error> {
+        Self::with_observer(config, ())
+    }
+}
+
+impl<O: Observe> Lookups<O> {
+    /// A lookup state machine with `config`, telling `observer` what it does.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] as [`Config::validate`].
+    pub fn with_observer(config: Config, observer: O) -> Result<Self, Error> {
         config.validate()?;
         Ok(Self {
             ttl: config.ttl(),
-            timeout: config.timeout(),
             config,
             closed: false,
             next_rpc: 1,
             requests: HashMap::new(),
             rpcs: HashMap::new(),
             shared: HashMap::new(),
-            timers: BTreeSet::new(),
             slots_in_use: 0,
-            unsent: 0,
+            backlog: Arc::default(),
+            retry_backoff: Backoff::new(RETRY_BACKOFF_MIN, RETRY_BACKOFF_MAX),
+            retry_at: None,
+            retrying: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            event_capacity: usize::MAX,
+            observer,
             stats: Stats::default(),
         })
     }
@@ -187,6 +225,37 @@ impl Lookups {
         if self.config.lookup_share {
             self.shared.reserve(additional);
         }
+    }
+
+    /// Keeps at most `capacity` events for [`poll_event`](Self::poll_event); beyond it
+    /// the oldest is dropped and counted in [`Stats::events_dropped`] (the observer
+    /// still sees every event). Unbounded by default.
+    pub fn set_event_capacity(&mut self, capacity: usize) {
+        self.event_capacity = capacity;
+    }
+
+    /// The observer.
+    #[must_use]
+    pub fn observer(&self) -> &O {
+        &self.observer
+    }
+
+    /// The observer, mutably.
+    pub fn observer_mut(&mut self) -> &mut O {
+        &mut self.observer
+    }
+
+    fn emit(&mut self, event: Event) {
+        self.observer.event(&event);
+        if self.event_capacity == 0 {
+            self.stats.events_dropped += 1;
+            return;
+        }
+        if self.events.len() >= self.event_capacity {
+            self.events.pop_front();
+            self.stats.events_dropped += 1;
+        }
+        self.events.push_back(event);
     }
 
     /// The configuration in force.
@@ -216,7 +285,10 @@ impl Lookups {
     /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch
     /// is on, it is eligible (rule 1), a slot is free (rules 2-3) and the backlog has
     /// room (`max_queued`). Otherwise nothing happens and the request is looked up at
-    /// its first probe. A request already tracked is left as it is.
+    /// its first probe. A request whose lookup is queued, in flight or done keeps it,
+    /// whatever prompt it arrives with this time; one without a lookup (refused a slot
+    /// at an earlier arrival, or after [`on_allocated`](Self::on_allocated) consumed
+    /// it) is prefetched as at a first arrival (rule 2).
     pub fn on_new_request(&mut self, req: &Request, now: Instant) {
         if self.closed || !self.config.prefetch_enabled() {
             return;
@@ -226,6 +298,8 @@ impl Lookups {
             eligible,
             first_probe: FirstProbe::NotYet,
             lookup: None,
+            last_answer: None,
+            last_seen: now,
         });
         if entry.lookup.is_some() {
             return;
@@ -238,7 +312,7 @@ impl Lookups {
             self.stats.prefetch_cap_full += 1;
             return;
         }
-        if self.unsent >= self.config.max_queued as usize {
+        if self.backlog.load(Ordering::Relaxed) >= self.config.max_queued as usize {
             self.stats.prefetch_backlog_full += 1;
             return;
         }
@@ -263,12 +337,45 @@ impl Lookups {
     /// `Pending`. In sync mode the driver keeps calling until `Ready` (rule 10).
     pub fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
         let cap = self.hit_cap(req.num_tokens);
-        let answer = self.probe_inner(req, num_computed_tokens, cap, now);
-        match answer {
-            Probe::Pending => self.stats.probes_pending += 1,
-            Probe::Ready { .. } => self.stats.probes_ready += 1,
+        let (probe, basis) = self.probe_inner(req, num_computed_tokens, cap, now);
+        let entry = self.requests.get_mut(&req.request_id);
+        match probe {
+            Probe::Pending => {
+                self.stats.probes_pending += 1;
+                if let Some(entry) = entry {
+                    entry.last_seen = now;
+                }
+            }
+            Probe::Ready { .. } => {
+                self.stats.probes_ready += 1;
+                match basis {
+                    Answer::Hit { .. } => self.stats.answers_hit += 1,
+                    Answer::Miss => self.stats.answers_miss += 1,
+                    Answer::NotNeeded => self.stats.answers_not_needed += 1,
+                    Answer::Unavailable(_) => self.stats.answers_unavailable += 1,
+                }
+                if let Some(entry) = entry {
+                    entry.last_answer = Some(basis);
+                    entry.last_seen = now;
+                }
+            }
         }
-        answer
+        probe
+    }
+
+    /// What `request_id`'s last `Ready` answer rested on: a hit, a miss, nothing to
+    /// ask, or an unavailable store (a 0 that is not a miss: rule 11). Every answer is
+    /// unavailable after close and with `enable_lookup = false`. `None` for a request
+    /// not tracked or not answered yet.
+    #[must_use]
+    pub fn answer_of(&self, request_id: RequestId) -> Option<Answer> {
+        if self.closed {
+            return Some(Answer::Unavailable(Unavailable::Closed));
+        }
+        if !self.config.enable_lookup {
+            return Some(Answer::Unavailable(Unavailable::Disabled));
+        }
+        self.requests.get(&request_id)?.last_answer
     }
 
     fn probe_inner(
@@ -277,13 +384,17 @@ impl Lookups {
         num_computed_tokens: u32,
         cap: u32,
         now: Instant,
-    ) -> Probe {
+    ) -> (Probe, Answer) {
         let ready = |external_tokens: u32, load_async: bool| Probe::Ready {
             external_tokens,
             load_async: load_async && external_tokens > 0,
         };
-        if self.closed || !self.config.enable_lookup {
-            return ready(0, false);
+        let pending = (Probe::Pending, Answer::NotNeeded);
+        if self.closed {
+            return (ready(0, false), Answer::Unavailable(Unavailable::Closed));
+        }
+        if !self.config.enable_lookup {
+            return (ready(0, false), Answer::Unavailable(Unavailable::Disabled));
         }
         let eligible = self.is_eligible(req);
         if req.skip_reading_external_kv || req.block_hashes.is_empty() || cap <= num_computed_tokens
@@ -310,39 +421,74 @@ impl Lookups {
                         eligible,
                         first_probe: FirstProbe::Ready,
                         lookup: None,
+                        last_answer: Some(Answer::NotNeeded),
+                        last_seen: now,
                     },
                 );
             }
-            return ready(0, false);
+            return (ready(0, false), Answer::NotNeeded);
         }
         let entry = self.requests.entry(req.request_id).or_insert(RequestEntry {
             eligible,
             first_probe: FirstProbe::NotYet,
             lookup: None,
+            last_answer: None,
+            last_seen: now,
         });
         let mut refresh = None;
-        match &entry.lookup {
+        let mut retry = false;
+        match &mut entry.lookup {
             Some(state) if !state.asks(req.num_tokens, &req.block_hashes) => {
                 refresh = Some(false);
             }
             Some(LookupState::Done {
-                hit_tokens,
-                replied_at,
+                answer: answer @ Answer::Unavailable(_),
+                owed,
                 ..
             }) => {
-                if now.saturating_duration_since(*replied_at) > self.ttl {
+                // Rule 11: a failure is never served as a cached result. The probe that
+                // waited for it reads it once; later ones look up again, one failed
+                // request at a time and only once the failure backoff passed.
+                let answer = *answer;
+                if std::mem::take(owed) {
+                    Self::note_first_probe(&mut self.stats, entry, true);
+                    return (ready(0, false), answer);
+                }
+                if self.retrying.is_some() || self.retry_at.is_some_and(|t| now < t) {
+                    Self::note_first_probe(&mut self.stats, entry, true);
+                    return (ready(0, false), Answer::Unavailable(Unavailable::Retrying));
+                }
+                retry = true;
+            }
+            Some(LookupState::Done {
+                answer,
+                replied_at,
+                owed,
+                ..
+            }) => {
+                if !*owed && now.saturating_duration_since(*replied_at) > self.ttl {
                     refresh = Some(true);
                 } else {
-                    let external = (*hit_tokens).min(cap).saturating_sub(num_computed_tokens);
+                    *owed = false;
+                    let answer = *answer;
+                    let external = answer
+                        .hit_tokens()
+                        .min(cap)
+                        .saturating_sub(num_computed_tokens);
                     Self::note_first_probe(&mut self.stats, entry, true);
-                    return ready(external, self.config.load_async);
+                    return (ready(external, self.config.load_async), answer);
                 }
             }
-            Some(LookupState::Waiting { rpc_id, .. }) => {
+            Some(LookupState::Waiting {
+                rpc_id, awaited, ..
+            }) => {
                 let rpc_id = *rpc_id;
+                let newly = !std::mem::replace(awaited, true);
                 Self::note_first_probe(&mut self.stats, entry, false);
-                self.promote(rpc_id);
-                return Probe::Pending;
+                if newly {
+                    self.await_rpc(rpc_id);
+                }
+                return pending;
             }
             None => {}
         }
@@ -352,15 +498,21 @@ impl Lookups {
             Some(false) => self.stats.chain_refreshes += 1,
             None => {}
         }
+        if retry {
+            self.stats.retries_after_failure += 1;
+        }
         self.discard_lookup(req.request_id);
-        self.submit(
+        let rpc_id = self.submit(
             req.request_id,
             req.num_tokens,
             &req.block_hashes,
             Origin::Probe,
             now,
         );
-        Probe::Pending
+        if retry {
+            self.retrying = Some(rpc_id);
+        }
+        pending
     }
 
     fn note_first_probe(stats: &mut Stats, entry: &mut RequestEntry, ready: bool) {
@@ -394,6 +546,25 @@ impl Lookups {
         self.requests.remove(&request_id);
     }
 
+    /// Ends every request not seen (no arrival, no probe) for longer than
+    /// `older_than`, as [`on_finished`](Self::on_finished) would: a scheduler that
+    /// loses requests without finishing them (a crashed front end, a dropped
+    /// connection) calls it now and then so that they do not stay tracked. Returns how
+    /// many it ended, also counted in [`Stats::requests_ended_idle`].
+    pub fn end_idle(&mut self, older_than: Duration, now: Instant) -> usize {
+        let idle: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, e)| now.saturating_duration_since(e.last_seen) > older_than)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &idle {
+            self.on_finished(*id);
+        }
+        self.stats.requests_ended_idle += idle.len() as u64;
+        idle.len()
+    }
+
     /// Rule 8: the request was preempted: its lookup is dropped (it is looked up again
     /// when rescheduled). Unknown requests: no-op.
     pub fn on_preempted(&mut self, request_id: RequestId) {
@@ -413,30 +584,31 @@ impl Lookups {
         }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
-            self.discard_lookup(id);
+            // Every lookup goes: no demotion is worth sending (rule 13).
+            self.detach(id, false);
         }
         self.shared.clear();
         if !self.config.enable_lookup {
             return None;
         }
         let rpc_id = self.new_rpc_id();
-        let ticket = Ticket::new();
+        let ticket = Ticket::counted(&self.backlog);
         self.rpcs.insert(
             rpc_id,
             Rpc {
                 kind: RpcKind::Reset,
                 ticket: ticket.clone(),
-                priority: Priority::Awaited,
+                awaited: true,
+                awaiting: 0,
                 subscribers: Vec::new(),
                 slots: 0,
                 submitted_at: now,
-                phase: RpcPhase::Dispatched,
             },
         );
         self.stats.resets += 1;
         self.transmits.push_back(Command::Send {
             rpc_id,
-            priority: Priority::Awaited,
+            origin: Origin::Probe,
             body: RpcBody::Reset,
             ticket,
         });
@@ -459,51 +631,44 @@ impl Lookups {
         }
         self.rpcs.clear();
         self.shared.clear();
-        self.timers.clear();
         self.requests.clear();
         self.transmits.clear();
         self.slots_in_use = 0;
-        self.unsent = 0;
+        self.retry_at = None;
+        self.retrying = None;
     }
 
-    /// The driver put `rpc_id` on the wire at `now`: its `lookup_timeout_s` starts
-    /// (rule 17). Unknown ids are ignored.
-    pub fn handle_sent(&mut self, rpc_id: RpcId, now: Instant) {
-        let Some(rpc) = self.rpcs.get_mut(&rpc_id) else {
-            return;
-        };
-        if let RpcPhase::Dispatched = rpc.phase {
-            let deadline = now + self.timeout;
-            rpc.phase = RpcPhase::Sent {
-                sent_at: now,
-                deadline,
-            };
-            self.timers.insert((deadline, rpc_id));
-            self.stats.rpcs_sent += 1;
-            self.unsent -= 1;
-        }
-    }
-
-    /// A reply for `rpc_id` arrived. Lookup replies are validated (rule 11: above
-    /// `num_tokens` or not a block multiple is malformed) and applied only to the
-    /// requests still waiting on exactly this question (rule 7). Replies for unknown
-    /// ids (late after a timeout, duplicated) are dropped and counted.
-    pub fn handle_reply(&mut self, rpc_id: RpcId, reply: Reply, now: Instant) {
+    /// An RPC ended on the wire (a reply, a timeout, a transport failure), as the
+    /// driver's [`Dispatcher`](crate::Dispatcher) reported it. Its time is the
+    /// event's own ([`WireEvent::at`]): a result's TTL runs from its reply (rule 6).
+    ///
+    /// Lookup replies are validated (rule 11: above `num_tokens` or not a block
+    /// multiple is malformed) and applied only to the requests still waiting on
+    /// exactly this question (rule 7); failures answer 0 hits (rule 11); a reset's
+    /// reply or failure becomes [`Event::ResetDone`] (rule 13). Events for RPCs this
+    /// type no longer has (after close) are ignored.
+    pub fn handle_wire_event(&mut self, event: WireEvent) {
+        let WireEvent {
+            rpc_id,
+            result,
+            sent_at,
+            at,
+        } = event;
         let Some(rpc) = self.take_rpc(rpc_id) else {
-            self.stats.replies_unknown += 1;
             return;
         };
-        match &rpc.kind {
-            RpcKind::Reset => {
-                let outcome = match reply {
-                    Reply::Reset { ok: true } => ResetOutcome::Ok,
-                    _ => ResetOutcome::Failed,
+        match (&rpc.kind, result) {
+            (RpcKind::Reset, result) => {
+                let outcome = match result {
+                    Ok(Reply::Reset { ok: true }) => ResetOutcome::Ok,
+                    Ok(_) => ResetOutcome::Failed,
+                    Err(_) => ResetOutcome::TimedOut,
                 };
-                self.events.push_back(Event::ResetDone { rpc_id, outcome });
+                self.emit(Event::ResetDone { rpc_id, outcome });
             }
-            RpcKind::Lookup { key } => {
-                let outcome = match reply {
-                    Reply::Lookup { hit_tokens }
+            (RpcKind::Lookup { key }, result) => {
+                let outcome = match result {
+                    Ok(Reply::Lookup { hit_tokens })
                         if hit_tokens <= key.num_tokens
                             && hit_tokens % self.config.block_size == 0 =>
                     {
@@ -513,58 +678,43 @@ impl Lookups {
                             LookupOutcome::Hit { hit_tokens }
                         }
                     }
-                    _ => LookupOutcome::Malformed,
+                    Ok(Reply::Lookup { hit_tokens }) => {
+                        // Rule 11's guards: above the prompt, or not whole blocks.
+                        self.observer
+                            .reply_rejected(rpc_id, key.num_tokens, hit_tokens);
+                        LookupOutcome::Malformed
+                    }
+                    Ok(_) => LookupOutcome::Malformed,
+                    Err(failure) => LookupOutcome::Failed(failure),
                 };
-                self.finish_lookup(rpc_id, rpc, outcome, now);
+                self.finish_lookup(rpc_id, rpc, outcome, sent_at, at);
             }
-        }
-    }
-
-    /// `rpc_id` failed without a usable reply (rule 11: a miss for its requests; rule
-    /// 13: a reset reports [`ResetOutcome::TimedOut`]). Unknown ids are ignored.
-    pub fn handle_rpc_error(&mut self, rpc_id: RpcId, failure: RpcFailure, now: Instant) {
-        let Some(rpc) = self.take_rpc(rpc_id) else {
-            self.stats.replies_unknown += 1;
-            return;
-        };
-        match rpc.kind {
-            RpcKind::Reset => self.events.push_back(Event::ResetDone {
-                rpc_id,
-                outcome: ResetOutcome::TimedOut,
-            }),
-            RpcKind::Lookup { .. } => {
-                self.finish_lookup(rpc_id, rpc, LookupOutcome::Failed(failure), now);
-            }
-        }
-    }
-
-    /// Fails every RPC whose deadline (`lookup_timeout_s` after it was sent) is at or
-    /// before `now` (rule 17). Harmless when early or repeated.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(&(deadline, rpc_id)) = self.timers.first() {
-            if deadline > now {
-                break;
-            }
-            self.handle_rpc_error(rpc_id, RpcFailure::TimedOut, now);
-            // handle_rpc_error removed the timer via take_rpc.
-            self.timers.remove(&(deadline, rpc_id));
         }
     }
 
     /// The next RPC command for the driver (STYLE.md rule 2).
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Command> {
         self.transmits.pop_front()
     }
 
-    /// The next event for the caller.
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+    /// Takes the [`Event::ResetDone`] of `rpc_id` out of the event queue, leaving
+    /// the others queued (for a driver's wait on one reset).
+    pub fn take_reset_done(&mut self, rpc_id: RpcId) -> Option<ResetOutcome> {
+        let index = self
+            .events
+            .iter()
+            .position(|e| matches!(e, Event::ResetDone { rpc_id: id, .. } if *id == rpc_id))?;
+        match self.events.remove(index) {
+            Some(Event::ResetDone { outcome, .. }) => Some(outcome),
+            _ => None,
+        }
     }
 
-    /// The earliest RPC deadline, if any RPC is on the wire.
+    /// The next event for the caller.
     #[must_use]
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|(t, _)| *t)
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
     }
 
     /// Counters since construction.
@@ -583,6 +733,13 @@ impl Lookups {
     #[must_use]
     pub fn open_rpcs(&self) -> usize {
         self.rpcs.len()
+    }
+
+    /// RPCs handed to the driver whose ticket is still queued: the backlog that
+    /// `max_queued` bounds (rule 2), exact wherever the driver runs.
+    #[must_use]
+    pub fn queued_rpcs(&self) -> usize {
+        self.backlog.load(Ordering::Relaxed)
     }
 
     /// Requests with any state (a lookup, or a first-probe mark).
@@ -622,7 +779,6 @@ impl Lookups {
         let id = RpcId(self.next_rpc);
         self.next_rpc += 1;
         self.stats.rpcs_created += 1;
-        self.unsent += 1;
         id
     }
 
@@ -633,7 +789,7 @@ impl Lookups {
         hashes: &BlockHashes,
         origin: Origin,
         now: Instant,
-    ) {
+    ) -> RpcId {
         let key = ShareKey::new(num_tokens, hashes);
         let holds_slot = origin == Origin::Arrival;
         match origin {
@@ -658,35 +814,34 @@ impl Lookups {
                 rpc.slots += 1;
             }
             self.stats.rpcs_shared += 1;
+            self.observer.lookup_shared(rpc_id, request_id);
             if origin == Origin::Probe {
-                self.promote(rpc_id);
+                self.await_rpc(rpc_id);
             }
             rpc_id
         } else {
             let rpc_id = self.new_rpc_id();
-            let ticket = Ticket::new();
-            let priority = match origin {
-                Origin::Arrival => Priority::Prefetch,
-                Origin::Probe => Priority::Awaited,
-            };
+            let ticket = Ticket::counted(&self.backlog);
             self.rpcs.insert(
                 rpc_id,
                 Rpc {
                     kind: RpcKind::Lookup { key: key.clone() },
                     ticket: ticket.clone(),
-                    priority,
+                    awaited: origin == Origin::Probe,
+                    awaiting: u32::from(origin == Origin::Probe),
                     subscribers: vec![request_id],
                     slots: u32::from(holds_slot),
                     submitted_at: now,
-                    phase: RpcPhase::Dispatched,
                 },
             );
             if self.config.lookup_share {
                 self.shared.insert(key, rpc_id);
             }
+            self.observer
+                .lookup_submitted(rpc_id, request_id, origin, num_tokens, hashes.len());
             self.transmits.push_back(Command::Send {
                 rpc_id,
-                priority,
+                origin,
                 body: RpcBody::Lookup {
                     num_tokens,
                     block_hashes: hashes.clone(),
@@ -701,18 +856,29 @@ impl Lookups {
                 num_tokens,
                 block_hashes: hashes.clone(),
                 holds_slot,
+                awaited: origin == Origin::Probe,
             });
         }
+        rpc_id
     }
 
-    /// Rule 15: a probe waits for `rpc_id`; if it is a queued prefetch, send it first.
+    /// Rule 15: one more subscriber of `rpc_id` probed it.
+    fn await_rpc(&mut self, rpc_id: RpcId) {
+        if let Some(rpc) = self.rpcs.get_mut(&rpc_id) {
+            rpc.awaiting += 1;
+        }
+        self.promote(rpc_id);
+    }
+
+    /// Rule 15: a probe waits for `rpc_id`; if it is queued and not awaited, send it
+    /// before the prefetches.
     fn promote(&mut self, rpc_id: RpcId) {
         if !self.config.lookup_priority {
             return;
         }
         if let Some(rpc) = self.rpcs.get_mut(&rpc_id) {
-            if rpc.priority == Priority::Prefetch && rpc.ticket.state() == TicketState::Queued {
-                rpc.priority = Priority::Awaited;
+            if !rpc.awaited && rpc.ticket.state() == TicketState::Queued {
+                rpc.awaited = true;
                 self.stats.promotions += 1;
                 self.transmits.push_back(Command::Promote { rpc_id });
             }
@@ -723,11 +889,21 @@ impl Lookups {
     /// sent is freed now; of one on the wire, when its RPC ends (rule 3). An RPC
     /// nobody waits for any more is cancelled if it was not sent.
     fn discard_lookup(&mut self, request_id: RequestId) {
+        self.detach(request_id, true);
+    }
+
+    /// [`discard_lookup`](Self::discard_lookup); `demote` false when every lookup is
+    /// being dropped at once (reset), so that no demotion is sent for an RPC about to
+    /// be cancelled.
+    fn detach(&mut self, request_id: RequestId, demote: bool) {
         let Some(entry) = self.requests.get_mut(&request_id) else {
             return;
         };
         let Some(LookupState::Waiting {
-            rpc_id, holds_slot, ..
+            rpc_id,
+            holds_slot,
+            awaited,
+            ..
         }) = entry.lookup.take()
         else {
             return;
@@ -738,16 +914,27 @@ impl Lookups {
         if let Some(i) = rpc.subscribers.iter().position(|r| *r == request_id) {
             rpc.subscribers.swap_remove(i);
         }
+        if awaited {
+            rpc.awaiting -= 1;
+        }
         if rpc.subscribers.is_empty() && rpc.ticket.cancel() {
             let rpc = self.take_rpc(rpc_id).expect("present");
             debug_assert!(rpc.slots >= u32::from(holds_slot));
             self.stats.rpcs_cancelled += 1;
+            self.observer.lookup_cancelled(rpc_id, rpc.submitted_at);
             self.transmits.push_back(Command::Cancel { rpc_id });
             return;
         }
-        if holds_slot && rpc.ticket.state() == TicketState::Queued {
+        let queued = rpc.ticket.state() == TicketState::Queued;
+        if holds_slot && queued {
             rpc.slots -= 1;
             self.slots_in_use -= 1;
+        }
+        // Rule 15: the last probe waiting for it is gone; those left only arrived.
+        if demote && queued && rpc.awaited && rpc.awaiting == 0 && self.config.lookup_priority {
+            rpc.awaited = false;
+            self.stats.demotions += 1;
+            self.transmits.push_back(Command::Demote { rpc_id });
         }
     }
 
@@ -756,11 +943,8 @@ impl Lookups {
     fn take_rpc(&mut self, rpc_id: RpcId) -> Option<Rpc> {
         let rpc = self.rpcs.remove(&rpc_id)?;
         self.slots_in_use -= rpc.slots;
-        match rpc.phase {
-            RpcPhase::Sent { deadline, .. } => {
-                self.timers.remove(&(deadline, rpc_id));
-            }
-            RpcPhase::Dispatched => self.unsent -= 1,
+        if self.retrying == Some(rpc_id) {
+            self.retrying = None;
         }
         if let RpcKind::Lookup { key } = &rpc.kind {
             if self.shared.get(key) == Some(&rpc_id) {
@@ -770,30 +954,31 @@ impl Lookups {
         Some(rpc)
     }
 
-    fn finish_lookup(&mut self, rpc_id: RpcId, rpc: Rpc, outcome: LookupOutcome, now: Instant) {
-        let hit_tokens = match outcome {
-            LookupOutcome::Hit { hit_tokens } => {
-                self.stats.hits += 1;
-                hit_tokens
-            }
-            LookupOutcome::Miss => {
-                self.stats.misses += 1;
-                0
-            }
-            LookupOutcome::Malformed => {
-                self.stats.failed_malformed += 1;
-                0
-            }
-            LookupOutcome::Failed(RpcFailure::TimedOut) => {
-                self.stats.failed_timed_out += 1;
-                0
-            }
-            LookupOutcome::Failed(_) => {
-                self.stats.failed_transport += 1;
-                0
-            }
-        };
+    fn finish_lookup(
+        &mut self,
+        rpc_id: RpcId,
+        rpc: Rpc,
+        outcome: LookupOutcome,
+        sent_at: Instant,
+        now: Instant,
+    ) {
+        match outcome {
+            LookupOutcome::Hit { .. } => self.stats.hits += 1,
+            LookupOutcome::Miss => self.stats.misses += 1,
+            LookupOutcome::Malformed => self.stats.failed_malformed += 1,
+            LookupOutcome::Failed(RpcFailure::TimedOut) => self.stats.failed_timed_out += 1,
+            LookupOutcome::Failed(_) => self.stats.failed_transport += 1,
+        }
+        let answer = Answer::of(outcome);
+        if answer.is_unavailable() {
+            // Rule 11: failed requests retry no sooner than this.
+            self.retry_at = Some(deadline_after(now, self.retry_backoff.next_delay()));
+        } else {
+            self.retry_backoff.reset();
+            self.retry_at = None;
+        }
         let mut answered = 0;
+        let mut request_ids = Vec::new();
         for request_id in &rpc.subscribers {
             let Some(entry) = self.requests.get_mut(request_id) else {
                 continue;
@@ -804,6 +989,7 @@ impl Lookups {
                 rpc_id: waiting_on,
                 num_tokens,
                 block_hashes,
+                awaited,
                 ..
             }) = entry.lookup.take()
             else {
@@ -813,24 +999,25 @@ impl Lookups {
             entry.lookup = Some(LookupState::Done {
                 num_tokens,
                 block_hashes,
-                hit_tokens,
+                answer,
                 replied_at: now,
+                owed: awaited,
             });
             answered += 1;
+            request_ids.push(*request_id);
         }
+        request_ids.sort_unstable();
         if answered == 0 {
             self.stats.replies_stale += 1;
         }
-        let on_wire = match rpc.phase {
-            RpcPhase::Sent { sent_at, .. } => Some(now.saturating_duration_since(sent_at)),
-            RpcPhase::Dispatched => None,
-        };
-        self.events.push_back(Event::LookupDone {
+        self.emit(Event::LookupDone {
             rpc_id,
             outcome,
             requests: answered,
+            request_ids,
             total: now.saturating_duration_since(rpc.submitted_at),
-            on_wire,
+            queue_wait: sent_at.saturating_duration_since(rpc.submitted_at),
+            on_wire: now.saturating_duration_since(sent_at),
         });
     }
 }

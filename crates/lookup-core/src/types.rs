@@ -2,8 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::BlockHashes;
 
@@ -71,15 +71,6 @@ pub enum Origin {
     Probe,
 }
 
-/// Send priority of an RPC in the [`Dispatcher`](crate::Dispatcher) (rule 15).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Priority {
-    /// A probe is waiting for it: goes first.
-    Awaited,
-    /// A prefetch nobody waits for yet.
-    Prefetch,
-}
-
 /// State of a [`Ticket`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TicketState {
@@ -97,40 +88,63 @@ pub enum TicketState {
 /// [`cancel`](Self::cancel) (core, on discard) succeeds, so a lookup is either never
 /// sent or known to be on the wire, even when the driver runs on another thread
 /// (`spec/behaviour.md` rule 9). One atomic byte; no lock.
+///
+/// Tickets made by one [`Lookups`](crate::Lookups) share a count of those still
+/// queued, which is the one record of its backlog (`max_queued`): a claim or a cancel
+/// takes the ticket off it, wherever it happens.
 #[derive(Clone, Debug, Default)]
-pub struct Ticket(Arc<AtomicU8>);
+pub struct Ticket {
+    state: Arc<AtomicU8>,
+    queued: Arc<AtomicUsize>,
+}
 
 const QUEUED: u8 = 0;
 const SENT: u8 = 1;
 const CANCELLED: u8 = 2;
 
 impl Ticket {
-    /// A new ticket, [`TicketState::Queued`].
+    /// A new ticket, [`TicketState::Queued`], counted in no backlog.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// A new queued ticket counted in `backlog` until claimed or cancelled.
+    pub(crate) fn counted(backlog: &Arc<AtomicUsize>) -> Self {
+        backlog.fetch_add(1, Ordering::Relaxed);
+        Self {
+            state: Arc::default(),
+            queued: Arc::clone(backlog),
+        }
+    }
+
     /// Driver side: moves Queued → Sent. False when it was cancelled (do not send).
     #[must_use]
     pub fn claim(&self) -> bool {
-        self.0
-            .compare_exchange(QUEUED, SENT, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.leave(SENT)
     }
 
     /// Core side: moves Queued → Cancelled. False when already sent (or cancelled).
     #[must_use]
     pub fn cancel(&self) -> bool {
-        self.0
-            .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.leave(CANCELLED)
+    }
+
+    fn leave(&self, to: u8) -> bool {
+        let left = self
+            .state
+            .compare_exchange(QUEUED, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if left {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        left
     }
 
     /// The current state.
     #[must_use]
     pub fn state(&self) -> TicketState {
-        match self.0.load(Ordering::Acquire) {
+        match self.state.load(Ordering::Acquire) {
             QUEUED => TicketState::Queued,
             SENT => TicketState::Sent,
             _ => TicketState::Cancelled,
@@ -154,7 +168,8 @@ pub enum RpcBody {
 
 /// An RPC command for the driver, pulled with
 /// [`Lookups::poll_transmit`](crate::Lookups::poll_transmit) and given to a
-/// [`Dispatcher`](crate::Dispatcher).
+/// [`Dispatcher`](crate::Dispatcher). It is what crosses from the scheduler's thread to
+/// the I/O task; [`WireEvent`] crosses back.
 #[must_use]
 #[derive(Clone, Debug)]
 pub enum Command {
@@ -162,8 +177,8 @@ pub enum Command {
     Send {
         /// The RPC's id (the envelope on the wire).
         rpc_id: RpcId,
-        /// Its send priority.
-        priority: Priority,
+        /// Who started it: a probe's lookup goes before prefetches (rule 15).
+        origin: Origin,
         /// What it asks.
         body: RpcBody,
         /// The claim to take right before sending it.
@@ -171,6 +186,13 @@ pub enum Command {
     },
     /// A probe now waits for this queued prefetch: send it before other prefetches (rule 15).
     Promote {
+        /// The RPC.
+        rpc_id: RpcId,
+    },
+    /// No probe waits for this queued RPC any more (the requests that probed it were
+    /// discarded; those left arrived only): it goes back among the prefetches, in
+    /// submission order (rule 15).
+    Demote {
         /// The RPC.
         rpc_id: RpcId,
     },
@@ -210,6 +232,45 @@ pub enum RpcFailure {
     NotSent,
 }
 
+/// One RPC ended on the wire: made by the driver's [`Dispatcher`](crate::Dispatcher),
+/// carried to the scheduler's thread and given to
+/// [`Lookups::handle_wire_event`](crate::Lookups::handle_wire_event). It is what
+/// crosses from the I/O task back to the lifecycle, so the driver keeps no copy of
+/// the core's inputs (DESIGN.md, "Who owns what").
+#[must_use]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireEvent {
+    pub(crate) rpc_id: RpcId,
+    pub(crate) result: Result<Reply, RpcFailure>,
+    pub(crate) sent_at: Instant,
+    pub(crate) at: Instant,
+}
+
+impl WireEvent {
+    /// The RPC.
+    #[must_use]
+    pub fn rpc_id(&self) -> RpcId {
+        self.rpc_id
+    }
+
+    /// The reply, or why there is none.
+    pub fn result(&self) -> Result<&Reply, RpcFailure> {
+        self.result.as_ref().map_err(|f| *f)
+    }
+
+    /// When it went on the wire (the driver's clock).
+    #[must_use]
+    pub fn sent_at(&self) -> Instant {
+        self.sent_at
+    }
+
+    /// When it ended (the driver's clock).
+    #[must_use]
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+}
+
 /// How one lookup RPC ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LookupOutcome {
@@ -227,6 +288,78 @@ pub enum LookupOutcome {
     Failed(RpcFailure),
 }
 
+/// What a request's last answered probe rests on (`spec/behaviour.md` rule 11: a
+/// failure never reads as a miss). Read it beside the probe with
+/// [`Lookups::answer_of`](crate::Lookups::answer_of).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// The store holds `hit_tokens` leading tokens.
+    Hit {
+        /// Tokens stored, before the local hit and the cap of rule 12 are applied.
+        hit_tokens: u32,
+    },
+    /// The store holds none of the prompt.
+    Miss,
+    /// Nothing to ask: the request skips external KV, has no full block, or its local
+    /// hit already reaches the cap of rule 12.
+    NotNeeded,
+    /// The store could not be asked or did not answer usably: the 0 is not a miss.
+    Unavailable(Unavailable),
+}
+
+/// Why a lookup's answer is unavailable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unavailable {
+    /// No reply within `lookup_timeout_s` (rule 17).
+    TimedOut,
+    /// The transport failed (no connection, connection lost, refused; with the direct
+    /// transport also no master leader).
+    Transport,
+    /// The driver could not send it (for example a reset in `msgpack-hex`).
+    NotSent,
+    /// The reply broke the wire format or a guard of rule 11.
+    Malformed,
+    /// The request's last lookup failed and a retry waits for the failure backoff
+    /// (rule 11), or another failed request's retry is on its way.
+    Retrying,
+    /// `enable_lookup = false`.
+    Disabled,
+    /// The lookup was closed (rule 14).
+    Closed,
+}
+
+impl Answer {
+    /// The answer of a lookup that ended with `outcome`.
+    #[must_use]
+    pub fn of(outcome: LookupOutcome) -> Self {
+        match outcome {
+            LookupOutcome::Hit { hit_tokens } => Self::Hit { hit_tokens },
+            LookupOutcome::Miss => Self::Miss,
+            LookupOutcome::Malformed => Self::Unavailable(Unavailable::Malformed),
+            LookupOutcome::Failed(RpcFailure::TimedOut) => Self::Unavailable(Unavailable::TimedOut),
+            LookupOutcome::Failed(RpcFailure::Transport) => {
+                Self::Unavailable(Unavailable::Transport)
+            }
+            LookupOutcome::Failed(RpcFailure::NotSent) => Self::Unavailable(Unavailable::NotSent),
+        }
+    }
+
+    /// Tokens stored (0 unless [`Answer::Hit`]).
+    #[must_use]
+    pub fn hit_tokens(self) -> u32 {
+        match self {
+            Self::Hit { hit_tokens } => hit_tokens,
+            _ => 0,
+        }
+    }
+
+    /// True for [`Answer::Unavailable`].
+    #[must_use]
+    pub fn is_unavailable(self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
 /// How a reset ended (rule 13).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ResetOutcome {
@@ -234,7 +367,8 @@ pub enum ResetOutcome {
     Ok,
     /// The server said it failed (`0x00`) or the reply did not decode.
     Failed,
-    /// No reply within `lookup_timeout_s`, or the transport failed.
+    /// No reply within `lookup_timeout_s`, the transport failed, or the driver could
+    /// not send it ([`RpcFailure::NotSent`]).
     TimedOut,
 }
 
@@ -251,10 +385,15 @@ pub enum Event {
         outcome: LookupOutcome,
         /// Live requests it answered (0: wasted, every asker was discarded).
         requests: u32,
-        /// From submission to the end (seconds of the caller's clock).
+        /// Those requests, in ascending order: a failure is pinned to the requests it
+        /// cost (rule 11).
+        request_ids: Vec<RequestId>,
+        /// From submission to the end.
         total: Duration,
-        /// From the driver's send to the end; `None` when it never was reported sent.
-        on_wire: Option<Duration>,
+        /// From submission to the driver's send (time in the send queue).
+        queue_wait: Duration,
+        /// From the driver's send to the end (time on the wire).
+        on_wire: Duration,
     },
     /// A reset RPC ended.
     ResetDone {
@@ -281,17 +420,12 @@ pub struct Stats {
     pub prefetch_backlog_full: u64,
     /// RPCs created (lookups and resets).
     pub rpcs_created: u64,
-    /// RPCs the driver reported sent.
-    pub rpcs_sent: u64,
     /// Lookups that joined an RPC already queued or in flight (rule 16).
     pub rpcs_shared: u64,
     /// RPCs cancelled before they were sent (rule 9).
     pub rpcs_cancelled: u64,
     /// Lookup RPCs that ended with no live request left to answer (wasted).
     pub replies_stale: u64,
-    /// Replies or failures for RPC ids no longer tracked (late replies after a
-    /// timeout, duplicates): dropped.
-    pub replies_unknown: u64,
     /// Lookup replies with a hit.
     pub hits: u64,
     /// Lookup replies of 0 tokens.
@@ -306,16 +440,84 @@ pub struct Stats {
     pub ttl_refreshes: u64,
     /// Lookups dropped because the probe's token count or chain changed (rule 7).
     pub chain_refreshes: u64,
-    /// Queued prefetches promoted by a probe (rule 15).
+    /// Queued RPCs a probe started waiting for, moved ahead of the prefetches (rule 15).
     pub promotions: u64,
+    /// Queued RPCs no probe waits for any more, moved back among the prefetches
+    /// (rule 15).
+    pub demotions: u64,
     /// Probes answered `Pending`.
     pub probes_pending: u64,
     /// Probes answered `Ready`.
     pub probes_ready: u64,
-    /// Eligible requests (rule 1) whose first probe was answered `Ready`.
+    /// `Ready` answers resting on a hit ([`Answer::Hit`]).
+    pub answers_hit: u64,
+    /// `Ready` answers resting on a miss ([`Answer::Miss`]).
+    pub answers_miss: u64,
+    /// `Ready` answers with nothing to ask ([`Answer::NotNeeded`]).
+    pub answers_not_needed: u64,
+    /// `Ready` answers of 0 because the store could not say ([`Answer::Unavailable`]).
+    pub answers_unavailable: u64,
+    /// Lookups sent again for a request whose last lookup failed (rule 11), after the
+    /// failure backoff.
+    pub retries_after_failure: u64,
+    /// Eligible requests (rule 1) whose first probe was answered `Ready`. Eligibility
+    /// is judged on the prompt the request had when the lookup first saw it: at its
+    /// arrival when prefetch is on, else at its first probe.
     pub first_probes_ready: u64,
-    /// Eligible requests (rule 1) whose first probe was answered `Pending`.
+    /// Eligible requests (rule 1, judged as for
+    /// [`first_probes_ready`](Self::first_probes_ready)) whose first probe was answered
+    /// `Pending`.
     pub first_probes_pending: u64,
     /// Reset RPCs created.
     pub resets: u64,
+    /// Requests ended by [`Lookups::end_idle`](crate::Lookups::end_idle): tracked,
+    /// never finished, not seen for longer than its bound.
+    pub requests_ended_idle: u64,
+    /// Events dropped because nobody polled them
+    /// ([`Lookups::set_event_capacity`](crate::Lookups::set_event_capacity)).
+    pub events_dropped: u64,
 }
+
+/// Sees what the lifecycle does as it happens, for a driver's metrics and tracing.
+/// Every method defaults to doing nothing; `()` observes nothing. The lifecycle's
+/// event queue stays the only one: the observer sees each event as it is queued.
+pub trait Observe {
+    /// A lookup RPC was created for `request_id` (`origin`, its prompt of `num_tokens`
+    /// tokens and `blocks` block hashes).
+    fn lookup_submitted(
+        &mut self,
+        rpc_id: RpcId,
+        request_id: RequestId,
+        origin: Origin,
+        num_tokens: u32,
+        blocks: usize,
+    ) {
+        let _ = (rpc_id, request_id, origin, num_tokens, blocks);
+    }
+
+    /// `request_id`'s lookup joined the RPC `rpc_id`, already queued or in flight
+    /// (rule 16).
+    fn lookup_shared(&mut self, rpc_id: RpcId, request_id: RequestId) {
+        let _ = (rpc_id, request_id);
+    }
+
+    /// The queued lookup RPC `rpc_id`, submitted at `submitted_at`, was cancelled
+    /// before it was sent (rule 9).
+    fn lookup_cancelled(&mut self, rpc_id: RpcId, submitted_at: Instant) {
+        let _ = (rpc_id, submitted_at);
+    }
+
+    /// The reply to the lookup RPC `rpc_id` of a `num_tokens`-token prompt claimed
+    /// `hit_tokens`, which rule 11's guards reject (above `num_tokens`, or not a
+    /// multiple of the block size): it counts as malformed.
+    fn reply_rejected(&mut self, rpc_id: RpcId, num_tokens: u32, hit_tokens: u32) {
+        let _ = (rpc_id, num_tokens, hit_tokens);
+    }
+
+    /// `event` was queued for [`Lookups::poll_event`](crate::Lookups::poll_event).
+    fn event(&mut self, event: &Event) {
+        let _ = event;
+    }
+}
+
+impl Observe for () {}

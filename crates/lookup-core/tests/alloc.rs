@@ -15,7 +15,7 @@ fn cached_probe_does_not_allocate() {
     config.lookup_async = true;
     config.lookup_prefetch_limit = 4;
     let mut lookups = Lookups::new(config.clone()).unwrap();
-    let mut dispatcher = Dispatcher::new(&config);
+    let mut dispatcher: Dispatcher = Dispatcher::new(&config);
     let chain: Vec<u64> = (0..64).collect();
     let req = Request {
         request_id: RequestId(1),
@@ -26,12 +26,12 @@ fn cached_probe_does_not_allocate() {
     let now = Instant::now();
     lookups.on_new_request(&req, now);
     while let Some(cmd) = lookups.poll_transmit() {
-        dispatcher.push(cmd);
+        dispatcher.push(cmd, ());
     }
-    let out = dispatcher.next_send().unwrap();
-    lookups.handle_sent(out.rpc_id, now);
-    dispatcher.on_done(out.rpc_id);
-    lookups.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, now);
+    let out = dispatcher.poll_transmit(now).unwrap();
+    assert!(dispatcher.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, now));
+    let (event, ()) = dispatcher.poll_event().unwrap();
+    lookups.handle_wire_event(event);
     while lookups.poll_event().is_some() {}
 
     let later = now + Duration::from_millis(5);

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use lookup_core::{
-    BlockHashes, Config, Dispatcher, Event, LookupOutcome, Lookups, Probe, Reply, Request,
-    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId,
+    Answer, BlockHashes, Config, Dispatcher, Event, LookupOutcome, Lookups, Probe, Reply, Request,
+    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Unavailable,
 };
 
 struct Harness {
@@ -41,17 +41,32 @@ impl Harness {
         Self::new(c)
     }
 
+    /// The driving loop of the crate docs: commands into the dispatcher, releases onto
+    /// the wire, wire events into the lifecycle, events out.
     fn pump(&mut self) {
-        while let Some(cmd) = self.lookups.poll_transmit() {
-            self.dispatcher.push(cmd);
-        }
-        while let Some(out) = self.dispatcher.next_send() {
-            self.lookups.handle_sent(out.rpc_id, self.now);
-            self.wire.push((out.rpc_id, out.body.clone()));
-            self.sent.push((out.rpc_id, out.body));
-        }
-        while let Some(e) = self.lookups.poll_event() {
-            self.events.push(e);
+        loop {
+            let mut progressed = false;
+            while let Some(cmd) = self.lookups.poll_transmit() {
+                progressed = true;
+                self.dispatcher.push(cmd, ());
+            }
+            while let Some(out) = self.dispatcher.poll_transmit(self.now) {
+                progressed = true;
+                self.wire.push((out.rpc_id, out.body.clone()));
+                self.sent.push((out.rpc_id, out.body));
+            }
+            while let Some((event, ())) = self.dispatcher.poll_event() {
+                progressed = true;
+                let rpc_id = event.rpc_id();
+                self.wire.retain(|(id, _)| *id != rpc_id);
+                self.lookups.handle_wire_event(event);
+            }
+            while let Some(e) = self.lookups.poll_event() {
+                self.events.push(e);
+            }
+            if !progressed {
+                break;
+            }
         }
     }
 
@@ -66,16 +81,13 @@ impl Harness {
         p
     }
 
-    fn take(&mut self, rpc_id: RpcId) {
-        let i = self.wire.iter().position(|(id, _)| *id == rpc_id).unwrap();
-        self.wire.remove(i);
-        self.dispatcher.on_done(rpc_id);
-    }
-
-    /// The server answers the RPC at `index` on the wire with `reply`.
+    /// The server answers the RPC `rpc_id` on the wire with `reply`.
     fn answer(&mut self, rpc_id: RpcId, reply: Reply) {
-        self.take(rpc_id);
-        self.lookups.handle_reply(rpc_id, reply, self.now);
+        assert!(
+            self.wire.iter().any(|(id, _)| *id == rpc_id),
+            "{rpc_id} not on the wire"
+        );
+        assert!(self.dispatcher.handle_reply(rpc_id, reply, self.now));
         self.pump();
     }
 
@@ -85,27 +97,8 @@ impl Harness {
 
     fn advance(&mut self, d: Duration) {
         self.now += d;
-        if self.lookups.poll_timeout().is_some_and(|t| t <= self.now) {
-            let expired: Vec<RpcId> = self.wire.iter().map(|(id, _)| *id).collect();
-            self.lookups.handle_timeout(self.now);
-            // The driver frees the wire slots of what the core timed out.
-            for e in self.drain_new_events() {
-                let (Event::LookupDone { rpc_id, .. } | Event::ResetDone { rpc_id, .. }) = e;
-                if expired.contains(&rpc_id) {
-                    self.take(rpc_id);
-                }
-            }
-        }
+        self.dispatcher.handle_timeout(self.now);
         self.pump();
-    }
-
-    fn drain_new_events(&mut self) -> Vec<Event> {
-        let mut out = Vec::new();
-        while let Some(e) = self.lookups.poll_event() {
-            out.push(e);
-        }
-        self.events.extend(out.iter().cloned());
-        out
     }
 
     fn wire_ids(&self) -> Vec<RpcId> {
@@ -385,7 +378,7 @@ fn s12_silent_server_times_out_then_next_lookup_succeeds_and_late_reply_is_stale
     let a = req(1, 32, &[1, 2]);
     h.arrive(&a);
     assert_eq!(
-        h.lookups.poll_timeout(),
+        h.dispatcher.poll_timeout(),
         Some(h.now + Duration::from_secs(5))
     );
     h.advance(Duration::from_millis(4_999));
@@ -409,10 +402,128 @@ fn s12_silent_server_times_out_then_next_lookup_succeeds_and_late_reply_is_stale
     h.answer_hit(RpcId(2), 16);
     assert_eq!(h.probe(&b, 0), ready(16));
     // The late reply to the timed-out RPC is recognised and dropped.
-    h.lookups
-        .handle_reply(RpcId(1), Reply::Lookup { hit_tokens: 16 }, h.now);
-    assert_eq!(h.lookups.stats().replies_unknown, 1);
-    assert_eq!(h.probe(&a, 0), ready(0));
+    assert!(
+        !h.dispatcher
+            .handle_reply(RpcId(1), Reply::Lookup { hit_tokens: 16 }, h.now)
+    );
+    h.pump();
+    assert_eq!(h.dispatcher.stats().late_replies, 1);
+    // Rule 11: the failure is not served from the cache. Request 2's success reset
+    // the failure backoff, so request 1 is looked up again at once.
+    assert_eq!(h.probe(&a, 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().retries_after_failure, 1);
+    h.answer_hit(RpcId(3), 16);
+    assert_eq!(h.probe(&a, 0), ready(16));
+}
+
+/// Issue regression (TTL 0 storms the server): the probe that waited for a lookup
+/// reads its reply whatever the TTL; with TTL 0 each result is read once.
+#[test]
+fn ttl_zero_serves_the_waiting_probe_its_reply_and_reads_each_result_once() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.lookup_prefetch_ttl_s = 0.0;
+    let mut h = Harness::new(c);
+    let r = req(1, 48, &[1, 2, 3]);
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    h.answer_hit(RpcId(1), 32);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.probe(&r, 0), ready(32));
+    assert_eq!(
+        h.sent.len(),
+        1,
+        "the waited-for reply is answered, not looked up again"
+    );
+    // Read once: the next probe looks up again.
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.sent.len(), 2);
+    assert_eq!(h.lookups.stats().ttl_refreshes, 1);
+}
+
+/// Rule 2 for an `on_new_request` of a request already tracked: one whose lookup is in
+/// flight or done keeps it; one whose lookup its allocation consumed (rule 8) is
+/// prefetched again, holding a slot.
+#[test]
+fn a_repeated_arrival_keeps_its_lookup_and_after_allocation_prefetches_again() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 48, &[1, 2, 3]);
+    h.arrive(&r);
+    h.arrive(&r);
+    assert_eq!(h.wire_ids(), vec![RpcId(1)], "an in-flight lookup is kept");
+    h.answer_hit(RpcId(1), 32);
+    h.arrive(&r);
+    assert_eq!(h.sent.len(), 1, "a done lookup is kept");
+    assert_eq!(h.probe(&r, 16), ready(16));
+    h.lookups.on_allocated(r.request_id);
+    h.arrive(&r);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)]);
+    assert_eq!(h.lookups.stats().lookups_arrival, 2);
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    assert_eq!(h.lookups.tracked_requests(), 1);
+}
+
+/// Issue regression (a failure is served from the cache): a failed lookup answers the
+/// probe that waited for it with an unavailable 0, then is looked up again only after
+/// the failure backoff (10 ms, doubling), one failed request at a time.
+#[test]
+fn a_failed_lookup_is_not_cached_and_retries_after_the_backoff() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 48, &[1, 2, 3]);
+    let s = req(2, 48, &[4, 5, 6]);
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.probe(&s, 0), Probe::Pending);
+    assert_eq!(h.dispatcher.fail_on_wire(None, h.now), 2);
+    h.pump();
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Unavailable(Unavailable::Transport))
+    );
+    assert_eq!(h.probe(&s, 0), ready(0));
+    // Within the backoff (two failures at once: 10 ms, then 20 ms from now): no RPC.
+    h.advance(Duration::from_millis(19));
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Unavailable(Unavailable::Retrying))
+    );
+    assert_eq!(h.sent.len(), 2);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    // One retry at a time: request 2 waits for request 1's.
+    assert_eq!(h.probe(&s, 0), ready(0));
+    assert_eq!(h.sent.len(), 3);
+    h.answer_hit(RpcId(3), 32);
+    assert_eq!(h.probe(&r, 0), ready(32));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Hit { hit_tokens: 32 })
+    );
+    // The success ended the backoff: request 2 retries at its next probe.
+    assert_eq!(h.probe(&s, 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().retries_after_failure, 2);
+}
+
+/// Issue regression (huge durations panic): any finite TTL and timeout is accepted
+/// and saturates; nothing panics when the deadline is built.
+#[test]
+fn huge_ttl_and_timeout_saturate_instead_of_panicking() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.lookup_prefetch_ttl_s = 1e20;
+    c.lookup_timeout_s = 1e19;
+    let mut h = Harness::new(c);
+    let r = req(1, 48, &[1, 2, 3]);
+    h.arrive(&r);
+    assert_eq!(h.sent.len(), 1);
+    assert!(h.dispatcher.poll_timeout().is_some_and(|t| t > h.now));
+    h.advance(Duration::from_secs(3600));
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    h.answer_hit(RpcId(1), 16);
+    h.advance(Duration::from_secs(3600));
+    assert_eq!(h.probe(&r, 0), ready(16));
 }
 
 #[test]
@@ -482,6 +593,40 @@ fn r15_probe_promotes_its_queued_prefetch_ahead_of_others() {
     h.answer_hit(RpcId(4), 16);
     assert_eq!(h.wire_ids(), vec![RpcId(2)]);
     assert_eq!(h.probe(&reqs[3], 0), ready(16));
+}
+
+/// Issue regression (rule 15 inversion): an RPC's priority follows the probes that
+/// currently wait for it. Request 2's probe made RPC 3 awaited; request 3 joined it at
+/// arrival; request 2 finished, so nobody probing waits for RPC 3 any more, and the
+/// promoted prefetch of request 1 (RPC 2) goes first.
+#[test]
+fn r15_priority_follows_the_probes_currently_waiting() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 8;
+    c.max_in_flight = 1;
+    let mut h = Harness::new(c);
+    let r0 = req(10, 32, &[1, 2]);
+    let r1 = req(11, 32, &[3, 4]);
+    let r2 = req(12, 32, &[5, 6]);
+    let r3 = req(13, 32, &[5, 6]);
+    h.arrive(&r0);
+    assert_eq!(h.wire_ids(), vec![RpcId(1)]);
+    h.arrive(&r1);
+    assert_eq!(h.probe(&r2, 0), Probe::Pending);
+    h.arrive(&r3);
+    assert_eq!(h.lookups.stats().rpcs_shared, 1);
+    h.lookups.on_finished(r2.request_id);
+    h.pump();
+    assert_eq!(h.lookups.stats().demotions, 1);
+    assert_eq!(h.probe(&r1, 0), Probe::Pending);
+    assert_eq!(h.lookups.stats().promotions, 1);
+    h.answer_hit(RpcId(1), 16);
+    assert_eq!(h.wire_ids(), vec![RpcId(2)], "the awaited RPC goes first");
+    h.answer_hit(RpcId(2), 16);
+    assert_eq!(h.wire_ids(), vec![RpcId(3)]);
+    h.answer_hit(RpcId(3), 32);
+    assert_eq!(h.probe(&r3, 0), ready(16));
 }
 
 #[test]
@@ -569,9 +714,8 @@ fn r17_transport_failure_is_a_miss() {
     let mut h = Harness::prefetch(4);
     let r = req(1, 32, &[1, 2]);
     h.arrive(&r);
-    h.take(RpcId(1));
-    h.lookups
-        .handle_rpc_error(RpcId(1), RpcFailure::Transport, h.now);
+    assert_eq!(h.dispatcher.fail_on_wire(None, h.now), 1);
+    h.pump();
     assert_eq!(h.probe(&r, 0), ready(0));
     assert_eq!(h.lookups.stats().failed_transport, 1);
     assert_eq!(h.lookups.slots_in_use(), 0);
@@ -653,4 +797,34 @@ fn dispatcher_queues_stay_bounded_while_the_wire_is_hung() {
         h.dispatcher.queued_ids()
     );
     assert_eq!(h.lookups.stats().rpcs_cancelled, 9_998);
+}
+
+/// A request never finished does not stay tracked silently: `end_idle` ends those not
+/// seen for longer than its bound, freeing their slots and cancelling queued lookups.
+#[test]
+fn end_idle_ends_requests_not_seen_for_longer_than_the_bound() {
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.max_in_flight = 1;
+    c.lookup_timeout_s = 60.0;
+    let mut h = Harness::new(c);
+    let old = req(1, 32, &[1, 2]);
+    let queued = req(2, 32, &[3, 4]);
+    h.arrive(&old);
+    h.arrive(&queued);
+    h.answer_hit(RpcId(1), 16);
+    h.advance(Duration::from_secs(30));
+    let fresh = req(3, 32, &[5, 6]);
+    h.arrive(&fresh);
+    assert_eq!(h.lookups.tracked_requests(), 3);
+    assert_eq!(h.lookups.end_idle(Duration::from_secs(10), h.now), 2);
+    h.pump();
+    assert_eq!(h.lookups.tracked_requests(), 1);
+    assert_eq!(h.lookups.stats().requests_ended_idle, 2);
+    // Request 2's lookup was on the wire: its slot is freed when it ends.
+    assert_eq!(h.lookups.slots_in_use(), 2);
+    h.answer_hit(RpcId(2), 16);
+    assert_eq!(h.lookups.slots_in_use(), 1);
+    assert_eq!(h.probe(&fresh, 0), Probe::Pending);
 }

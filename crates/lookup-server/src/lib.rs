@@ -45,6 +45,7 @@ pub use config::{DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, ServerConfig}
 pub use error::Error;
 pub use index::{
     BlockIndex, DelayedIndex, InMemoryIndex, IndexError, IndexFuture, IndexStats, MooncakeIndex,
+    ResetPolicy,
 };
 /// The endpoint type [`LookupServer::bind`] takes (`spec/wire.md`, "Transport").
 pub use lookup_core::Endpoint;

@@ -13,6 +13,7 @@
 //! | `lookup_server_keys_checked_total` | counter | keys | — | store keys asked about (blocks × rank namespaces) |
 //! | `lookup_server_index_latency_seconds` | histogram | seconds | — | per index call, failed ones included |
 //! | `lookup_server_decode_errors_total` | counter | requests | `format` | malformed lookups, answered with hit 0 (`spec/wire.md`) |
+//! | `lookup_server_mooncake_leader_changes_total` | counter | changes | — | moves of a [`MooncakeIndex`](crate::MooncakeIndex) on an `etcd://` address to a newer Mooncake master leader (`spec/mooncake-master-rpc.md`, "High availability") |
 //!
 //!
 //! The client's metrics (`lookup_*` without `server`) are `lookup_tokio::metrics`';
@@ -53,6 +54,17 @@ pub fn describe() {
         Unit::Count,
         "Malformed lookups received by the lookup server, by format"
     );
+    describe_counter!(
+        "lookup_server_mooncake_leader_changes_total",
+        Unit::Count,
+        "Moves of the Mooncake index to a newer master leader (HA through etcd)"
+    );
+}
+
+/// The handle of `lookup_server_mooncake_leader_changes_total`, from the recorder
+/// installed now (a no-op without one).
+pub(crate) fn mooncake_leader_changes() -> Counter {
+    metrics::counter!("lookup_server_mooncake_leader_changes_total")
 }
 
 /// Installs the Prometheus exporter ([`lookup_metrics::install_prometheus`]: the

@@ -1,22 +1,75 @@
-//! Tokio driver of [`lookup_core`] over ZeroMQ (`tmq`): the scheduler's
-//! `LookupClient`.
+//! The scheduler-side client of the asynchronous prefix-cache lookup: [`LookupClient`]
+//! drives [`lookup_core`] over ZeroMQ (a vLLM MooncakeStoreConnector worker or
+//! `lookup-server`) or straight to the Mooncake master ([`Transport::Direct`]).
 //!
-//! The core's state lives with the client handle on the scheduler's thread; one tokio
-//! task owns the socket (DESIGN.md, "lookup-tokio"). The client can also skip the
-//! server and ask the Mooncake master directly ([`Transport::Direct`]). The worker
-//! side of the channel, the reference `LookupServer`, is the `lookup-server` crate.
+//! # Threads and channels
+//!
+//! - **The scheduler's thread** owns the [`LookupClient`] and, inside it, the
+//!   lifecycle state machine ([`lookup_core::Lookups`]): every request's lookup, the
+//!   cached results, the prefetch slots, the event queue. No lock: every call is
+//!   `&mut self` and runs on the caller's thread.
+//! - **One tokio task** (the I/O task, spawned by `connect` on the current runtime,
+//!   or on the one given to `connect_with_handle`) owns the socket or the master
+//!   connection, and the wire's half of the protocol ([`lookup_core::Dispatcher`]):
+//!   the send queue (priority, `max_in_flight`), every RPC on the wire and its
+//!   deadline, late replies, reopening with backoff.
+//! - **Two unbounded channels** link them: the core's `Command`s (with the lookup's
+//!   tracing span) go to the task; one `WireEvent` per RPC that ended comes back.
+//!   Nothing else crosses. The client applies the wire events at the start of each of
+//!   its calls, so a call never waits for the task; only the explicit waits
+//!   (`probe_wait`, [`LookupClient::probe_within`], `probe_blocking`, `reset_and_wait`,
+//!   `wait_progress`) sleep, on the channel, bounded by `lookup_timeout_s` plus
+//!   [`ClientConfig::wait_margin`].
+//!
+//! # The call-order contract
+//!
+//! 1. Announce each request when it arrives: [`LookupClient::on_new_request`] (starts
+//!    a prefetch when `lookup_async` and `lookup_prefetch_limit > 0`).
+//! 2. Each scheduler step, for each waiting request: [`LookupClient::probe`] (async
+//!    mode: `Pending` means "not known yet, try next step") or
+//!    [`LookupClient::probe_wait`] / [`LookupClient::probe_blocking`] (sync mode:
+//!    always `Ready`). [`LookupClient::answer_of`] says whether a 0 was a miss or an
+//!    unavailable store.
+//! 3. When blocks are allocated: [`LookupClient::on_allocated`]; when the request
+//!    finishes or aborts: [`LookupClient::on_finished`]; when preempted:
+//!    [`LookupClient::on_preempted`]. A request never finished stays tracked.
+//! 4. Read outcomes with [`LookupClient::poll_event`] when you want them (the queue is
+//!    bounded by [`ClientConfig::event_capacity`]; metrics and spans never depend on
+//!    it), and counters with [`LookupClient::stats`].
+//! 5. [`LookupClient::close`] or drop it (rule 14), or `shutdown().await` to wait for
+//!    the task to end.
+//!
+//! # What happens on each failure
+//!
+//! | failure | what the client does | what the scheduler sees |
+//! |---|---|---|
+//! | no reply within `lookup_timeout_s` | the dispatcher fails the RPC; after `reopen_after_timeouts` in a row the socket is reopened | `Ready(0)`, [`Answer::Unavailable`]`(TimedOut)` |
+//! | a reply after its timeout, or twice | dropped, counted in [`ClientStats::late_replies`] | nothing |
+//! | a reply that does not decode, or above the prompt, or not whole blocks | counted as malformed, warned about | `Ready(0)`, `Unavailable(Malformed)` |
+//! | socket or master connection lost | RPCs on it fail; reopen after a backoff (10 ms doubling to 1 s) | `Ready(0)`, `Unavailable(Transport)` |
+//! | a failed request probed again | looked up again only after the failure backoff, one failed request at a time | `Ready(0)`, `Unavailable(Retrying)` meanwhile |
+//! | the I/O task ends (its runtime shut down) | the client closes itself | `Ready(0)`, `Unavailable(Closed)` |
+//!
+//! Warnings are rate-limited per kind (the first at once, then one per 10 s with the
+//! count suppressed) and name the endpoint.
 
-mod actor;
 mod client;
-mod direct;
+mod clock;
 mod error;
+mod io;
 pub mod metrics;
+mod warn;
 
-pub use client::{ClientConfig, ClientStats, LookupClient};
-pub use direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
+pub use client::{ClientConfig, ClientStats, LookupClient, LookupHandle};
 pub use error::Error;
+pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig, Transport};
 /// Where the lookup server listens (`spec/wire.md`, "Transport").
 pub use lookup_core::Endpoint;
+/// The core's types a scheduler names, so that one dependency line is enough.
+pub use lookup_core::{
+    Answer, BlockHashes, Config, Event, LookupOutcome, Probe, Request, RequestId, ResetOutcome,
+    RpcId, Unavailable,
+};
 /// The Mooncake master client behind [`Transport::Direct`] (its configuration and
 /// errors).
 pub use mooncake_master;

@@ -86,6 +86,29 @@ pub enum MasterError {
         /// Why it was refused.
         why: String,
     },
+    /// Caller: a master address that cannot work ([`MasterAddr::parse`](crate::MasterAddr::parse)):
+    /// a malformed `host:port`, an unsupported scheme, or an unusable cluster id.
+    #[error("invalid Mooncake master address {addr}: {why}")]
+    InvalidAddress {
+        /// The address, or the part of it that was refused.
+        addr: String,
+        /// Why it was refused.
+        why: String,
+    },
+    /// I/O or peer: no etcd endpoint of a high-availability address answered the
+    /// leader's view (unreachable, no answer within
+    /// [`MasterConfig::etcd_timeout`](crate::MasterConfig::etcd_timeout), an HTTP
+    /// error, or an answer that does not decode). Only
+    /// [`MasterClient::connect`](crate::MasterClient::connect) returns it; later
+    /// failures keep the last known leader and are counted in
+    /// [`MasterStats::view_read_failures`](crate::MasterStats::view_read_failures).
+    #[error("cannot read the Mooncake leader from {addr}: {reason}")]
+    Discovery {
+        /// The `etcd://` address as configured.
+        addr: String,
+        /// One reason per endpoint tried.
+        reason: String,
+    },
     /// Caller: a request the codec cannot encode (a body over 4 GiB).
     #[error("request cannot be encoded: {0}")]
     Encode(CodecError),
@@ -94,26 +117,28 @@ pub enum MasterError {
     /// shows as [`io::ErrorKind::TimedOut`]).
     #[error("cannot connect to the Mooncake master at {addr}: {source}")]
     Connect {
-        /// The master's address as configured.
+        /// The master's `host:port` (the leader's, for a high-availability address).
         addr: String,
         /// The connect error.
         #[source]
         source: Arc<io::Error>,
     },
-    /// I/O: the connection is down and a reconnect is pending (backing off); the call
-    /// failed at once without touching the network. Retrying later may succeed.
+    /// I/O: the connection is down and a reconnect is pending (backing off), or, with
+    /// a high-availability address, no leader is elected right now; the call failed
+    /// at once without touching the network. Retrying later may succeed.
     #[error("Mooncake master at {addr} unavailable (reconnecting): {last_error}")]
     Unavailable {
-        /// The master's address as configured.
+        /// The master's address: the leader's when one is known, else as configured.
         addr: String,
-        /// Why the last connection or connect attempt failed.
+        /// Why the last connection or connect attempt failed, or why no leader is
+        /// known.
         last_error: String,
     },
     /// I/O or peer: the connection broke (closed by the master, reset, or a reply that
     /// could not be framed) while the call was in flight. A reconnect is under way.
     #[error("connection to the Mooncake master at {addr} lost: {reason}")]
     ConnectionLost {
-        /// The master's address as configured.
+        /// The master's `host:port` (the leader's, for a high-availability address).
         addr: String,
         /// What broke it.
         reason: String,
@@ -188,4 +213,23 @@ pub enum MasterError {
         /// Index of the key it concerns, for per-key answers.
         key_index: Option<usize>,
     },
+}
+
+impl MasterError {
+    /// Whether the master could not be reached or did not answer in time
+    /// ([`Connect`](Self::Connect), [`Discovery`](Self::Discovery),
+    /// [`Unavailable`](Self::Unavailable), [`ConnectionLost`](Self::ConnectionLost),
+    /// [`Timeout`](Self::Timeout)): the answer is unknown, never "absent", and the same
+    /// call may succeed later (after a reconnect or a leader change).
+    #[must_use]
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Self::Connect { .. }
+                | Self::Discovery { .. }
+                | Self::Unavailable { .. }
+                | Self::ConnectionLost { .. }
+                | Self::Timeout { .. }
+        )
+    }
 }

@@ -7,12 +7,16 @@
 //! subset of struct_pack the call needs.
 //!
 //! - [`codec`]: the pure wire format (no I/O): request and reply headers, the
-//!   struct_pack subset, encoders and decoders for `BatchExistKey`, `ExistKey` and
-//!   `ServiceReady`, checked against bytes captured from the real client and master.
+//!   struct_pack subset, encoders and decoders for `BatchExistKey`, `ExistKey`,
+//!   `ServiceReady` and `RemoveAll`, checked against bytes captured from the real
+//!   client and master.
 //! - [`MasterClient`]: the tokio client: one pipelined TCP connection shared by every
 //!   clone, per-call timeouts, reconnect with backoff, the `tenant_id` signature with a
 //!   fall-back for pre-0.3.12 masters, key lists chunked with an early stop for
 //!   leading-run queries.
+//! - [`addr`]: where the master is: a fixed `host:port`, or `etcd://h1:p1;h2:p2` for a
+//!   high-availability cluster, whose leader the client finds in etcd (through its
+//!   v3 JSON gateway) and follows across failovers.
 //! - [`key`]: store keys of KV blocks as vLLM writes them (`spec/wire.md`):
 //!   [`KeyLayout`] turns a chain of block hashes into the keys to ask about.
 //!
@@ -21,11 +25,14 @@
 //! not in a loop.
 #![forbid(unsafe_code)]
 
+pub mod addr;
 mod client;
 pub mod codec;
 mod error;
+mod etcd;
 pub mod key;
 
+pub use addr::{LeaderState, MasterAddr, MasterView};
 pub use client::{MasterClient, MasterConfig, MasterStats};
 pub use codec::{ExistResult, FunctionId, TypeLiteral};
 pub use error::{MasterError, StoreErrorCode};

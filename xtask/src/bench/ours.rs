@@ -102,7 +102,7 @@ impl Answers {
             self.example,
             self.expected
         );
-        let sent = client.stats().core.rpcs_sent;
+        let sent = client.stats().rpcs_sent;
         ensure!(sent == lookups, "{lookups} lookups went out as {sent} RPCs");
         Ok(())
     }

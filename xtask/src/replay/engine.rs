@@ -397,12 +397,10 @@ impl<'a> Engine<'a> {
                 LookupOutcome::Failed(_) => o.failed += 1,
             }
             let _ = self.result.total_us.record(micros(total));
-            if let Some(on_wire) = on_wire {
-                let _ = self.result.on_wire_us.record(micros(on_wire));
-                if outcome_answered {
-                    self.recent
-                        .record(u64::try_from(on_wire.as_nanos()).unwrap_or(u64::MAX));
-                }
+            let _ = self.result.on_wire_us.record(micros(on_wire));
+            if outcome_answered {
+                self.recent
+                    .record(u64::try_from(on_wire.as_nanos()).unwrap_or(u64::MAX));
             }
         }
     }

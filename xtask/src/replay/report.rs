@@ -353,7 +353,7 @@ pub(super) fn summarise(
         o.timed_out += r.outcomes.timed_out;
         o.failed += r.outcomes.failed;
         let c = &r.stats.core;
-        s.rpcs_sent += c.rpcs_sent;
+        s.rpcs_sent += r.stats.rpcs_sent;
         s.rpcs_shared += c.rpcs_shared;
         s.rpcs_wasted += c.replies_stale;
         s.rpcs_cancelled += c.rpcs_cancelled;

@@ -24,6 +24,8 @@ pub(crate) struct ConnectorCounts {
     /// (`Event::LookupDone { requests: 0 }`), or it was a request's own prefetch and
     /// that request's local hit already reached the cap at its first probe.
     pub(crate) rpcs_wasted: u64,
+    /// RPCs the dispatcher released to the modelled server.
+    pub(crate) rpcs_sent: u64,
 }
 
 /// `Lookups` + `Dispatcher` + the modelled server, on virtual nanoseconds.
@@ -205,7 +207,7 @@ impl Connector {
     pub(crate) fn next_event(&self) -> Option<u64> {
         let reply = self.replies.peek().map(|Reverse((t, _, _))| *t);
         let timeout = self
-            .lookups
+            .dispatcher
             .poll_timeout()
             .map(|d| d.saturating_duration_since(self.base).as_nanos() as u64);
         match (reply, timeout) {
@@ -226,11 +228,12 @@ impl Connector {
                 .is_some_and(|Reverse((rt, _, _))| *rt == next);
             if reply_due {
                 let Reverse((rt, rpc_id, hit_tokens)) = self.replies.pop().expect("peeked");
-                self.dispatcher.on_done(rpc_id);
-                self.lookups
-                    .handle_reply(rpc_id, Reply::Lookup { hit_tokens }, self.at(rt));
+                // A late reply (after its timeout) is dropped by the dispatcher.
+                let _applied =
+                    self.dispatcher
+                        .handle_reply(rpc_id, Reply::Lookup { hit_tokens }, self.at(rt));
             } else {
-                self.lookups.handle_timeout(self.at(next));
+                self.dispatcher.handle_timeout(self.at(next));
             }
             self.pump(next, store);
         }
@@ -249,10 +252,9 @@ impl Connector {
             {
                 created = Some(*rpc_id);
             }
-            self.dispatcher.push(cmd);
+            self.dispatcher.push(cmd, ());
         }
-        while let Some(out) = self.dispatcher.next_send() {
-            self.lookups.handle_sent(out.rpc_id, self.at(now));
+        while let Some(out) = self.dispatcher.poll_transmit(self.at(now)) {
             match &out.body {
                 RpcBody::Lookup {
                     num_tokens,
@@ -265,11 +267,17 @@ impl Connector {
                 }
                 RpcBody::Reset => {
                     // The simulator never resets; answer at once as a server would.
-                    self.dispatcher.on_done(out.rpc_id);
-                    self.lookups
-                        .handle_reply(out.rpc_id, Reply::Reset { ok: true }, self.at(now));
+                    let _applied = self.dispatcher.handle_reply(
+                        out.rpc_id,
+                        Reply::Reset { ok: true },
+                        self.at(now),
+                    );
                 }
             }
+        }
+        self.counts.rpcs_sent = self.dispatcher.stats().rpcs_sent;
+        while let Some((event, ())) = self.dispatcher.poll_event() {
+            self.lookups.handle_wire_event(event);
         }
         while let Some(event) = self.lookups.poll_event() {
             if let Event::LookupDone {
@@ -278,26 +286,23 @@ impl Connector {
                 requests,
                 total,
                 on_wire,
+                ..
             } = event
             {
                 if let lookup_core::LookupOutcome::Failed(_) = outcome {
-                    // A timed-out RPC no longer occupies the wire (its late reply, if
-                    // any, is dropped by the core as unknown).
-                    self.dispatcher.on_done(rpc_id);
                     self.figures.failed += 1;
                 } else {
                     self.figures.answered += 1;
                     let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
                     let _ = self.figures.total_us.record(us(total));
-                    if let Some(w) = on_wire {
-                        let _ = self.figures.on_wire_us.record(us(w));
-                        let _ = self
-                            .figures
-                            .server_queue_us
-                            .record(us(total.saturating_sub(w)));
-                        self.recent
-                            .record(u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
-                    }
+                    let w = on_wire;
+                    let _ = self.figures.on_wire_us.record(us(w));
+                    let _ = self
+                        .figures
+                        .server_queue_us
+                        .record(us(total.saturating_sub(w)));
+                    self.recent
+                        .record(u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
                 }
                 if self.useless.remove(&rpc_id) || requests == 0 {
                     self.counts.rpcs_wasted += 1;

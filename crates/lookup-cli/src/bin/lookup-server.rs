@@ -10,12 +10,21 @@
 //! lookup-server --lookup-rpc-port 0 --hostname node1 --dp-rank 0   # vLLM's ipc path
 //! lookup-server --bind ipc:///tmp/lookup.sock --mooncake-master 127.0.0.1:50051 \
 //!     --model Qwen/Qwen3-8B --tp-size 2
+//! lookup-server --bind ipc:///tmp/lookup.sock --model Qwen/Qwen3-8B \
+//!     --mooncake-master 'etcd://10.0.0.1:2379;10.0.0.2:2379' --mooncake-cluster-id prod
 //! ```
 //!
 //! With `--mooncake-master`, the master must accept a connection at start-up (else the
 //! program exits with an error); afterwards a master that goes away costs lookups (0
-//! hit tokens), never the server, and is reconnected in the background. A reset
-//! request is answered `0x00` (failed): the master's existence RPC has no remove-all.
+//! hit tokens), never the server, and is reconnected in the background. An
+//! `etcd://` address names a high-availability cluster: the server asks whichever
+//! master etcd names leader and follows failovers (`spec/mooncake-master-rpc.md`,
+//! "High availability").
+//!
+//! A reset request is answered `0x00` (failed) and removes nothing, unless
+//! `--mooncake-reset-remove-all` is given: then it does what vLLM's reset does,
+//! `RemoveAll(force)` on the master, which removes **every object of the tenant from
+//! the whole store**, whichever engine or model wrote it.
 //!
 //! Prints the bound endpoint (with the chosen port for `tcp://127.0.0.1:0`) as the
 //! first line on stdout, logs to stderr (`RUST_LOG`, default `info`), and stops
@@ -35,7 +44,7 @@ use clap::Parser;
 use lookup_server::mooncake_master::MasterConfig;
 use lookup_server::{
     BlockIndex, DEFAULT_MAX_CONCURRENCY, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout,
-    LookupServer, MooncakeIndex, RankNamespace, ServerConfig,
+    LookupServer, MooncakeIndex, RankNamespace, ResetPolicy, ServerConfig,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -80,11 +89,22 @@ struct Args {
     /// Keys held at most, least recently used evicted first (default: unbounded).
     #[arg(long, value_name = "KEYS", conflicts_with = "mooncake_master")]
     capacity: Option<NonZeroUsize>,
-    /// Answer from the Mooncake master at HOST:PORT (its --rpc_port, default 50051)
+    /// Answer from the Mooncake master at HOST:PORT (its --rpc_port, default 50051),
+    /// or from the leader of a high-availability cluster at etcd://H1:P1;H2:P2,
     /// instead of the in-memory index. Every present key a lookup finds gets a read
     /// lease on the master (10 s by default), as with vLLM's own worker.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT|etcd://H:P;...")]
     mooncake_master: Option<String>,
+    /// Cluster id of an etcd:// master address (the masters' -cluster_id); default
+    /// $MC_STORE_CLUSTER_ID, else mooncake_cluster.
+    #[arg(long, value_name = "ID", requires = "mooncake_master")]
+    mooncake_cluster_id: Option<String>,
+    /// Answer a reset request as vLLM does: RemoveAll(force) on the master. This
+    /// removes every object of the tenant (--tenant-id) from the whole store, for
+    /// every engine and model that shares it, leased objects included. Without this
+    /// flag a reset is refused (answered 0x00) and removes nothing.
+    #[arg(long, requires = "mooncake_master")]
+    mooncake_reset_remove_all: bool,
     /// Most keys per BatchExistKey call to the master; longer lookups are split, and
     /// stop after the call that ends the leading run.
     #[arg(
@@ -94,8 +114,9 @@ struct Args {
         requires = "mooncake_master"
     )]
     mooncake_chunk_keys: usize,
-    /// Longest wait for one master call (and for the connect), in milliseconds; a
-    /// lookup whose call times out answers 0 hit tokens.
+    /// Longest wait for one master call (and for the connect, and for one etcd read
+    /// of an etcd:// address), in milliseconds; a lookup whose call times out answers
+    /// 0 hit tokens.
     #[arg(
         long,
         value_name = "MS",
@@ -122,8 +143,8 @@ struct Args {
     #[arg(long)]
     take_over: bool,
     /// Serve Prometheus metrics (`lookup_server_*`, see `lookup_server::metrics`) over
-    /// HTTP at this address, e.g. 127.0.0.1:9464. Needs a build with the `prometheus`
-    /// feature of lookup-cli.
+    /// HTTP at this address, e.g. 127.0.0.1:9464. Needs the `prometheus` feature of
+    /// lookup-cli (on by default).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
 }
@@ -233,20 +254,29 @@ fn in_memory(
 
 /// Connects the Mooncake index and asks the master whether it serves (`ServiceReady`),
 /// logging its version.
-async fn connect_mooncake(
-    addr: &str,
-    chunk_keys: usize,
-    timeout_ms: u64,
-    tenant_id: String,
-) -> Result<MooncakeIndex, String> {
+async fn connect_mooncake(args: &Args, addr: &str) -> Result<MooncakeIndex, String> {
     let mut config = MasterConfig::default();
-    config.chunk_keys = chunk_keys;
-    config.call_timeout = Duration::from_millis(timeout_ms);
-    config.connect_timeout = Duration::from_millis(timeout_ms);
-    config.tenant_id = tenant_id;
+    config.chunk_keys = args.mooncake_chunk_keys;
+    config.call_timeout = Duration::from_millis(args.mooncake_timeout_ms);
+    config.connect_timeout = Duration::from_millis(args.mooncake_timeout_ms);
+    config.etcd_timeout = Duration::from_millis(args.mooncake_timeout_ms);
+    config.tenant_id.clone_from(&args.tenant_id);
+    config.cluster_id.clone_from(&args.mooncake_cluster_id);
+    let reset = if args.mooncake_reset_remove_all {
+        ResetPolicy::RemoveAll
+    } else {
+        ResetPolicy::Refuse
+    };
     let index = MooncakeIndex::connect(addr, config)
         .await
-        .map_err(|e| format!("--mooncake-master {addr}: {e}"))?;
+        .map_err(|e| format!("--mooncake-master {addr}: {e}"))?
+        .with_reset(reset);
+    if let Some(leader) = index.master().leader() {
+        tracing::info!(%addr, leader = %leader.leader, view = leader.version, "Mooncake leader found in etcd");
+    }
+    if reset == ResetPolicy::RemoveAll {
+        tracing::warn!(tenant = %args.tenant_id, "resets remove every object of the tenant from the Mooncake store (--mooncake-reset-remove-all)");
+    }
     // ServiceReady names the master's version and proves a master (the HA leader)
     // answers; an older master may lack it, so a refusal is only a warning.
     match index.master().service_ready().await {
@@ -258,6 +288,12 @@ async fn connect_mooncake(
 
 async fn run(args: Args) -> Result<(), String> {
     install_metrics(args.metrics_addr)?;
+    // After the recorder (the index takes its metric handles now), before `args` is
+    // taken apart.
+    let mooncake = match &args.mooncake_master {
+        Some(addr) => Some(Arc::new(connect_mooncake(&args, addr).await?)),
+        None => None,
+    };
     let endpoint = match (args.bind, args.hostname) {
         (Some(endpoint), _) => endpoint,
         (None, Some(hostname)) => Endpoint::vllm(
@@ -273,18 +309,6 @@ async fn run(args: Args) -> Result<(), String> {
         .with_namespaces(RankNamespace::grid(args.tp_size, args.pp_size))
         .map_err(|e| e.to_string())?;
 
-    let mooncake = match &args.mooncake_master {
-        Some(addr) => Some(Arc::new(
-            connect_mooncake(
-                addr,
-                args.mooncake_chunk_keys,
-                args.mooncake_timeout_ms,
-                args.tenant_id,
-            )
-            .await?,
-        )),
-        None => None,
-    };
     let store: Arc<dyn BlockIndex> = match &mooncake {
         Some(index) => Arc::clone(index) as Arc<dyn BlockIndex>,
         None => in_memory(&layout, args.capacity, args.preload.as_deref())?,

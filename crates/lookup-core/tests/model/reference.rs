@@ -1,197 +1,119 @@
-//! The reference model: what `spec/behaviour.md` rules 1-17 say the lookup must do,
-//! written as plainly as possible, with the driver's send queue (`Dispatcher`) and
-//! the wire beside it.
+//! The reference model: what `spec/behaviour.md` rules 1-17 say the lookup lifecycle
+//! must do, written as plainly as possible. This file holds its state and the RPC
+//! bookkeeping (submission, sharing, priority, discard, reset, close, the end of an
+//! RPC); the scheduler's arrival and probe inputs are `model/probe.rs`, the wire half
+//! (the driver's `Dispatcher`: send queue, deadlines, the wire) `model/dispatcher.rs`,
+//! and the transitions are applied in `model/machine.rs`.
 //!
-//! The model keeps per live request its prompt and its lookup (waiting on an RPC, or
-//! done with a hit and the time of its reply), a list of open RPCs with the question
-//! each asks and the requests waiting on it, and the RPCs on the wire. After every
+//! The model keeps per live request its prompt and what the core records of it (its
+//! lookup, waiting on an RPC or done with an answer and the time of its reply, its
+//! first probe and its last answer), a list of open RPCs with the question each asks
+//! and the requests waiting on it, and the RPCs released to the wire. After every
 //! transition it knows the exact answer of a probe, the events, the RPC ids, the
-//! prefetch slots in use and the next deadline, which the SUT must reproduce.
+//! prefetch slots in use, the requests tracked, the next deadline and every counter,
+//! which the SUT must reproduce.
 //!
-//! Time is nanoseconds since the start of the test case.
+//! Time is nanoseconds since the start of the test case ([`Clock`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use lookup_core::{
-    Config, Event, LookupOutcome, Probe, Reply, ResetOutcome, RpcBody, RpcFailure, RpcId,
+    Answer, Event, LookupOutcome, Probe, Reply, RequestId, ResetOutcome, RpcBody, RpcFailure,
+    RpcId, Unavailable,
 };
-use proptest::prelude::*;
-use proptest_state_machine::ReferenceStateMachine;
 
-use crate::server::{self, BLOCK_SIZE, Prompt, Question, hit_cap};
-use crate::strategies;
-use crate::transitions::{DeadTarget, PromptChange, Slot, Transition};
+use crate::counters::Counters;
+use crate::dispatcher::WireRpc;
+use crate::server::{Prompt, Question};
+use crate::settings::{Clock, RETRY_MAX_NS, RETRY_MIN_NS, Settings, duration, seconds_ns};
+use crate::transitions::Slot;
 
-/// Requests in the pool.
-pub(crate) const POOL: usize = 6;
-/// The id used for [`DeadTarget::Never`]: far beyond any id a test case creates.
+/// The id used for `DeadTarget::Never`: far beyond any id a test case creates.
 pub(crate) const NEVER_ID: u64 = u64::MAX / 2;
-
-/// The configuration of one test case: the [`Config`] keys that vary (block size is
-/// always [`BLOCK_SIZE`]).
-#[derive(Clone, Debug)]
-pub(crate) struct Settings {
-    /// `enable_lookup`.
-    pub(crate) enable_lookup: bool,
-    /// `lookup_async`.
-    pub(crate) lookup_async: bool,
-    /// `load_async`.
-    pub(crate) load_async: bool,
-    /// `lookup_prefetch_limit` (arrival-time lookups in flight).
-    pub(crate) prefetch_limit: u32,
-    /// `lookup_prefetch_ttl_s` (seconds).
-    pub(crate) ttl_s: f64,
-    /// `lookup_timeout_s` (seconds).
-    pub(crate) timeout_s: f64,
-    /// `lookup_share`.
-    pub(crate) share: bool,
-    /// `lookup_priority`.
-    pub(crate) priority: bool,
-    /// `max_in_flight` (RPCs on the wire).
-    pub(crate) max_in_flight: u32,
-    /// `max_queued` (RPCs waiting for the wire).
-    pub(crate) max_queued: u32,
-}
-
-impl Settings {
-    /// The core's configuration.
-    pub(crate) fn config(&self) -> Config {
-        let mut config = Config::new(BLOCK_SIZE);
-        config.enable_lookup = self.enable_lookup;
-        config.lookup_async = self.lookup_async;
-        config.load_async = self.load_async;
-        config.lookup_prefetch_limit = self.prefetch_limit;
-        config.lookup_prefetch_ttl_s = self.ttl_s;
-        config.lookup_timeout_s = self.timeout_s;
-        config.lookup_share = self.share;
-        config.lookup_priority = self.priority;
-        config.max_in_flight = self.max_in_flight;
-        config.max_queued = self.max_queued;
-        config
-    }
-
-    /// Configuration table: prefetch needs lookup on, async mode and a positive limit.
-    fn prefetch(&self) -> bool {
-        self.enable_lookup && self.lookup_async && self.prefetch_limit > 0
-    }
-}
 
 /// A request's lookup.
 #[derive(Clone, Debug)]
-enum Lookup {
+pub(crate) enum Lookup {
     /// Its RPC is queued or on the wire; an arrival-time lookup holds a slot (rule 3).
     Waiting {
         rpc: u64,
         question: Question,
         holds_slot: bool,
     },
-    /// Answered (failures already mapped to 0: rule 11).
+    /// Answered: a hit, a miss, or unavailable (rule 11: never served from the cache).
     Done {
         question: Question,
-        hit_tokens: u32,
-        replied_at: u64,
+        answer: Answer,
+        replied_at: u128,
+        /// This request probed while it waited and has not read the answer yet: the
+        /// next probe reads it whatever its age (rules 6 and 10).
+        owed: bool,
     },
 }
 
 impl Lookup {
-    fn question(&self) -> Question {
+    pub(crate) fn question(&self) -> Question {
         match self {
             Self::Waiting { question, .. } | Self::Done { question, .. } => *question,
         }
     }
 }
 
-/// A request the scheduler has added and not finished.
+/// What the core records of a request: made at its arrival when prefetch is on, or
+/// at its first probe, while the core is open with lookup on; kept through
+/// allocation, preemption and reset; dropped when it finishes and at close.
+#[derive(Clone, Debug)]
+pub(crate) struct Record {
+    /// Rule 1 on the prompt the request had when it was recorded: the first-probe
+    /// counters count only such requests.
+    pub(crate) eligible: bool,
+    /// How its first probe was answered: `Ready` (true) or `Pending`.
+    pub(crate) first_probe: Option<bool>,
+    /// What its last `Ready` answer rested on (`Lookups::answer_of`).
+    pub(crate) last_answer: Option<Answer>,
+    pub(crate) lookup: Option<Lookup>,
+}
+
+/// A request the scheduler has and has not finished.
 #[derive(Clone, Debug)]
 pub(crate) struct Live {
     pub(crate) prompt: Prompt,
-    lookup: Option<Lookup>,
-    /// Its first probe with lookup on and the core open.
-    pub(crate) first_probe: Option<FirstProbe>,
-}
-
-/// How a request's first probe was answered.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FirstProbe {
-    /// `Ready` (else `Pending`).
-    pub(crate) ready: bool,
-    /// Answered `Ready(0)` without looking at any lookup (no hashes, skip, local hit
-    /// at the cap): a core that keeps no state for such a request may leave it
-    /// unrecorded, but must then not take a later probe for the first one.
-    pub(crate) without_lookup: bool,
+    pub(crate) record: Option<Record>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Asks {
+pub(crate) enum Asks {
     Lookup(Question),
     Reset,
 }
 
-impl Asks {
-    fn body(&self) -> RpcBody {
-        match self {
-            Self::Lookup(q) => q.body(),
-            Self::Reset => RpcBody::Reset,
-        }
-    }
-}
-
 /// An RPC the core still tracks: queued in the dispatcher, or on the wire.
 #[derive(Clone, Debug)]
-struct Rpc {
-    asks: Asks,
-    submitted_at: u64,
-    sent_at: Option<u64>,
+pub(crate) struct Rpc {
+    pub(crate) asks: Asks,
+    pub(crate) submitted_at: u128,
+    /// Released by the dispatcher at this time, failing at `deadline` (rule 17).
+    pub(crate) sent: Option<(u128, u128)>,
     /// Live requests whose lookup waits on this RPC.
-    subscribers: Vec<Slot>,
+    pub(crate) subscribers: Vec<Slot>,
     /// Slots of arrival-time lookups discarded while this RPC was on the wire: held
     /// until it ends (rule 3; acceptance scenario 7).
     orphan_slots: u32,
-    /// Rule 15: when a probe waits for it, its place in the "awaited" class.
-    awaited: Option<u64>,
+    /// Rule 15: while a probe waits for it, its place in the "awaited" class.
+    pub(crate) awaited: Option<u64>,
+    /// Rule 15: the subscribers that probed it (or created it by a probe). When the
+    /// last of them is discarded while it is queued, it leaves the awaited class.
+    awaiting: Vec<Slot>,
     /// Rule 16: a later lookup of the same question may join it. Not after a reset
     /// (rule 13: replies to RPCs from before it are ignored) and not with sharing off.
     shareable: bool,
 }
 
-/// An RPC on the wire, as the fake server sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct WireRpc {
-    pub(crate) rpc_id: RpcId,
-    pub(crate) body: RpcBody,
-}
-
-/// Counters the model predicts exactly (the names of [`lookup_core::Stats`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Counters {
-    pub(crate) lookups_arrival: u64,
-    pub(crate) lookups_probe: u64,
-    pub(crate) prefetch_ineligible: u64,
-    pub(crate) prefetch_cap_full: u64,
-    pub(crate) prefetch_backlog_full: u64,
-    pub(crate) rpcs_created: u64,
-    pub(crate) rpcs_sent: u64,
-    pub(crate) rpcs_shared: u64,
-    pub(crate) rpcs_cancelled: u64,
-    pub(crate) replies_stale: u64,
-    pub(crate) replies_unknown: u64,
-    pub(crate) hits: u64,
-    pub(crate) misses: u64,
-    pub(crate) failed_timed_out: u64,
-    pub(crate) failed_malformed: u64,
-    pub(crate) failed_transport: u64,
-    pub(crate) ttl_refreshes: u64,
-    pub(crate) chain_refreshes: u64,
-    pub(crate) promotions: u64,
-    pub(crate) probes_pending: u64,
-    pub(crate) probes_ready: u64,
-    pub(crate) resets: u64,
-    /// First probes answered `Ready` (the core counts only eligible requests': at most
-    /// this many). Not compared for equality.
-    pub(crate) first_probes_ready_max: u64,
-    /// First probes answered `Pending` (likewise an upper bound).
-    pub(crate) first_probes_pending_max: u64,
+/// How an RPC ended.
+#[derive(Clone, Debug)]
+pub(crate) enum End {
+    Reply(Reply),
+    Failure(RpcFailure),
 }
 
 /// What the last transition must have produced.
@@ -205,31 +127,33 @@ pub(crate) struct Expected {
     pub(crate) events: Vec<Event>,
 }
 
-/// How an RPC ended.
-#[derive(Clone, Debug)]
-enum End {
-    Reply(Reply),
-    Failure(RpcFailure),
-}
-
 /// The reference state. Its `Debug` shows the configuration only, which is what a
 /// failing case's initial state needs to show.
 #[derive(Clone)]
 pub(crate) struct RefState {
     pub(crate) settings: Settings,
-    ttl_ns: u64,
-    timeout_ns: u64,
-    pub(crate) now_ns: u64,
+    pub(crate) clock: Clock,
+    pub(crate) ttl_ns: u128,
+    pub(crate) timeout_ns: u128,
+    pub(crate) now_ns: u128,
     pub(crate) closed: bool,
     next_rpc: u64,
-    next_awaited: u64,
+    pub(crate) next_awaited: u64,
+    /// Rule 11: failed requests are looked up again no sooner than this, one at a
+    /// time (`retrying`); the wait doubles per failure from 10 ms up to 1 s.
+    pub(crate) retry_at_ns: Option<u128>,
+    retry_delay_ns: u128,
+    pub(crate) retrying: Option<u64>,
     pub(crate) requests: Vec<Option<Live>>,
-    rpcs: BTreeMap<u64, Rpc>,
+    pub(crate) rpcs: BTreeMap<u64, Rpc>,
     /// Ids no longer open (ended or cancelled), oldest first.
     pub(crate) ended: Vec<u64>,
     /// RPCs the dispatcher released and was not told are done.
-    dispatcher_in_flight: BTreeSet<u64>,
+    pub(crate) dispatcher_in_flight: BTreeSet<u64>,
+    /// Released RPCs the driver has written: the server's view.
     pub(crate) wire: Vec<WireRpc>,
+    /// Released RPCs the driver has not written yet (deferred writes).
+    pub(crate) unwritten: Vec<WireRpc>,
     pub(crate) counters: Counters,
     pub(crate) expected: Expected,
 }
@@ -240,11 +164,7 @@ impl std::fmt::Debug for RefState {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).expect("short durations")
-}
-
-fn ready(external_tokens: u32, load_async: bool) -> Probe {
+pub(crate) fn ready(external_tokens: u32, load_async: bool) -> Probe {
     Probe::Ready {
         external_tokens,
         load_async: load_async && external_tokens > 0,
@@ -252,41 +172,52 @@ fn ready(external_tokens: u32, load_async: bool) -> Probe {
 }
 
 impl RefState {
-    /// A fresh model with `settings`.
+    /// A fresh model with `settings`, its clock starting now.
     pub(crate) fn new(settings: Settings) -> Self {
-        let config = settings.config();
         Self {
-            ttl_ns: nanos(config.ttl()),
-            timeout_ns: nanos(config.timeout()),
+            ttl_ns: seconds_ns(settings.ttl_s),
+            timeout_ns: seconds_ns(settings.timeout_s),
+            clock: Clock {
+                base: std::time::Instant::now(),
+            },
+            requests: vec![None; settings.pool],
             settings,
             now_ns: 0,
             closed: false,
             next_rpc: 1,
             next_awaited: 0,
-            requests: vec![None; POOL],
+            retry_at_ns: None,
+            retry_delay_ns: RETRY_MIN_NS,
+            retrying: None,
             rpcs: BTreeMap::new(),
             ended: Vec::new(),
             dispatcher_in_flight: BTreeSet::new(),
             wire: Vec::new(),
+            unwritten: Vec::new(),
             counters: Counters::default(),
             expected: Expected::default(),
         }
+    }
+
+    fn lookups(&self) -> impl Iterator<Item = &Lookup> {
+        self.requests
+            .iter()
+            .flatten()
+            .filter_map(|r| r.record.as_ref()?.lookup.as_ref())
     }
 
     /// Rule 3: arrival-time lookups not ended: those live requests wait on, plus those
     /// of discarded requests whose RPC is still on the wire.
     pub(crate) fn slots_in_use(&self) -> u32 {
         let live = self
-            .requests
-            .iter()
-            .flatten()
-            .filter(|r| {
+            .lookups()
+            .filter(|l| {
                 matches!(
-                    r.lookup,
-                    Some(Lookup::Waiting {
+                    l,
+                    Lookup::Waiting {
                         holds_slot: true,
                         ..
-                    })
+                    }
                 )
             })
             .count();
@@ -294,166 +225,53 @@ impl RefState {
         u32::try_from(live).expect("small") + orphans
     }
 
-    /// RPCs the core still tracks.
-    pub(crate) fn open_rpcs(&self) -> usize {
-        self.rpcs.len()
-    }
-
-    /// Open RPCs that are on the wire.
-    pub(crate) fn open_rpcs_sent(&self) -> usize {
-        self.rpcs.values().filter(|r| r.sent_at.is_some()).count()
-    }
-
     /// Live requests whose lookup waits on an RPC.
     pub(crate) fn waiting_requests(&self) -> usize {
-        self.requests
-            .iter()
-            .flatten()
-            .filter(|r| matches!(r.lookup, Some(Lookup::Waiting { .. })))
+        self.lookups()
+            .filter(|l| matches!(l, Lookup::Waiting { .. }))
             .count()
     }
 
-    /// Requests added and not finished.
-    pub(crate) fn live_requests(&self) -> usize {
-        self.requests.iter().flatten().count()
+    /// Requests the core keeps a record of.
+    pub(crate) fn tracked_requests(&self) -> usize {
+        self.requests
+            .iter()
+            .flatten()
+            .filter(|r| r.record.is_some())
+            .count()
     }
 
-    /// Rule 17: the earliest `sent + lookup_timeout_s` of an open RPC on the wire.
-    pub(crate) fn next_deadline(&self) -> Option<u64> {
-        self.rpcs
-            .values()
-            .filter_map(|r| r.sent_at.map(|s| s + self.timeout_ns))
-            .min()
+    /// The record of the request in `slot`, if the core keeps one.
+    pub(crate) fn record(&self, slot: Slot) -> Option<&Record> {
+        self.requests[slot].as_ref()?.record.as_ref()
     }
 
-    fn new_rpc_id(&mut self) -> u64 {
+    pub(crate) fn record_mut(&mut self, slot: Slot) -> Option<&mut Record> {
+        self.requests[slot].as_mut()?.record.as_mut()
+    }
+
+    /// `Lookups::answer_of`: every answer is unavailable after close and with lookup
+    /// off; else the request's last `Ready` answer.
+    pub(crate) fn answer_of(&self, slot: Slot) -> Option<Answer> {
+        if self.closed {
+            return Some(Answer::Unavailable(Unavailable::Closed));
+        }
+        if !self.settings.enable_lookup {
+            return Some(Answer::Unavailable(Unavailable::Disabled));
+        }
+        self.record(slot)?.last_answer
+    }
+
+    pub(crate) fn new_rpc_id(&mut self) -> u64 {
         let id = self.next_rpc;
         self.next_rpc += 1;
         self.counters.rpcs_created += 1;
         id
     }
 
-    /// Rule 1.
-    fn eligible(prompt: &Prompt) -> bool {
-        !prompt.skip && prompt.num_tokens >= BLOCK_SIZE && prompt.num_hashes() > 0
-    }
-
-    fn arrive(&mut self, slot: Slot, prompt: Prompt) {
-        self.requests[slot] = Some(Live {
-            prompt,
-            lookup: None,
-            first_probe: None,
-        });
-        // Rule 2 and the configuration table.
-        if self.closed || !self.settings.prefetch() {
-            return;
-        }
-        if !Self::eligible(&prompt) {
-            self.counters.prefetch_ineligible += 1;
-            return;
-        }
-        if self.slots_in_use() >= self.settings.prefetch_limit {
-            self.counters.prefetch_cap_full += 1;
-            return;
-        }
-        // Ours (`Config::max_queued`): a prefetch is not queued behind a full backlog.
-        let queued = self.rpcs.values().filter(|r| r.sent_at.is_none()).count();
-        if queued >= self.settings.max_queued as usize {
-            self.counters.prefetch_backlog_full += 1;
-            return;
-        }
-        self.submit(slot, prompt.question(), true);
-    }
-
-    fn probe(&mut self, slot: Slot, change: PromptChange, local_blocks: u32) {
-        let live = self.requests[slot].as_mut().expect("precondition: live");
-        live.prompt = change.apply(live.prompt);
-        let prompt = live.prompt;
-        let cap = hit_cap(prompt.num_tokens);
-        let num_computed_tokens = (local_blocks * BLOCK_SIZE).min(cap);
-        let answer = self.probe_answer(slot, prompt, num_computed_tokens, cap);
-        if !self.closed && self.settings.enable_lookup {
-            let without_lookup =
-                prompt.skip || prompt.num_hashes() == 0 || cap <= num_computed_tokens;
-            let live = self.requests[slot].as_mut().expect("live");
-            if live.first_probe.is_none() {
-                let ready = matches!(answer, Probe::Ready { .. });
-                live.first_probe = Some(FirstProbe {
-                    ready,
-                    without_lookup,
-                });
-                if ready {
-                    self.counters.first_probes_ready_max += 1;
-                } else {
-                    self.counters.first_probes_pending_max += 1;
-                }
-            }
-        }
-        match answer {
-            Probe::Pending => self.counters.probes_pending += 1,
-            Probe::Ready { .. } => self.counters.probes_ready += 1,
-        }
-        self.expected.probe = Some(answer);
-    }
-
-    fn probe_answer(
-        &mut self,
-        slot: Slot,
-        prompt: Prompt,
-        num_computed_tokens: u32,
-        cap: u32,
-    ) -> Probe {
-        let load_async = self.settings.load_async;
-        // `enable_lookup = false` and rule 14.
-        if self.closed || !self.settings.enable_lookup {
-            return ready(0, false);
-        }
-        let question = prompt.question();
-        let lookup = self.requests[slot].as_ref().and_then(|r| r.lookup.clone());
-        if prompt.skip || question.num_hashes == 0 || cap <= num_computed_tokens {
-            // Nothing to load whatever the store holds: no RPC. Rule 7 still drops a
-            // lookup of another question: its answer can never be used.
-            if lookup.is_some_and(|l| l.question() != question) {
-                self.counters.chain_refreshes += 1;
-                self.discard(slot);
-            }
-            return ready(0, false);
-        }
-        match lookup {
-            Some(l) if l.question() != question => {
-                // Rule 7.
-                self.counters.chain_refreshes += 1;
-                self.discard(slot);
-            }
-            Some(Lookup::Done {
-                hit_tokens,
-                replied_at,
-                ..
-            }) => {
-                // Rules 5-6: a result is good until `ttl` after its reply.
-                if self.now_ns - replied_at > self.ttl_ns {
-                    self.counters.ttl_refreshes += 1;
-                    self.discard(slot);
-                } else {
-                    // Rule 12.
-                    let external = hit_tokens.min(cap).saturating_sub(num_computed_tokens);
-                    return ready(external, load_async);
-                }
-            }
-            Some(Lookup::Waiting { rpc, .. }) => {
-                // Rules 4 and 15.
-                self.promote(rpc);
-                return Probe::Pending;
-            }
-            None => {}
-        }
-        self.submit(slot, question, false);
-        Probe::Pending
-    }
-
     /// Starts a lookup of `question` for `slot`, joining an open RPC that asks the
-    /// same (rule 16).
-    fn submit(&mut self, slot: Slot, question: Question, arrival: bool) {
+    /// same (rule 16). Returns the RPC.
+    pub(crate) fn submit(&mut self, slot: Slot, question: Question, arrival: bool) -> u64 {
         if arrival {
             self.counters.lookups_arrival += 1;
         } else {
@@ -469,7 +287,7 @@ impl RefState {
             self.rpcs.get_mut(&id).expect("open").subscribers.push(slot);
             self.counters.rpcs_shared += 1;
             if !arrival {
-                self.promote(id);
+                self.promote(id, slot);
             }
             id
         } else {
@@ -480,21 +298,25 @@ impl RefState {
                 Rpc {
                     asks,
                     submitted_at: self.now_ns,
-                    sent_at: None,
+                    sent: None,
                     subscribers: vec![slot],
                     orphan_slots: 0,
                     awaited,
+                    awaiting: if arrival { Vec::new() } else { vec![slot] },
                     shareable: self.settings.share,
                 },
             );
             id
         };
-        let live = self.requests[slot].as_mut().expect("live");
-        live.lookup = Some(Lookup::Waiting {
+        let record = self
+            .record_mut(slot)
+            .expect("a lookup's request is recorded");
+        record.lookup = Some(Lookup::Waiting {
             rpc,
             question,
             holds_slot: arrival,
         });
+        rpc
     }
 
     fn take_awaited_seq(&mut self) -> u64 {
@@ -502,15 +324,21 @@ impl RefState {
         self.next_awaited
     }
 
-    /// Rule 15: a probe waits for `rpc`; a queued prefetch moves to the awaited class.
-    fn promote(&mut self, rpc: u64) {
+    /// Rule 15: `slot`'s probe waits for `rpc`; a queued RPC no probe waited for moves
+    /// to the awaited class.
+    pub(crate) fn promote(&mut self, rpc: u64, slot: Slot) {
+        if let Some(r) = self.rpcs.get_mut(&rpc) {
+            if !r.awaiting.contains(&slot) {
+                r.awaiting.push(slot);
+            }
+        }
         if !self.settings.priority {
             return;
         }
         let queued_prefetch = self
             .rpcs
             .get(&rpc)
-            .is_some_and(|r| r.sent_at.is_none() && r.awaited.is_none());
+            .is_some_and(|r| r.sent.is_none() && r.awaited.is_none());
         if queued_prefetch {
             let seq = self.take_awaited_seq();
             self.rpcs.get_mut(&rpc).expect("open").awaited = Some(seq);
@@ -521,13 +349,17 @@ impl RefState {
     /// Rules 8-9: the request's lookup is dropped. A queued RPC nobody waits for is
     /// cancelled; an arrival lookup's slot is freed now if its RPC was not sent, else
     /// when the RPC ends (rule 3).
-    fn discard(&mut self, slot: Slot) {
-        let Some(live) = self.requests[slot].as_mut() else {
+    pub(crate) fn discard(&mut self, slot: Slot) {
+        self.detach(slot, true);
+    }
+
+    fn detach(&mut self, slot: Slot, demote: bool) {
+        let Some(record) = self.record_mut(slot) else {
             return;
         };
         let Some(Lookup::Waiting {
             rpc, holds_slot, ..
-        }) = live.lookup.take()
+        }) = record.lookup.take()
         else {
             return;
         };
@@ -536,29 +368,52 @@ impl RefState {
             .get_mut(&rpc)
             .expect("a waiting lookup's RPC is open");
         r.subscribers.retain(|s| *s != slot);
-        if r.sent_at.is_none() {
+        r.awaiting.retain(|s| *s != slot);
+        if r.sent.is_none() {
             if r.subscribers.is_empty() {
                 self.rpcs.remove(&rpc);
+                if self.retrying == Some(rpc) {
+                    self.retrying = None;
+                }
                 self.ended.push(rpc);
                 self.counters.rpcs_cancelled += 1;
+            } else if demote
+                && r.awaiting.is_empty()
+                && r.awaited.is_some()
+                && self.settings.priority
+            {
+                // Only requests that arrived wait for it now: back among the
+                // prefetches, in submission order.
+                r.awaited = None;
+                self.counters.demotions += 1;
             }
         } else if holds_slot {
             r.orphan_slots += 1;
         }
     }
 
-    fn reset(&mut self) {
-        // Rule 14, and the configuration table: `enable_lookup = false` means no RPC
-        // ever, so no reset RPC either.
-        if self.closed || !self.settings.enable_lookup {
+    /// `on_finished`: the request and its record are gone.
+    pub(crate) fn finish(&mut self, slot: Slot) {
+        self.discard(slot);
+        self.requests[slot] = None;
+    }
+
+    /// Rule 13; with `enable_lookup = false` (no RPC ever) only the lookups go.
+    pub(crate) fn reset(&mut self) {
+        if self.closed {
             self.expected.reset = Some(None);
             return;
         }
-        for slot in 0..POOL {
-            self.discard(slot);
+        for slot in 0..self.settings.pool {
+            // Every lookup goes at once: nothing is demoted on the way.
+            self.detach(slot, false);
         }
         for r in self.rpcs.values_mut() {
             r.shareable = false;
+        }
+        if !self.settings.enable_lookup {
+            self.expected.reset = Some(None);
+            return;
         }
         let id = self.new_rpc_id();
         self.counters.resets += 1;
@@ -567,49 +422,45 @@ impl RefState {
             Rpc {
                 asks: Asks::Reset,
                 submitted_at: self.now_ns,
-                sent_at: None,
+                sent: None,
                 subscribers: Vec::new(),
                 orphan_slots: 0,
                 awaited: None,
+                awaiting: Vec::new(),
                 shareable: false,
             },
         );
         self.expected.reset = Some(Some(RpcId(id)));
     }
 
-    fn close(&mut self) {
+    /// Rule 14: everything is cancelled and forgotten; the driver's I/O task (its
+    /// dispatcher and the writes it had not done) ends with the client.
+    pub(crate) fn close(&mut self) {
         if self.closed {
             return;
         }
         self.closed = true;
+        self.retrying = None;
+        self.retry_at_ns = None;
         for (id, r) in std::mem::take(&mut self.rpcs) {
-            if r.sent_at.is_none() {
+            if r.sent.is_none() {
                 self.counters.rpcs_cancelled += 1;
             }
             self.ended.push(id);
         }
         for live in self.requests.iter_mut().flatten() {
-            live.lookup = None;
+            live.record = None;
         }
+        self.dispatcher_in_flight.clear();
+        self.unwritten.clear();
     }
 
-    /// A reply or failure for `rpc` reaches the client (the driver also marks it done
-    /// in its dispatcher).
-    fn deliver(&mut self, rpc: u64, end: End) {
-        self.dispatcher_in_flight.remove(&rpc);
-        if !self.end_rpc(rpc, end) {
-            self.counters.replies_unknown += 1;
-        }
-    }
-
-    /// Ends an open RPC: rule 11 validates a lookup reply, every request waiting on it
-    /// gets the answer, its slots are freed. False when `rpc` is not open.
-    fn end_rpc(&mut self, rpc: u64, end: End) -> bool {
-        let Some(r) = self.rpcs.remove(&rpc) else {
-            return false;
-        };
+    /// The lifecycle takes the end of an open RPC (`handle_wire_event`): rule 11
+    /// validates a lookup reply, every request waiting on it gets the answer, its
+    /// slots are freed; a reset's end is reported (rule 13).
+    pub(crate) fn end_rpc(&mut self, rpc: u64, end: End) {
+        let r = self.rpcs.remove(&rpc).expect("only open RPCs end");
         self.ended.push(rpc);
-        self.dispatcher_in_flight.remove(&rpc);
         let rpc_id = RpcId(rpc);
         let question = match r.asks {
             Asks::Reset => {
@@ -621,49 +472,62 @@ impl RefState {
                 self.expected
                     .events
                     .push(Event::ResetDone { rpc_id, outcome });
-                return true;
+                return;
             }
             Asks::Lookup(q) => q,
         };
-        let outcome = match end {
+        let b = self.settings.shape.block_size;
+        let (outcome, answer) = match end {
             End::Reply(Reply::Lookup { hit_tokens })
-                if hit_tokens <= question.num_tokens && hit_tokens % BLOCK_SIZE == 0 =>
+                if hit_tokens <= question.num_tokens && hit_tokens % b == 0 =>
             {
                 if hit_tokens == 0 {
-                    LookupOutcome::Miss
+                    (LookupOutcome::Miss, Answer::Miss)
                 } else {
-                    LookupOutcome::Hit { hit_tokens }
+                    (
+                        LookupOutcome::Hit { hit_tokens },
+                        Answer::Hit { hit_tokens },
+                    )
                 }
             }
-            End::Reply(_) => LookupOutcome::Malformed,
-            End::Failure(f) => LookupOutcome::Failed(f),
+            End::Reply(_) => (
+                LookupOutcome::Malformed,
+                Answer::Unavailable(Unavailable::Malformed),
+            ),
+            End::Failure(f) => (
+                LookupOutcome::Failed(f),
+                Answer::Unavailable(match f {
+                    RpcFailure::TimedOut => Unavailable::TimedOut,
+                    RpcFailure::Transport => Unavailable::Transport,
+                    RpcFailure::NotSent => Unavailable::NotSent,
+                }),
+            ),
         };
-        let hit_tokens = match outcome {
-            LookupOutcome::Hit { hit_tokens } => {
-                self.counters.hits += 1;
-                hit_tokens
-            }
-            LookupOutcome::Miss => {
-                self.counters.misses += 1;
-                0
-            }
-            LookupOutcome::Malformed => {
-                self.counters.failed_malformed += 1;
-                0
-            }
-            LookupOutcome::Failed(RpcFailure::TimedOut) => {
-                self.counters.failed_timed_out += 1;
-                0
-            }
-            LookupOutcome::Failed(_) => {
-                self.counters.failed_transport += 1;
-                0
-            }
-        };
-        let mut answered = 0;
+        if self.retrying == Some(rpc) {
+            self.retrying = None;
+        }
+        if answer.is_unavailable() {
+            self.retry_at_ns = Some(self.now_ns + self.retry_delay_ns);
+            self.retry_delay_ns = (self.retry_delay_ns * 2).min(RETRY_MAX_NS);
+        } else {
+            self.retry_at_ns = None;
+            self.retry_delay_ns = RETRY_MIN_NS;
+        }
+        let c = &mut self.counters;
+        match outcome {
+            LookupOutcome::Hit { .. } => c.hits += 1,
+            LookupOutcome::Miss => c.misses += 1,
+            LookupOutcome::Malformed => c.failed_malformed += 1,
+            LookupOutcome::Failed(RpcFailure::TimedOut) => c.failed_timed_out += 1,
+            LookupOutcome::Failed(_) => c.failed_transport += 1,
+        }
+        let mut request_ids = Vec::new();
         for slot in &r.subscribers {
-            let live = self.requests[*slot].as_mut().expect("subscribers are live");
-            match live.lookup {
+            let record = self.requests[*slot]
+                .as_mut()
+                .and_then(|l| l.record.as_mut())
+                .expect("subscribers are live and recorded");
+            match record.lookup {
                 Some(Lookup::Waiting {
                     rpc: on,
                     question: q,
@@ -673,191 +537,36 @@ impl RefState {
                     panic!("model bug: subscriber {slot} of rpc {rpc} has lookup {other:?}")
                 }
             }
-            live.lookup = Some(Lookup::Done {
+            record.lookup = Some(Lookup::Done {
                 question,
-                hit_tokens,
+                answer,
                 replied_at: self.now_ns,
+                owed: r.awaiting.contains(slot),
             });
-            answered += 1;
+            request_ids.push(RequestId(u64::try_from(*slot).expect("small")));
         }
-        if answered == 0 {
+        request_ids.sort_unstable();
+        if request_ids.is_empty() {
             self.counters.replies_stale += 1;
         }
+        let (sent_at, _) = r.sent.expect("every lookup ends on the wire");
         self.expected.events.push(Event::LookupDone {
             rpc_id,
             outcome,
-            requests: answered,
-            total: Duration::from_nanos(self.now_ns - r.submitted_at),
-            on_wire: r.sent_at.map(|s| Duration::from_nanos(self.now_ns - s)),
+            requests: u32::try_from(request_ids.len()).expect("small"),
+            request_ids,
+            total: duration(self.now_ns - r.submitted_at),
+            queue_wait: duration(sent_at - r.submitted_at),
+            on_wire: duration(self.now_ns - sent_at),
         });
-        true
-    }
-
-    /// Rule 17: every RPC whose deadline has passed fails, in deadline order.
-    fn expire(&mut self) {
-        let mut due: Vec<(u64, u64)> = self
-            .rpcs
-            .iter()
-            .filter_map(|(id, r)| r.sent_at.map(|s| (s + self.timeout_ns, *id)))
-            .filter(|(deadline, _)| *deadline <= self.now_ns)
-            .collect();
-        due.sort_unstable();
-        for (_, id) in due {
-            self.end_rpc(id, End::Failure(RpcFailure::TimedOut));
-        }
-    }
-
-    /// The driver's dispatcher releases what it may: resets at once, then lookups a
-    /// probe awaits, then prefetches (rule 15; one FIFO without priority), while fewer
-    /// than `max_in_flight` RPCs are on the wire.
-    fn pump(&mut self) {
-        if self.closed {
-            return;
-        }
-        loop {
-            let queued = || self.rpcs.iter().filter(|(_, r)| r.sent_at.is_none());
-            let reset = queued()
-                .find(|(_, r)| r.asks == Asks::Reset)
-                .map(|(id, _)| *id);
-            let room = self.dispatcher_in_flight.len() < self.settings.max_in_flight as usize;
-            let lookup = || {
-                let lookups = queued().filter(|(_, r)| r.asks != Asks::Reset);
-                if self.settings.priority {
-                    let awaited = lookups
-                        .clone()
-                        .filter_map(|(id, r)| r.awaited.map(|seq| (seq, *id)))
-                        .min()
-                        .map(|(_, id)| id);
-                    awaited.or_else(|| lookups.map(|(id, _)| *id).next())
-                } else {
-                    lookups.map(|(id, _)| *id).next()
-                }
-            };
-            let next = match reset {
-                Some(id) => id,
-                None if room => match lookup() {
-                    Some(id) => id,
-                    None => return,
-                },
-                None => return,
-            };
-            let r = self.rpcs.get_mut(&next).expect("open");
-            debug_assert!(r.asks == Asks::Reset || !r.subscribers.is_empty());
-            r.sent_at = Some(self.now_ns);
-            self.dispatcher_in_flight.insert(next);
-            self.counters.rpcs_sent += 1;
-            let body = r.asks.body();
-            self.wire.push(WireRpc {
-                rpc_id: RpcId(next),
-                body,
-            });
-        }
-    }
-
-    fn dead_id(&self, target: DeadTarget) -> u64 {
-        match target {
-            DeadTarget::Ended(i) => self.ended[i],
-            DeadTarget::Never => NEVER_ID,
-        }
-    }
-
-    fn step(&mut self, transition: &Transition) {
-        self.expected = Expected::default();
-        match *transition {
-            Transition::Arrive { slot, prompt } => self.arrive(slot, prompt),
-            Transition::Probe {
-                slot,
-                change,
-                local_blocks,
-            } => self.probe(slot, change, local_blocks),
-            Transition::Allocated { slot } | Transition::Preempted { slot } => self.discard(slot),
-            Transition::Finished { slot } => {
-                self.discard(slot);
-                self.requests[slot] = None;
-            }
-            Transition::Reset => self.reset(),
-            Transition::Close => self.close(),
-            Transition::Advance { ms } => {
-                self.now_ns += ms * 1_000_000;
-                self.expire();
-            }
-            Transition::FireTimeout => {
-                if let Some(deadline) = self.next_deadline() {
-                    self.now_ns = self.now_ns.max(deadline);
-                }
-                self.expire();
-            }
-            Transition::Answer {
-                wire_index,
-                value,
-                duplicate,
-            } => {
-                let entry = if duplicate {
-                    self.wire[wire_index].clone()
-                } else {
-                    self.wire.remove(wire_index)
-                };
-                let reply = server::reply(value, Some(&entry.body));
-                self.deliver(entry.rpc_id.0, End::Reply(reply));
-            }
-            Transition::TransportError { wire_index } => {
-                let entry = self.wire.remove(wire_index);
-                self.deliver(entry.rpc_id.0, End::Failure(RpcFailure::Transport));
-            }
-            Transition::Lose { wire_index } => {
-                self.wire.remove(wire_index);
-            }
-            Transition::DeadReply { target, value } => {
-                let id = self.dead_id(target);
-                let end = match value {
-                    Some(v) => End::Reply(server::reply(v, None)),
-                    None => End::Failure(RpcFailure::Transport),
-                };
-                self.deliver(id, end);
-            }
-            Transition::Reopen => {
-                self.wire.clear();
-                for id in std::mem::take(&mut self.dispatcher_in_flight) {
-                    self.deliver(id, End::Failure(RpcFailure::Transport));
-                }
-            }
-        }
-        self.pump();
     }
 }
 
-/// The [`ReferenceStateMachine`] over [`RefState`].
-pub(crate) struct Model;
-
-impl ReferenceStateMachine for Model {
-    type State = RefState;
-    type Transition = Transition;
-
-    fn init_state() -> BoxedStrategy<RefState> {
-        strategies::settings().prop_map(RefState::new).boxed()
-    }
-
-    fn transitions(state: &RefState) -> BoxedStrategy<Transition> {
-        strategies::transition(state)
-    }
-
-    fn apply(mut state: RefState, transition: &Transition) -> RefState {
-        state.step(transition);
-        state
-    }
-
-    fn preconditions(state: &RefState, transition: &Transition) -> bool {
-        match *transition {
-            Transition::Arrive { slot, .. } => state.requests[slot].is_none(),
-            Transition::Probe { slot, .. } => state.requests[slot].is_some(),
-            Transition::Answer { wire_index, .. }
-            | Transition::TransportError { wire_index }
-            | Transition::Lose { wire_index } => wire_index < state.wire.len(),
-            Transition::DeadReply {
-                target: DeadTarget::Ended(i),
-                ..
-            } => i < state.ended.len(),
-            _ => true,
+impl Asks {
+    pub(crate) fn body(&self, shape: crate::server::Shape) -> RpcBody {
+        match self {
+            Self::Lookup(q) => q.body(shape),
+            Self::Reset => RpcBody::Reset,
         }
     }
 }

@@ -1,21 +1,60 @@
 //! The fake lookup server and the prompts it is asked about.
 //!
 //! Chains are built so that `(number of hashes, last hash)` identifies the whole
-//! chain, as vLLM's chained hashes do: hash `i` of chain `c` encodes `(c, i)`, so two
-//! prompts of one chain share their prefix and different chains share nothing. The
-//! store is a fixed function of the hashes: a block is stored when the first byte of
-//! its hash is even.
+//! chain, as vLLM's chained hashes do: the first byte of hash `i` of chain `c`
+//! encodes `c` (so different chains never share a hash at any length, 1 byte
+//! included), the rest of the index. The store is a fixed function of the hashes: a
+//! block is stored when the first byte of its hash is even.
 
 use lookup_core::{BlockHashes, Reply, Request, RequestId, RpcBody};
 
 use crate::transitions::ReplyValue;
 
-/// Lookup alignment `B` in tokens.
-pub(crate) const BLOCK_SIZE: u32 = 16;
 /// Number of distinct chains: few, so that requests share prompts (rule 16).
 pub(crate) const CHAINS: u8 = 4;
-/// Largest prompt (tokens) a probe grows a request to.
-pub(crate) const MAX_TOKENS: u32 = 160;
+/// Largest prompt, in blocks, a probe grows a request to.
+pub(crate) const MAX_BLOCKS: u32 = 10;
+/// Most hashes a prompt carries beyond (or short of) its full blocks.
+pub(crate) const MAX_EXTRA_HASHES: i8 = 2;
+
+/// The block geometry of one test case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// Lookup alignment `B` in tokens.
+    pub(crate) block_size: u32,
+    /// Bytes per block hash.
+    pub(crate) hash_len: u16,
+}
+
+impl Shape {
+    /// Rule 12's cap: the largest multiple of `B` strictly below `num_tokens`.
+    pub(crate) fn hit_cap(self, num_tokens: u32) -> u32 {
+        num_tokens.saturating_sub(1) / self.block_size * self.block_size
+    }
+
+    /// Full blocks of `num_tokens` tokens, in tokens.
+    fn aligned(self, num_tokens: u32) -> u32 {
+        num_tokens / self.block_size * self.block_size
+    }
+
+    /// The first `n` hashes of `chain`.
+    pub(crate) fn block_hashes(self, chain: u8, n: u32) -> BlockHashes {
+        let hashes: Vec<Vec<u8>> = (0..n).map(|i| self.hash(chain, i)).collect();
+        BlockHashes::from_hashes(&hashes).expect("equal-length hashes")
+    }
+
+    /// Hash `i` of chain `chain` (`hash_len` bytes): the first byte is even when the
+    /// block is stored and carries the chain in bits 1-2 (and `i` in bits 3-7); then
+    /// the chain and the index, zero-padded or cut to the length.
+    fn hash(self, chain: u8, i: u32) -> Vec<u8> {
+        let low = u8::try_from(i % 32).expect("5 bits");
+        let first = u8::from(!stored(chain, i)) | (chain << 1) | (low << 3);
+        let mut hash = vec![first, chain];
+        hash.extend_from_slice(&i.to_be_bytes());
+        hash.resize(usize::from(self.hash_len), 0);
+        hash
+    }
+}
 
 /// Whether block `i` of chain `chain` is stored: chain 0 fully, chain 1 only its first
 /// block, chain 2 all but its third (the gap ends the leading run), chain 3 nothing.
@@ -28,14 +67,6 @@ fn stored(chain: u8, i: u32) -> bool {
     }
 }
 
-/// Hash `i` of chain `chain` (8 bytes): first byte even when stored, then the chain
-/// and the index, which make it unique.
-fn hash(chain: u8, i: u32) -> [u8; 8] {
-    let first = 0x10 + 2 * chain + u8::from(!stored(chain, i));
-    let i = i.to_be_bytes();
-    [first, chain, i[0], i[1], i[2], i[3], 0, 0]
-}
-
 /// A request's prompt as the scheduler describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Prompt {
@@ -45,6 +76,9 @@ pub(crate) struct Prompt {
     pub(crate) chain: u8,
     /// False: the request carries no block hashes at all (rule 1).
     pub(crate) hashed: bool,
+    /// Hashes beyond the full blocks (negative: fewer), when `hashed`: a scheduler
+    /// may hash fewer blocks than it has, or one more than it counts as full.
+    pub(crate) extra_hashes: i8,
     /// vLLM's `skip_reading_external_kv`.
     pub(crate) skip: bool,
 }
@@ -62,18 +96,18 @@ pub(crate) struct Question {
 }
 
 impl Prompt {
-    /// Number of block hashes: one per full block, or none.
-    pub(crate) fn num_hashes(&self) -> u32 {
-        if self.hashed {
-            self.num_tokens / BLOCK_SIZE
-        } else {
-            0
+    /// Number of block hashes: one per full block plus `extra_hashes`, or none.
+    pub(crate) fn num_hashes(&self, shape: Shape) -> u32 {
+        if !self.hashed {
+            return 0;
         }
+        let full = i64::from(self.num_tokens / shape.block_size);
+        u32::try_from((full + i64::from(self.extra_hashes)).max(0)).expect("small")
     }
 
     /// The question a lookup of this prompt asks.
-    pub(crate) fn question(&self) -> Question {
-        let num_hashes = self.num_hashes();
+    pub(crate) fn question(&self, shape: Shape) -> Question {
+        let num_hashes = self.num_hashes(shape);
         Question {
             num_tokens: self.num_tokens,
             chain: if num_hashes == 0 { 0 } else { self.chain },
@@ -81,12 +115,17 @@ impl Prompt {
         }
     }
 
+    /// Rule 1: not skipping external KV, at least one block of tokens, a hash.
+    pub(crate) fn eligible(&self, shape: Shape) -> bool {
+        !self.skip && self.num_tokens >= shape.block_size && self.num_hashes(shape) > 0
+    }
+
     /// The request the scheduler hands to the core.
-    pub(crate) fn request(&self, request_id: RequestId) -> Request {
+    pub(crate) fn request(&self, shape: Shape, request_id: RequestId) -> Request {
         Request {
             request_id,
             num_tokens: self.num_tokens,
-            block_hashes: block_hashes(self.chain, self.num_hashes()),
+            block_hashes: shape.block_hashes(self.chain, self.num_hashes(shape)),
             skip_reading_external_kv: self.skip,
         }
     }
@@ -94,69 +133,65 @@ impl Prompt {
 
 impl Question {
     /// The body of the RPC that asks it.
-    pub(crate) fn body(&self) -> RpcBody {
+    pub(crate) fn body(&self, shape: Shape) -> RpcBody {
         RpcBody::Lookup {
             num_tokens: self.num_tokens,
-            block_hashes: block_hashes(self.chain, self.num_hashes),
+            block_hashes: shape.block_hashes(self.chain, self.num_hashes),
         }
     }
 }
 
-/// The first `n` hashes of `chain`.
-pub(crate) fn block_hashes(chain: u8, n: u32) -> BlockHashes {
-    let hashes: Vec<[u8; 8]> = (0..n).map(|i| hash(chain, i)).collect();
-    BlockHashes::from_hashes(&hashes).expect("equal-length hashes")
-}
-
-/// Rule 12's cap: the largest multiple of `B` strictly below `num_tokens`.
-pub(crate) fn hit_cap(num_tokens: u32) -> u32 {
-    num_tokens.saturating_sub(1) / BLOCK_SIZE * BLOCK_SIZE
-}
-
 /// What the server computes for a lookup (`spec/wire.md`, "What the server computes"),
-/// read from the hash bytes themselves: the leading run of stored blocks within the
-/// aligned prompt, and on a full hit the run within `num_tokens - 1`.
-pub(crate) fn server_hit(num_tokens: u32, hashes: &BlockHashes) -> u32 {
-    let aligned = num_tokens / BLOCK_SIZE * BLOCK_SIZE;
+/// read from the hash bytes themselves: the leading run of stored blocks among the
+/// hashes within the aligned prompt, and on a full hit the run within
+/// `num_tokens - 1`.
+pub(crate) fn server_hit(shape: Shape, num_tokens: u32, hashes: &BlockHashes) -> u32 {
+    let aligned = shape.aligned(num_tokens);
     if hashes.is_empty() || aligned == 0 {
         return 0;
     }
-    let limit = usize::try_from(aligned / BLOCK_SIZE).expect("small");
+    let limit = usize::try_from(aligned / shape.block_size).expect("small");
     let run = hashes
         .iter()
         .take(limit)
         .take_while(|h| h[0] % 2 == 0)
         .count();
-    let hit = u32::try_from(run).expect("small") * BLOCK_SIZE;
+    let hit = u32::try_from(run).expect("small") * shape.block_size;
     if hit >= num_tokens {
-        hit.min(hit_cap(num_tokens))
+        hit.min(shape.hit_cap(num_tokens))
     } else {
         hit
     }
 }
 
 /// The reply the fake server sends to an RPC with `body` (`None`: an id it cannot
-/// know, answered as if asked about a 64-token prompt).
-pub(crate) fn reply(value: ReplyValue, body: Option<&RpcBody>) -> Reply {
+/// know, answered as if asked about a 4-block prompt).
+pub(crate) fn reply(shape: Shape, value: ReplyValue, body: Option<&RpcBody>) -> Reply {
+    let b = shape.block_size;
     let empty = BlockHashes::empty();
     let (reset, num_tokens, hashes) = match body {
-        Some(RpcBody::Reset) => (true, 64, &empty),
+        Some(RpcBody::Reset) => (true, 4 * b, &empty),
         Some(RpcBody::Lookup {
             num_tokens,
             block_hashes,
         }) => (false, *num_tokens, block_hashes),
-        None => (false, 64, &empty),
+        None => (false, 4 * b, &empty),
     };
-    let aligned = num_tokens / BLOCK_SIZE * BLOCK_SIZE;
+    let aligned = shape.aligned(num_tokens);
     let hit_tokens = match value {
         ReplyValue::Right if reset => return Reply::Reset { ok: true },
-        ReplyValue::Right => server_hit(num_tokens, hashes),
-        ReplyValue::Valid { blocks } => (blocks * BLOCK_SIZE).min(aligned),
+        ReplyValue::Right => server_hit(shape, num_tokens, hashes),
+        ReplyValue::Valid { blocks } => (blocks * b).min(aligned),
         ReplyValue::FullPrompt => aligned,
-        ReplyValue::TooHigh => aligned + BLOCK_SIZE,
+        ReplyValue::TooHigh => aligned + b,
         ReplyValue::NotMultiple { blocks } => {
-            let v = (blocks * BLOCK_SIZE + 1).min(num_tokens);
-            if v % BLOCK_SIZE == 0 { v - 1 } else { v }
+            // With `B` 1 every count is a multiple: the reply is then valid.
+            let v = (blocks * b + 1).min(num_tokens);
+            if b > 1 && v % b == 0 {
+                v.saturating_sub(1)
+            } else {
+                v
+            }
         }
         ReplyValue::Malformed => return Reply::Malformed,
         ReplyValue::ResetReply { ok } => return Reply::Reset { ok },

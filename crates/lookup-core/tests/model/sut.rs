@@ -1,20 +1,25 @@
 //! The system under test: the real [`Lookups`] and [`Dispatcher`] driven the way
-//! `lib.rs` documents (drain transmits into the dispatcher, drain events, send what
-//! the dispatcher releases), with a virtual clock and a fake server whose wire holds
-//! every RPC the dispatcher released until the test answers, fails or loses it.
+//! `lib.rs` documents (drain transmits into the dispatcher, drain events, write what
+//! the dispatcher releases, fire what is due), with a virtual clock and a fake server
+//! whose wire holds every RPC the driver wrote until the test answers, fails or loses
+//! it. With deferred writes the driver holds released RPCs until a transition writes
+//! or fails them.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lookup_core::{
-    Command, Dispatcher, Event, Lookups, Outgoing, Probe, RequestId, RpcBody, RpcFailure, RpcId,
-    Stats,
+    Command, Dispatcher, Event, Lookups, Outgoing, Probe, Reply, RequestId, RpcBody, RpcFailure,
+    RpcId,
 };
 use proptest_state_machine::StateMachineTest;
 
-use crate::reference::{Counters, Model, NEVER_ID, POOL, RefState};
-use crate::server::{self, BLOCK_SIZE, Prompt, hit_cap};
-use crate::transitions::{DeadTarget, Slot, Transition};
+use crate::counters::Counters;
+use crate::machine::Model;
+use crate::reference::{NEVER_ID, RefState};
+use crate::server::{self, Prompt, Shape};
+use crate::settings::Clock;
+use crate::transitions::{DeadTarget, LocalHit, Slot, Transition};
 
 /// Who may be the subject of a `Command::Send` drained after an input.
 #[derive(Clone, Copy, Debug)]
@@ -27,13 +32,16 @@ enum Asker {
     Reset,
 }
 
-/// The harness: core, dispatcher, clock and wire.
+/// The harness: core, dispatcher, clock, the driver's unwritten RPCs and the wire.
 pub(crate) struct Harness {
     lookups: Lookups,
     dispatcher: Dispatcher,
-    base: Instant,
-    now_ns: u64,
+    clock: Clock,
+    shape: Shape,
+    deferred_writes: bool,
+    now_ns: u128,
     wire: Vec<Outgoing>,
+    unwritten: Vec<Outgoing>,
     prompts: Vec<Option<Prompt>>,
     /// Ids the core cancelled (rule 9): never to be released.
     cancelled: HashSet<RpcId>,
@@ -52,10 +60,13 @@ impl Harness {
         Self {
             lookups: Lookups::new(config.clone()).expect("valid configuration"),
             dispatcher: Dispatcher::new(&config),
-            base: Instant::now(),
+            clock: state.clock,
+            shape: state.settings.shape,
+            deferred_writes: state.settings.deferred_writes,
             now_ns: 0,
             wire: Vec::new(),
-            prompts: vec![None; POOL],
+            unwritten: Vec::new(),
+            prompts: vec![None; state.settings.pool],
             cancelled: HashSet::new(),
             released: HashSet::new(),
             events: Vec::new(),
@@ -63,16 +74,21 @@ impl Harness {
     }
 
     fn now(&self) -> Instant {
-        self.base + Duration::from_nanos(self.now_ns)
+        self.clock
+            .instant(self.now_ns)
+            .expect("the test's clock stays representable")
+    }
+
+    fn ns(&self, at: Instant) -> u128 {
+        at.duration_since(self.clock.base).as_nanos()
     }
 
     /// The driving loop of the crate docs, after one input. Checks that a `Send` is
     /// only ever for the request (and its current prompt) or the reset that caused it.
     fn settle(&mut self, asker: Asker) {
-        // A driver checks its timer on every loop turn; every deadline at or before
-        // `now` was handled when the clock moved, so this call must change nothing
-        // (STYLE.md rule 3: early or repeated calls are harmless).
-        self.lookups.handle_timeout(self.now());
+        // A driver checks its timer on every loop turn; a deadline at or before `now`
+        // fires at once (STYLE.md rule 3: early or repeated calls are harmless).
+        self.dispatcher.handle_timeout(self.now());
         let mut sends = 0;
         loop {
             let mut progressed = false;
@@ -90,7 +106,7 @@ impl Harness {
                                 });
                                 assert_eq!(
                                     *body,
-                                    prompt.question().body(),
+                                    prompt.question(self.shape).body(self.shape),
                                     "{rpc_id} does not ask about request {slot}'s current prompt"
                                 );
                             }
@@ -101,20 +117,19 @@ impl Harness {
                     Command::Cancel { rpc_id } => {
                         self.cancelled.insert(*rpc_id);
                     }
-                    Command::Promote { .. } => {}
+                    Command::Promote { .. } | Command::Demote { .. } => {}
                 }
-                self.dispatcher.push(command);
+                self.dispatcher.push(command, ());
+            }
+            while let Some((event, ())) = self.dispatcher.poll_event() {
+                progressed = true;
+                self.lookups.handle_wire_event(event);
             }
             while let Some(event) = self.lookups.poll_event() {
                 progressed = true;
-                match &event {
-                    Event::LookupDone { rpc_id, .. } | Event::ResetDone { rpc_id, .. } => {
-                        self.dispatcher.on_done(*rpc_id);
-                    }
-                }
                 self.events.push(event);
             }
-            while let Some(out) = self.dispatcher.next_send() {
+            while let Some(out) = self.dispatcher.poll_transmit(self.now()) {
                 progressed = true;
                 assert!(
                     !self.lookups.is_closed(),
@@ -131,8 +146,19 @@ impl Harness {
                     "{} released twice",
                     out.rpc_id
                 );
-                self.lookups.handle_sent(out.rpc_id, self.now());
-                self.wire.push(out);
+                if self.deferred_writes {
+                    self.unwritten.push(out);
+                } else {
+                    self.wire.push(out);
+                }
+            }
+            if self
+                .dispatcher
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now())
+            {
+                progressed = true;
+                self.dispatcher.handle_timeout(self.now());
             }
             if !progressed {
                 break;
@@ -140,15 +166,13 @@ impl Harness {
         }
     }
 
-    fn deliver_reply(&mut self, rpc_id: RpcId, reply: lookup_core::Reply) {
-        self.dispatcher.on_done(rpc_id);
-        self.lookups.handle_reply(rpc_id, reply, self.now());
+    fn deliver_reply(&mut self, rpc_id: RpcId, reply: Reply) {
+        let _applied = self.dispatcher.handle_reply(rpc_id, reply, self.now());
     }
 
-    fn deliver_error(&mut self, rpc_id: RpcId) {
-        self.dispatcher.on_done(rpc_id);
-        self.lookups
-            .handle_rpc_error(rpc_id, RpcFailure::Transport, self.now());
+    fn send_failed(&mut self, rpc_id: RpcId, failure: RpcFailure) {
+        self.dispatcher
+            .handle_send_failed(rpc_id, failure, self.now());
     }
 
     fn dead_id(state: &RefState, target: DeadTarget) -> RpcId {
@@ -158,42 +182,65 @@ impl Harness {
         }
     }
 
+    fn probe(&mut self, state: &RefState, slot: Slot, prompt: Prompt, local: LocalHit) {
+        self.prompts[slot] = Some(prompt);
+        let cap = self.shape.hit_cap(prompt.num_tokens);
+        let num_computed_tokens = local.tokens(self.shape, prompt.num_tokens);
+        let request = prompt.request(self.shape, request_id(slot));
+        let answer = self
+            .lookups
+            .probe(&request, num_computed_tokens, self.now());
+        if let Probe::Ready {
+            external_tokens, ..
+        } = answer
+        {
+            assert!(
+                external_tokens == 0
+                    || u64::from(external_tokens) + u64::from(num_computed_tokens)
+                        <= u64::from(cap),
+                "rule 12: {external_tokens} external + {num_computed_tokens} local > cap {cap}"
+            );
+        }
+        assert_eq!(
+            Some(answer),
+            state.expected.probe,
+            "probe of request {slot} ({prompt:?}, local {num_computed_tokens})"
+        );
+    }
+
     fn step(&mut self, state: &RefState, transition: Transition) {
         self.events.clear();
         let now = self.now();
+        let shape = self.shape;
         let asker = match transition {
             Transition::Arrive { slot, prompt } => {
                 self.prompts[slot] = Some(prompt);
                 self.lookups
-                    .on_new_request(&prompt.request(request_id(slot)), now);
+                    .on_new_request(&prompt.request(shape, request_id(slot)), now);
+                Asker::Request(slot)
+            }
+            Transition::Rearrive { slot, change } => {
+                let prompt = change.apply(self.prompts[slot].expect("live"), shape);
+                self.prompts[slot] = Some(prompt);
+                self.lookups
+                    .on_new_request(&prompt.request(shape, request_id(slot)), now);
                 Asker::Request(slot)
             }
             Transition::Probe {
                 slot,
                 change,
-                local_blocks,
+                local,
             } => {
-                let prompt = change.apply(self.prompts[slot].expect("precondition: live"));
-                self.prompts[slot] = Some(prompt);
-                let cap = hit_cap(prompt.num_tokens);
-                let num_computed_tokens = (local_blocks * BLOCK_SIZE).min(cap);
-                let answer =
-                    self.lookups
-                        .probe(&prompt.request(request_id(slot)), num_computed_tokens, now);
-                if let Probe::Ready {
-                    external_tokens, ..
-                } = answer
-                {
-                    assert!(
-                        external_tokens + num_computed_tokens <= cap,
-                        "rule 12: {external_tokens} external + {num_computed_tokens} local > cap {cap}"
-                    );
-                }
-                assert_eq!(
-                    Some(answer),
-                    state.expected.probe,
-                    "probe of request {slot} ({prompt:?}, local {num_computed_tokens})"
-                );
+                let prompt = change.apply(self.prompts[slot].expect("live"), shape);
+                self.probe(state, slot, prompt, local);
+                Asker::Request(slot)
+            }
+            Transition::ProbeUnarrived {
+                slot,
+                prompt,
+                local,
+            } => {
+                self.probe(state, slot, prompt, local);
                 Asker::Request(slot)
             }
             Transition::Allocated { slot } => {
@@ -216,20 +263,37 @@ impl Harness {
             }
             Transition::Close => {
                 self.lookups.close();
+                // The I/O task ends with the client (rule 14), and its unwritten RPCs.
+                self.dispatcher.close();
+                self.unwritten.clear();
                 Asker::Nobody
             }
             Transition::Advance { ms } => {
-                self.now_ns += ms * 1_000_000;
-                self.lookups.handle_timeout(self.now());
+                self.now_ns += u128::from(ms) * 1_000_000;
+                self.dispatcher.handle_timeout(self.now());
                 Asker::Nobody
             }
             Transition::FireTimeout => {
-                if let Some(deadline) = self.lookups.poll_timeout() {
-                    let at = u64::try_from(deadline.duration_since(self.base).as_nanos())
-                        .expect("short");
-                    self.now_ns = self.now_ns.max(at);
+                if let Some(deadline) = self.dispatcher.poll_timeout() {
+                    self.now_ns = self.now_ns.max(self.ns(deadline));
                 }
-                self.lookups.handle_timeout(self.now());
+                self.dispatcher.handle_timeout(self.now());
+                Asker::Nobody
+            }
+            Transition::Write { index } => {
+                let out = self.unwritten.remove(index);
+                self.wire.push(out);
+                Asker::Nobody
+            }
+            Transition::WriteFailed { index, failure } => {
+                let out = self.unwritten.remove(index);
+                self.send_failed(out.rpc_id, failure.rpc_failure());
+                Asker::Nobody
+            }
+            Transition::EarlyReply { index, value } => {
+                let out = &self.unwritten[index];
+                let (rpc_id, reply) = (out.rpc_id, server::reply(shape, value, Some(&out.body)));
+                self.deliver_reply(rpc_id, reply);
                 Asker::Nobody
             }
             Transition::Answer {
@@ -242,13 +306,13 @@ impl Harness {
                 } else {
                     self.wire.remove(wire_index)
                 };
-                let reply = server::reply(value, Some(&out.body));
+                let reply = server::reply(shape, value, Some(&out.body));
                 self.deliver_reply(out.rpc_id, reply);
                 Asker::Nobody
             }
             Transition::TransportError { wire_index } => {
                 let out = self.wire.remove(wire_index);
-                self.deliver_error(out.rpc_id);
+                self.send_failed(out.rpc_id, RpcFailure::Transport);
                 Asker::Nobody
             }
             Transition::Lose { wire_index } => {
@@ -258,18 +322,15 @@ impl Harness {
             Transition::DeadReply { target, value } => {
                 let rpc_id = Self::dead_id(state, target);
                 match value {
-                    Some(v) => self.deliver_reply(rpc_id, server::reply(v, None)),
-                    None => self.deliver_error(rpc_id),
+                    Some(v) => self.deliver_reply(rpc_id, server::reply(shape, v, None)),
+                    None => self.send_failed(rpc_id, RpcFailure::Transport),
                 }
                 Asker::Nobody
             }
             Transition::Reopen => {
                 self.wire.clear();
-                let mut ids = self.dispatcher.reset_in_flight();
-                ids.sort_unstable();
-                for rpc_id in ids {
-                    self.deliver_error(rpc_id);
-                }
+                self.unwritten.clear();
+                let _failed = self.dispatcher.fail_on_wire(None, self.now());
                 Asker::Nobody
             }
         };
@@ -285,138 +346,69 @@ impl Harness {
             state.slots_in_use(),
             "rule 3: slots in use"
         );
-        assert_eq!(l.open_rpcs(), state.open_rpcs(), "open RPCs");
+        assert_eq!(l.open_rpcs(), state.rpcs.len(), "open RPCs");
         assert_eq!(
             l.waiting_requests(),
             state.waiting_requests(),
             "requests waiting on an RPC"
         );
-        let live = state.live_requests();
-        assert!(
-            l.tracked_requests() <= live,
-            "{} requests tracked, {live} alive",
-            l.tracked_requests()
+        assert_eq!(
+            l.tracked_requests(),
+            state.tracked_requests(),
+            "requests tracked"
         );
-        if live == 0 || state.closed {
-            assert_eq!(l.tracked_requests(), 0, "state left with no request alive");
-        }
-        if (live == 0 && state.open_rpcs_sent() == 0) || state.closed {
+        // The model's own sanity: nothing left once no request and no RPC on the wire is.
+        let sent = state.rpcs.values().filter(|r| r.sent.is_some()).count();
+        if (state.requests.iter().flatten().count() == 0 && sent == 0) || state.closed {
             assert_eq!(
                 l.slots_in_use(),
                 0,
-                "slots with no request and nothing on the wire"
+                "slots with no request, nothing on the wire"
             );
             assert_eq!(
                 l.open_rpcs(),
                 0,
-                "RPCs with no request and nothing on the wire"
+                "RPCs with no request, nothing on the wire"
             );
         }
-        let deadline = l
-            .poll_timeout()
-            .map(|t| u64::try_from(t.duration_since(self.base).as_nanos()).expect("short"));
+        let deadline = self.dispatcher.poll_timeout().map(|t| self.ns(t));
         assert_eq!(
             deadline,
             state.next_deadline(),
             "poll_timeout (ns from start)"
         );
-        let wire: Vec<(RpcId, &RpcBody)> = self.wire.iter().map(|o| (o.rpc_id, &o.body)).collect();
-        let expected: Vec<(RpcId, &RpcBody)> =
-            state.wire.iter().map(|w| (w.rpc_id, &w.body)).collect();
-        assert_eq!(wire, expected, "RPCs on the wire");
-        let stats = l.stats();
-        assert!(
-            stats.first_probes_ready <= state.counters.first_probes_ready_max,
-            "first_probes_ready {} > first probes answered Ready {}",
-            stats.first_probes_ready,
-            state.counters.first_probes_ready_max
-        );
-        assert!(
-            stats.first_probes_pending <= state.counters.first_probes_pending_max,
-            "first_probes_pending {} > first probes answered Pending {}",
-            stats.first_probes_pending,
-            state.counters.first_probes_pending_max
-        );
-        let exact = Counters {
-            first_probes_ready_max: state.counters.first_probes_ready_max,
-            first_probes_pending_max: state.counters.first_probes_pending_max,
-            ..counters(stats)
+        let ids = |v: &[Outgoing]| -> Vec<(RpcId, RpcBody)> {
+            v.iter().map(|o| (o.rpc_id, o.body.clone())).collect()
         };
-        assert_eq!(exact, state.counters, "counters");
-        for (slot, live) in state.requests.iter().enumerate() {
-            let core = l.ready_at_first_probe(request_id(slot));
-            let model = live.as_ref().and_then(|r| r.first_probe);
-            match (core, model) {
-                (None, _) if state.closed => {}
-                (Some(core), Some(model)) if !state.closed => {
-                    assert_eq!(core, model.ready, "request {slot} ready at its first probe");
-                }
-                (None, None) => {}
-                (None, Some(model)) if model.without_lookup => {}
-                _ => panic!("request {slot}: ready at first probe {core:?}, model {model:?}"),
-            }
+        let model = |v: &[crate::dispatcher::WireRpc]| -> Vec<(RpcId, RpcBody)> {
+            v.iter().map(|w| (w.rpc_id, w.body.clone())).collect()
+        };
+        assert_eq!(ids(&self.wire), model(&state.wire), "RPCs on the wire");
+        assert_eq!(
+            ids(&self.unwritten),
+            model(&state.unwritten),
+            "RPCs released and not written"
+        );
+        assert_eq!(
+            Counters::of(l.stats(), self.dispatcher.stats()),
+            state.counters,
+            "counters"
+        );
+        for slot in 0..state.settings.pool {
+            let id = request_id(slot);
+            let first = state.record(slot).and_then(|r| r.first_probe);
+            assert_eq!(
+                l.ready_at_first_probe(id),
+                first,
+                "request {slot}: ready at its first probe"
+            );
+            assert_eq!(
+                l.answer_of(id),
+                state.answer_of(slot),
+                "request {slot}: what its last answer rests on"
+            );
         }
     }
-}
-
-/// The counters the model predicts, read from the core's [`Stats`].
-fn counters(s: &Stats) -> Counters {
-    Counters {
-        lookups_arrival: s.lookups_arrival,
-        lookups_probe: s.lookups_probe,
-        prefetch_ineligible: s.prefetch_ineligible,
-        prefetch_cap_full: s.prefetch_cap_full,
-        prefetch_backlog_full: s.prefetch_backlog_full,
-        rpcs_created: s.rpcs_created,
-        rpcs_sent: s.rpcs_sent,
-        rpcs_shared: s.rpcs_shared,
-        rpcs_cancelled: s.rpcs_cancelled,
-        replies_stale: s.replies_stale,
-        replies_unknown: s.replies_unknown,
-        hits: s.hits,
-        misses: s.misses,
-        failed_timed_out: s.failed_timed_out,
-        failed_malformed: s.failed_malformed,
-        failed_transport: s.failed_transport,
-        ttl_refreshes: s.ttl_refreshes,
-        chain_refreshes: s.chain_refreshes,
-        promotions: s.promotions,
-        probes_pending: s.probes_pending,
-        probes_ready: s.probes_ready,
-        resets: s.resets,
-        first_probes_ready_max: 0,
-        first_probes_pending_max: 0,
-    }
-}
-
-/// Every counter of [`Stats`], in declaration order, for the never-backwards check.
-fn all_counters(s: &Stats) -> [(&'static str, u64); 24] {
-    [
-        ("lookups_arrival", s.lookups_arrival),
-        ("lookups_probe", s.lookups_probe),
-        ("prefetch_ineligible", s.prefetch_ineligible),
-        ("prefetch_cap_full", s.prefetch_cap_full),
-        ("prefetch_backlog_full", s.prefetch_backlog_full),
-        ("rpcs_created", s.rpcs_created),
-        ("rpcs_sent", s.rpcs_sent),
-        ("rpcs_shared", s.rpcs_shared),
-        ("rpcs_cancelled", s.rpcs_cancelled),
-        ("replies_stale", s.replies_stale),
-        ("replies_unknown", s.replies_unknown),
-        ("hits", s.hits),
-        ("misses", s.misses),
-        ("failed_timed_out", s.failed_timed_out),
-        ("failed_malformed", s.failed_malformed),
-        ("failed_transport", s.failed_transport),
-        ("ttl_refreshes", s.ttl_refreshes),
-        ("chain_refreshes", s.chain_refreshes),
-        ("promotions", s.promotions),
-        ("probes_pending", s.probes_pending),
-        ("probes_ready", s.probes_ready),
-        ("first_probes_ready", s.first_probes_ready),
-        ("first_probes_pending", s.first_probes_pending),
-        ("resets", s.resets),
-    ]
 }
 
 /// The [`StateMachineTest`] binding the harness to the [`Model`].
@@ -431,12 +423,13 @@ impl StateMachineTest for LookupTest {
     }
 
     fn apply(mut harness: Harness, state: &RefState, transition: Transition) -> Harness {
-        let before = harness.lookups.stats().clone();
+        let before = Counters::of(harness.lookups.stats(), harness.dispatcher.stats());
+        if std::env::var_os("MODEL_TRACE").is_some() {
+            eprintln!("STEP {transition:?}");
+        }
         harness.step(state, transition);
-        for ((name, old), (_, new)) in all_counters(&before)
-            .into_iter()
-            .zip(all_counters(harness.lookups.stats()))
-        {
+        let after = Counters::of(harness.lookups.stats(), harness.dispatcher.stats());
+        for ((name, old), (_, new)) in before.named().into_iter().zip(after.named()) {
             assert!(new >= old, "counter {name} went back from {old} to {new}");
         }
         harness
@@ -446,11 +439,17 @@ impl StateMachineTest for LookupTest {
         harness.check(state);
     }
 
-    /// With `LOOKUP_MODEL_COVERAGE` set, prints each case's counters, to see what the
-    /// generators reach (for example how many RPCs were shared or promoted).
-    fn teardown(harness: Harness, _state: RefState) {
+    /// With `LOOKUP_MODEL_COVERAGE` set, prints each case's settings and counters, to
+    /// see what the generators reach (for example how many RPCs were shared or
+    /// promoted).
+    fn teardown(harness: Harness, state: RefState) {
         if std::env::var_os("LOOKUP_MODEL_COVERAGE").is_some() {
-            eprintln!("coverage {:?}", harness.lookups.stats());
+            eprintln!(
+                "coverage {:?} {:?} {:?}",
+                state.settings,
+                harness.lookups.stats(),
+                harness.dispatcher.stats()
+            );
         }
     }
 }

@@ -133,7 +133,6 @@ pub(crate) struct ClientMetrics {
     first_ready_ratio: Gauge,
     slots_in_use: Gauge,
     resets: [Counter; 3],
-    late_replies: Counter,
     published: Watched,
 }
 
@@ -170,7 +169,6 @@ impl ClientMetrics {
                 counter!("lookup_resets_total", "outcome" => "failed"),
                 counter!("lookup_resets_total", "outcome" => "timed_out"),
             ],
-            late_replies: counter!("lookup_late_replies_total"),
             published: Watched::default(),
         }
     }
@@ -195,11 +193,6 @@ impl ClientMetrics {
             ResetOutcome::TimedOut => 2,
         };
         self.resets[i].increment(1);
-    }
-
-    /// A reply came for an RPC the core had already timed out.
-    pub(crate) fn late_reply(&self) {
-        self.late_replies.increment(1);
     }
 
     /// Publishes what changed in the core's counters since the last call; returns how

@@ -60,6 +60,11 @@ mod io;
 #[cfg(test)]
 mod tests;
 
+/// Held by tests that drive clients, and by the test of the process-wide first-probe
+/// ratio, so that the ratio's inputs do not move while it is checked.
+#[cfg(test)]
+pub(crate) static PROCESS_WIDE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub(crate) use client::{ClientMetrics, LookupEnd};
 pub(crate) use io::{ActorMetrics, ReopenReason};
 

@@ -172,6 +172,7 @@ fn sync_publishes_differences() {
 
 #[test]
 fn first_probe_counters_and_ratio() {
+    let _only = PROCESS_WIDE.blocking_lock();
     let recorder = recorder();
     let handle = recorder.handle();
     let mut client = metrics::with_local_recorder(&recorder, ClientMetrics::new);

@@ -1,5 +1,6 @@
 //! The calls and replies of the existence RPC (`spec/mooncake-master-rpc.md`, "The
-//! call"): encoders and decoders for both sides.
+//! call") and of `RemoveAll` ("Removing everything"): encoders and decoders for both
+//! sides.
 
 use super::pack::{PackReader, PackType, PackWriter, TypeLiteral};
 use super::{
@@ -135,6 +136,34 @@ pub fn encode_service_ready(out: &mut Vec<u8>, seq_num: u32) {
     );
 }
 
+/// Appends a `RemoveAll` request frame: `(force, tenant_id)` when `tenant_id` is
+/// `Some` (≥ 0.3.12), the bare `force` otherwise. `force` removes objects that hold a
+/// read lease too (what vLLM's reset asks for); without it they stay. The master
+/// removes every object of the tenant, whichever client wrote it.
+///
+/// # Errors
+/// [`CodecError::BodyTooLarge`] for a tenant over 4 GiB (nothing appended).
+pub fn encode_remove_all(
+    out: &mut Vec<u8>,
+    seq_num: u32,
+    force: bool,
+    tenant_id: Option<&str>,
+    literal: TypeLiteral,
+) -> Result<(), CodecError> {
+    let ty = if tenant_id.is_some() {
+        types::REMOVE_ALL_ARGS
+    } else {
+        types::BOOL
+    };
+    frame(out, seq_num, FunctionId::REMOVE_ALL, |out| {
+        let mut w = PackWriter::begin(out, ty, literal, tenant_id.map_or(0, str::len));
+        w.bool(force);
+        if let Some(tenant_id) = tenant_id {
+            w.str(tenant_id);
+        }
+    })
+}
+
 /// Appends a request frame with any function id and an already encoded `body` (for
 /// functions not modelled here, and for probing how a master handles bad calls).
 ///
@@ -204,6 +233,19 @@ pub fn decode_service_ready_reply(
     };
     r.finish()?;
     Ok(out)
+}
+
+/// Decodes the body of a successful `RemoveAll` reply, `long`: the number of objects
+/// removed (0 also when the master refused the tenant id: the RPC has no error
+/// result).
+///
+/// # Errors
+/// [`CodecError`] for a body of another type, malformed, truncated or too long.
+pub fn decode_remove_all_reply(body: &[u8]) -> Result<i64, CodecError> {
+    let mut r = PackReader::open(body, Some(types::INT64))?;
+    let removed = r.i64()?;
+    r.finish()?;
+    Ok(removed)
 }
 
 /// Decodes the body of a reply whose `err_code` is not 0: a struct_pack string
@@ -299,6 +341,39 @@ pub fn decode_exist_key_args(body: &[u8]) -> Result<ExistArgs<String>, CodecErro
     })
 }
 
+/// The arguments of a `RemoveAll` call as a master reads them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoveAllArgs {
+    /// Remove objects holding a read lease too.
+    pub force: bool,
+    /// The tenant, `None` for the pre-0.3.12 signature.
+    pub tenant_id: Option<String>,
+}
+
+/// Reads a `RemoveAll` request body in either signature: `tuple<bool, string>` or the
+/// bare `bool`.
+///
+/// # Errors
+/// [`CodecError::TypeHashMismatch`] for a body of neither type; other [`CodecError`]s
+/// for malformed or truncated bodies.
+pub fn decode_remove_all_args(body: &[u8]) -> Result<RemoveAllArgs, CodecError> {
+    let with_tenant = hash_matches(body, types::REMOVE_ALL_ARGS);
+    let ty = if with_tenant {
+        types::REMOVE_ALL_ARGS
+    } else {
+        types::BOOL
+    };
+    let mut r = PackReader::open(body, Some(ty))?;
+    let force = r.bool()?;
+    let tenant_id = if with_tenant {
+        Some(r.string_lossy()?)
+    } else {
+        None
+    };
+    r.finish()?;
+    Ok(RemoveAllArgs { force, tenant_id })
+}
+
 fn hash_matches(body: &[u8], ty: PackType) -> bool {
     body.get(..4)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
@@ -384,6 +459,19 @@ pub fn encode_service_ready_reply(
                 w.i32(code.0);
             }
         }
+    });
+}
+
+/// Appends a successful `RemoveAll` reply frame: the number of objects removed.
+pub fn encode_remove_all_reply(
+    out: &mut Vec<u8>,
+    seq_num: u32,
+    removed: i64,
+    literal: TypeLiteral,
+) {
+    reply_frame(out, seq_num, 0, |out| {
+        let mut w = PackWriter::begin(out, types::INT64, literal, 0);
+        w.i64(removed);
     });
 }
 

@@ -1,4 +1,4 @@
-//! The master's existence RPC on the wire, without I/O (`spec/mooncake-master-rpc.md`).
+//! The master's existence RPC (and `RemoveAll`) on the wire, without I/O (`spec/mooncake-master-rpc.md`).
 //!
 //! A call is a coro_rpc frame: a 20-byte [`RequestHeader`] (sequence number, function
 //! id, body length) and a struct_pack body holding the arguments; the answer is a
@@ -6,12 +6,14 @@
 //! holding the return value, or an error message when `err_code != 0`.
 //!
 //! - Client side: [`encode_batch_exist_key`], [`encode_exist_key`],
-//!   [`encode_service_ready`], [`encode_raw`]; [`decode_batch_exist_key_reply`],
-//!   [`decode_exist_key_reply`], [`decode_service_ready_reply`],
+//!   [`encode_service_ready`], [`encode_remove_all`], [`encode_raw`];
+//!   [`decode_batch_exist_key_reply`], [`decode_exist_key_reply`],
+//!   [`decode_service_ready_reply`], [`decode_remove_all_reply`],
 //!   [`decode_error_reply`].
 //! - Server side (fake masters in tests): [`decode_batch_exist_key_args`],
-//!   [`decode_exist_key_args`], [`encode_batch_exist_key_reply`],
-//!   [`encode_exist_key_reply`], [`encode_service_ready_reply`],
+//!   [`decode_exist_key_args`], [`decode_remove_all_args`],
+//!   [`encode_batch_exist_key_reply`], [`encode_exist_key_reply`],
+//!   [`encode_service_ready_reply`], [`encode_remove_all_reply`],
 //!   [`encode_error_reply`].
 //!
 //! Decoders accept both the debug form (type literal included) and the release form,
@@ -66,6 +68,8 @@ impl FunctionId {
     pub const SERVICE_READY: Self = Self(0x7b81_bb56);
     /// `mooncake::WrappedMasterService::Ping` (takes arguments not modelled here).
     pub const PING: Self = Self(0xd6c2_dae5);
+    /// `mooncake::WrappedMasterService::RemoveAll`.
+    pub const REMOVE_ALL: Self = Self(0xd978_ceb0);
 
     /// The function's short name when it is one of the constants above.
     #[must_use]
@@ -75,6 +79,7 @@ impl FunctionId {
             Self::EXIST_KEY => Some("ExistKey"),
             Self::SERVICE_READY => Some("ServiceReady"),
             Self::PING => Some("Ping"),
+            Self::REMOVE_ALL => Some("RemoveAll"),
             _ => None,
         }
     }
@@ -130,6 +135,21 @@ pub(crate) mod types {
         literal: &[0x87, 0x80, 0x0c, 0x01],
         hash: 0x1cb3_cc34,
     };
+    /// `tuple<bool, string>`: `RemoveAll(force, tenant_id)`, ≥ 0.3.12.
+    pub(crate) const REMOVE_ALL_ARGS: PackType = PackType {
+        literal: &[0xfd, 0x0b, 0x80, 0x0c, 0xff],
+        hash: 0x48a6_c274,
+    };
+    /// `bool`: `RemoveAll(force)` before tenants, sent bare.
+    pub(crate) const BOOL: PackType = PackType {
+        literal: &[0x0b],
+        hash: 0x13c8_ffd8,
+    };
+    /// `long` (`int64_t`): the `RemoveAll` reply, the number of objects removed.
+    pub(crate) const INT64: PackType = PackType {
+        literal: &[0x03],
+        hash: 0x8666_6834,
+    };
     /// `pair<uint16_t, string_view>`: coro_rpc's body for `err_code` 255. Its literal
     /// is inferred from struct_pack's type codes (uint16 = 0x08), not captured, so
     /// receivers here do not check it.
@@ -140,7 +160,7 @@ pub(crate) mod types {
 
     /// Every type above, for the test that recomputes the hashes.
     #[cfg(test)]
-    pub(crate) const ALL: [PackType; 8] = [
+    pub(crate) const ALL: [PackType; 11] = [
         BATCH_EXIST_ARGS,
         BATCH_EXIST_ARGS_LEGACY,
         EXIST_ARGS,
@@ -148,6 +168,9 @@ pub(crate) mod types {
         BATCH_EXIST_REPLY,
         EXIST_REPLY,
         SERVICE_READY_REPLY,
+        REMOVE_ALL_ARGS,
+        BOOL,
+        INT64,
         ERROR_PAIR,
     ];
 }

@@ -155,6 +155,11 @@ impl<'a> PackWriter<'a> {
         self.out.extend_from_slice(&v.to_le_bytes());
     }
 
+    /// An `i64` (`long` on LP64), little-endian.
+    pub(crate) fn i64(&mut self, v: i64) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+
     /// A `u16`, little-endian.
     pub(crate) fn u16(&mut self, v: u16) {
         self.out.extend_from_slice(&v.to_le_bytes());
@@ -284,6 +289,11 @@ impl<'a> PackReader<'a> {
     /// An `i32`, little-endian.
     pub(crate) fn i32(&mut self) -> Result<i32, CodecError> {
         Ok(i32::from_le_bytes(self.array::<4>()?))
+    }
+
+    /// An `i64`, little-endian.
+    pub(crate) fn i64(&mut self) -> Result<i64, CodecError> {
+        Ok(i64::from_le_bytes(self.array::<8>()?))
     }
 
     /// A `u16`, little-endian.

@@ -26,6 +26,7 @@ fn function_ids_are_md5_of_the_qualified_name() {
         (FunctionId::EXIST_KEY, "ExistKey"),
         (FunctionId::SERVICE_READY, "ServiceReady"),
         (FunctionId::PING, "Ping"),
+        (FunctionId::REMOVE_ALL, "RemoveAll"),
     ] {
         let qualified = format!("mooncake::WrappedMasterService::{name}");
         assert_eq!(id.0, md5_32(qualified.as_bytes()), "{qualified}");
@@ -433,5 +434,95 @@ fn metainfo_flag_bit_is_ignored_when_comparing_hashes() {
     assert_eq!(
         decode_exist_key_reply(&hex("d300e890 00 01 01")).unwrap(),
         Ok(true)
+    );
+}
+
+// `remove_all(True)` and `remove_all()` of the PyPI client (0.3.13.post1), captured
+// between it and the real master: 3 objects removed, then 1, then 0.
+const REMOVE_ALL_FORCE_REQUEST: &str = "
+    15 00 00 00  05 00 00 00  b0 ce 78 d9  14 00 00 00  00 00 00 00
+    75 c2 a6 48  04  fd 0b 80 0c ff 00  01  07 64 65 66 61 75 6c 74";
+const REMOVE_ALL_REQUEST: &str = "
+    15 00 00 00  07 00 00 00  b0 ce 78 d9  14 00 00 00  00 00 00 00
+    75 c2 a6 48  04  fd 0b 80 0c ff 00  00  07 64 65 66 61 75 6c 74";
+const REMOVE_ALL_REPLY_3: &str = "
+    15 00 00 00  05 00 00 00  0f 00 00 00  00 00 00 00
+    35 68 66 86  04  03 00  03 00 00 00 00 00 00 00";
+
+#[test]
+fn remove_all_requests_match_the_real_client() {
+    for (force, seq, golden) in [
+        (true, 5, REMOVE_ALL_FORCE_REQUEST),
+        (false, 7, REMOVE_ALL_REQUEST),
+    ] {
+        let mut out = Vec::new();
+        encode_remove_all(&mut out, seq, force, Some("default"), TypeLiteral::Include).unwrap();
+        assert_eq!(out, hex(golden), "force={force}");
+        let args = decode_remove_all_args(&out[REQUEST_HEADER_LEN..]).unwrap();
+        assert_eq!(
+            args,
+            RemoveAllArgs {
+                force,
+                tenant_id: Some("default".to_owned())
+            }
+        );
+    }
+    // Release form, and the pre-0.3.12 bare bool.
+    let mut out = Vec::new();
+    encode_remove_all(&mut out, 1, true, Some("default"), TypeLiteral::Omit).unwrap();
+    assert_eq!(
+        out[REQUEST_HEADER_LEN..],
+        hex("74c2a648 01 07 64656661756c74")[..]
+    );
+    out.clear();
+    encode_remove_all(&mut out, 1, true, None, TypeLiteral::Omit).unwrap();
+    assert_eq!(out[REQUEST_HEADER_LEN..], hex("d8ffc813 01")[..]);
+    assert_eq!(
+        decode_remove_all_args(&out[REQUEST_HEADER_LEN..]).unwrap(),
+        RemoveAllArgs {
+            force: true,
+            tenant_id: None
+        }
+    );
+}
+
+#[test]
+fn remove_all_replies_from_the_real_master() {
+    let frame = hex(REMOVE_ALL_REPLY_3);
+    let header = ReplyHeader::decode(&frame).unwrap();
+    assert_eq!(
+        (header.err_code, header.seq_num, header.body_length),
+        (0, 5, 15)
+    );
+    assert_eq!(decode_remove_all_reply(&frame[REPLY_HEADER_LEN..]), Ok(3));
+    assert_eq!(
+        decode_remove_all_reply(&hex("35686686 04 0300 0100000000000000")),
+        Ok(1)
+    );
+    assert_eq!(
+        decode_remove_all_reply(&hex("35686686 04 0300 0000000000000000")),
+        Ok(0)
+    );
+    let mut again = Vec::new();
+    encode_remove_all_reply(&mut again, 5, 3, TypeLiteral::Include);
+    assert_eq!(again, frame);
+    // Release form, and bodies that are not a long.
+    assert_eq!(
+        decode_remove_all_reply(&hex("34686686 ffffffffffffffff")),
+        Ok(-1)
+    );
+    assert_eq!(
+        decode_remove_all_reply(&hex("34686686 0300")),
+        Err(CodecError::Truncated {
+            needed: 8,
+            remaining: 2
+        })
+    );
+    assert_eq!(
+        decode_remove_all_reply(&hex("d200e890 01 01")),
+        Err(CodecError::TypeHashMismatch {
+            expected: 0x8666_6834,
+            got: 0x90e8_00d2
+        })
     );
 }

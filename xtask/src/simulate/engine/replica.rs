@@ -297,6 +297,7 @@ impl Engine {
         r.local_hit_tokens += self.local_hit_tokens;
         r.external_hit_tokens += self.external_hit_tokens;
         r.rpcs_wasted += self.conn.counts().rpcs_wasted;
+        r.rpcs_sent += self.conn.counts().rpcs_sent;
         r.first_pending.add(&self.first_pending);
         r.waits.add(&self.waits);
         r.lookups.add(self.conn.lookups());

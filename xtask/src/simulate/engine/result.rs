@@ -305,6 +305,8 @@ pub struct ModeResult {
     pub stats: Stats,
     /// RPCs sent whose answer was of no use (see `ModeSummary::rpcs_wasted`).
     pub rpcs_wasted: u64,
+    /// RPCs sent to the lookup server, summed over the engines' dispatchers.
+    pub rpcs_sent: u64,
     /// Why first probes answered `Pending`.
     pub first_pending: FirstPending,
     /// Blocks in the external store at the end.
@@ -345,6 +347,7 @@ impl ModeResult {
             external_hit_tokens: 0,
             stats: Stats::default(),
             rpcs_wasted: 0,
+            rpcs_sent: 0,
             first_pending: FirstPending::default(),
             store_blocks: 0,
             kv_held_block_ns: 0,
@@ -388,11 +391,9 @@ pub(super) fn add_stats(to: &mut Stats, s: &Stats) {
     to.prefetch_cap_full += s.prefetch_cap_full;
     to.prefetch_backlog_full += s.prefetch_backlog_full;
     to.rpcs_created += s.rpcs_created;
-    to.rpcs_sent += s.rpcs_sent;
     to.rpcs_shared += s.rpcs_shared;
     to.rpcs_cancelled += s.rpcs_cancelled;
     to.replies_stale += s.replies_stale;
-    to.replies_unknown += s.replies_unknown;
     to.hits += s.hits;
     to.misses += s.misses;
     to.failed_timed_out += s.failed_timed_out;

@@ -294,7 +294,7 @@ pub fn summarise(r: &ModeResult, gpu_kv_blocks: u64) -> ModeSummary {
         first_probes_pending: r.first_pending,
         lookups_deferred: r.deferred,
         waits: WaitSummary::of(&r.waits),
-        rpcs_sent: s.rpcs_sent,
+        rpcs_sent: r.rpcs_sent,
         rpcs_shared: s.rpcs_shared,
         promotions: s.promotions,
         rpcs_wasted: r.rpcs_wasted,

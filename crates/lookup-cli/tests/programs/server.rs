@@ -1,0 +1,146 @@
+//! The `lookup-server` program as an operator runs it: its `--metrics-addr` exporter
+//! over HTTP, and `--mooncake-master` answering from the real Mooncake master (PyPI
+//! 0.3.13.post1, blocks written by the real Python store client; needs
+//! `scripts/mooncake/install.sh`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use lookup_core::BlockHashes;
+use lookup_core::wire::{self, Format};
+use lookup_server::{Endpoint, KeyLayout, RankNamespace};
+use lookup_tests::metrics::{call, expect, free_addr, scrape};
+use lookup_tests::mooncake::{Master, Writer};
+use lookup_tests::server::{Req, hit, lookup};
+use tempfile::TempDir;
+
+/// Block size in tokens (vLLM's default).
+const B: u32 = 16;
+const MODEL: &str = "Qwen/Qwen3-8B";
+const TB: Format = Format::TaggedBlob;
+const MP: Format = Format::MsgpackHex;
+
+/// The keys of blocks `ids` in every namespace of `layout`, block-major: what a
+/// worker's puts leave in the store.
+fn keys_of(layout: &KeyLayout, ids: &[u64]) -> Vec<String> {
+    layout.chain_keys(&BlockHashes::from_u64s(ids), ids.len())
+}
+
+/// A layout with a cache prefix and `tp_size` tensor-parallel namespaces.
+fn layout(tp_size: u32) -> KeyLayout {
+    KeyLayout::new(MODEL)
+        .with_cache_prefix(Some("vllm".to_owned()))
+        .with_namespaces(RankNamespace::grid(tp_size, 1))
+        .expect("namespaces")
+}
+
+/// `n` chained block ids starting at `first`.
+fn chain(first: u64, n: u64) -> Vec<u64> {
+    (first..first + n).collect()
+}
+
+/// `lookup-server --metrics-addr`: the program serves its server metrics over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_server_program_serves_metrics() {
+    let metrics_addr = free_addr();
+    let bin = env!("CARGO_BIN_EXE_lookup-server");
+    let mut child = lookup_tests::KilledOnDrop(
+        Command::new(bin)
+            .args(["--bind", "tcp://127.0.0.1:0", "--block-size", "16"])
+            .args(["--metrics-addr", &metrics_addr.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run lookup-server"),
+    );
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    // The first line is the bound endpoint; the exporter is installed before it.
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("join")
+    .expect("read stdout");
+    let endpoint: Endpoint = line.trim_end().parse().expect("an endpoint");
+
+    let hashes = BlockHashes::from_u64s(&[1, 2, 3]);
+    let frames = wire::encode_lookup(Format::TaggedBlob, 50, B, &hashes);
+    let frames: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+    let reply = call(&endpoint, &frames).await;
+    assert_eq!(
+        reply,
+        vec![Bytes::from_static(&[0, 0, 0, 0])],
+        "empty store"
+    );
+
+    expect(
+        &scrape(metrics_addr).await,
+        &[
+            (
+                "lookup_server_requests_total{format=\"tagged-blob\",kind=\"lookup\"}",
+                1.0,
+            ),
+            ("lookup_server_keys_checked_total", 3.0),
+            ("lookup_server_index_latency_seconds_count", 1.0),
+            (
+                "lookup_server_decode_errors_total{format=\"tagged-blob\"}",
+                0.0,
+            ),
+        ],
+    );
+    drop(child);
+}
+
+#[tokio::test]
+async fn mooncake_master_lookup_server_program_answers_from_the_master() {
+    let master = Master::start();
+    let mut writer = Writer::start(&master);
+    let layout = layout(2);
+    let ids = chain(801, 4);
+    writer.put(&keys_of(&layout, &ids[..2]));
+
+    let dir = TempDir::new().expect("temp dir");
+    let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
+    let bin = env!("CARGO_BIN_EXE_lookup-server");
+    let mut child = lookup_tests::KilledOnDrop(
+        Command::new(bin)
+            .args(["--bind", &endpoint.url()])
+            .args(["--mooncake-master", &master.addr()])
+            .args(["--mooncake-chunk-keys", "4"])
+            .args(["--mooncake-timeout-ms", "500"])
+            .args(["--model", MODEL, "--cache-prefix", "vllm", "--tp-size", "2"])
+            .args(["--block-size", &B.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run lookup-server"),
+    );
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    // The first line is the bound endpoint, printed once the socket is bound.
+    let first_line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), first_line)
+        .await
+        .expect("lookup-server printed no endpoint within 30 s")
+        .expect("join")
+        .expect("read stdout");
+    assert_eq!(line.trim_end(), endpoint.url());
+
+    let ctx = tmq::Context::new();
+    let mut req = Req::connect(&ctx, &endpoint);
+    assert_eq!(hit(TB, &req.call(&lookup(TB, 65, B, &ids)).await), 32);
+    assert_eq!(hit(MP, &req.call(&lookup(MP, 65, B, &ids)).await), 32);
+    let reply = req.call(&wire::encode_reset(TB).unwrap()).await;
+    assert_eq!(wire::decode_reset_reply(&reply), Ok(false));
+    writer.put(&keys_of(&layout, &ids[2..]));
+    // All 4 blocks of a 64-token prompt: the last one is recomputed.
+    assert_eq!(hit(TB, &req.call(&lookup(TB, 64, B, &ids)).await), 48);
+    drop(child);
+}

@@ -1,0 +1,406 @@
+//! [`MooncakeIndex`]: the lookup server's Mooncake Store backend, a [`BlockIndex`] that
+//! asks a real Mooncake master which block keys exist, over the master's own
+//! existence RPC ([`mooncake_master::MasterClient`], `spec/mooncake-master-rpc.md`).
+//!
+//! It answers the way vLLM's MooncakeStoreConnector worker does (`spec/wire.md`, "What
+//! the server computes"): the server builds every rank-namespace key of the blocks in
+//! question with its [`KeyLayout`](mooncake_master::KeyLayout), and the index asks the master
+//! about them in one logical `BatchExistKey` query per lookup.
+//!
+//! The master may be one `host:port` or a high-availability cluster
+//! (`etcd://h1:p1;h2:p2`), whose leader the client follows across failovers
+//! (`spec/mooncake-master-rpc.md`, "High availability"); leader changes are counted in
+//! `lookup_server_mooncake_leader_changes_total`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use metrics::Counter;
+use mooncake_master::{
+    LeaderState, MasterAddr, MasterClient, MasterConfig, MasterError, MasterStats,
+};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::{BlockIndex, IndexError, IndexFuture};
+
+/// What a [`MooncakeIndex`] does with a reset request (`spec/wire.md`, "Format
+/// `tagged-blob`": vLLM's worker drains its pending puts, then calls
+/// `remove_all(force=True)` on the store).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResetPolicy {
+    /// Refuse: nothing is removed, [`clear`](BlockIndex::clear) fails with
+    /// [`IndexError::Unsupported`] and the server answers `0x00` (failed). The
+    /// default, because the only reset the master offers is tenant-wide.
+    #[default]
+    Refuse,
+    /// Do what vLLM does: `RemoveAll(force = true)` on the master
+    /// ([`MasterClient::remove_all`]). **Tenant-wide**: it removes every object of
+    /// the tenant ([`MasterConfig::tenant_id`], `"default"` unless tenant quotas are
+    /// on) from the whole store, whichever engine, model or worker wrote it, leased
+    /// objects included. Unlike vLLM's worker the index owns no store writer, so it
+    /// cannot drain pending puts first: a put that lands after the call stays.
+    RemoveAll,
+}
+
+/// A [`BlockIndex`] over a Mooncake master: lookups are answered from the master's
+/// `BatchExistKey` RPC, exactly as vLLM's worker answers them through the C++ client's
+/// `batch_is_exist`.
+///
+/// # One query per lookup, chunked, with an early stop
+///
+/// The server asks [`leading_blocks`](BlockIndex::leading_blocks) once per lookup with
+/// every key of the blocks in question, block-major. The keys go to the master in
+/// `BatchExistKey` calls of at most [`MasterConfig::chunk_keys`] keys (default 1,024),
+/// whole blocks per call, one call after another; the query stops after the first
+/// call whose answer ends the leading run, so keys past the first missing block are
+/// never asked about. A chain of up to `chunk_keys` keys costs exactly one call.
+/// [`exists`](BlockIndex::exists) asks about every key (all chunks pipelined).
+///
+/// # Lease side effect
+///
+/// Every key the master answers `true` gets a read lease on the master
+/// (`default_kv_lease_ttl`, 10 s by default): the object cannot be evicted or removed
+/// until it expires (`spec/mooncake-master-rpc.md`, "The call"). The C++ client's
+/// `batch_is_exist` does the same, so a lookup through this index pins the store
+/// exactly as vLLM's worker does, and no more: keys past the call that ended the run
+/// are not asked, so they get no lease. Probing is therefore never free for the store;
+/// a scheduler should not re-probe the same chain in a loop (`spec/behaviour.md` rule 5
+/// keeps one result per request).
+///
+/// # Errors become misses
+///
+/// - A failed call (master unreachable or restarting, timed out after
+///   [`MasterConfig::call_timeout`], connection lost, an RPC-level refusal or a
+///   malformed reply) fails the whole query with an [`IndexError`]; the server answers
+///   0 hit tokens and counts it in `ServerStats::index_errors` (`spec/wire.md`, step
+///   5: vLLM's worker answers 0 when the store call fails). The index counts it too
+///   ([`IndexStats::errors`]). Calls fail fast while the connection is down;
+///   the client reconnects in the background with backoff, so lookups succeed again
+///   once the master is back on the same address.
+/// - A key the master answers with an application `ErrorCode` (inside an otherwise
+///   good reply) is not present: vLLM's worker counts only answers equal to 1 (the C++
+///   client turns such a key into `-1`), so the leading run ends at that key's block
+///   (`spec/wire.md`, step 2). Counted in [`IndexStats::key_errors`].
+///
+/// # Reset
+///
+/// The master's only reset is `RemoveAll` (`spec/mooncake-master-rpc.md`, "Removing
+/// everything"), and it is tenant-wide: every engine sharing the store loses its
+/// cached blocks, not only the one that asked. So by default
+/// ([`ResetPolicy::Refuse`]) [`clear`](BlockIndex::clear) removes nothing and fails
+/// with [`IndexError::Unsupported`]: the server answers a reset request with `0x00`
+/// (failed) and counts it in `ServerStats::reset_failures` and
+/// [`IndexStats::resets_refused`]; every key stays in the store. With
+/// [`ResetPolicy::RemoveAll`] ([`with_reset`](Self::with_reset)), a reset does what
+/// vLLM's does: `RemoveAll(force = true)`, counted in
+/// [`IndexStats::resets_done`] and [`IndexStats::objects_removed`]; a
+/// failed call answers `0x00`.
+#[derive(Debug)]
+pub struct MooncakeIndex {
+    master: MasterClient,
+    reset: ResetPolicy,
+    counters: IndexCounters,
+}
+
+/// A snapshot of a [`MooncakeIndex`]'s counters since it was created (the index's
+/// counterpart of `ServerStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IndexStats {
+    /// Leading-run queries ([`BlockIndex::leading_blocks`]): one per lookup the server
+    /// asked about (lookups with no full block never reach the index).
+    pub lookups: u64,
+    /// Plain existence queries ([`BlockIndex::exists`]).
+    pub exists_calls: u64,
+    /// Present blocks answered by leading-run queries, summed (blocks, not tokens; the
+    /// server's full-hit rule may still trim the last one).
+    pub blocks_found: u64,
+    /// Queries that failed: the server answered those lookups with 0 hit tokens.
+    pub errors: u64,
+    /// Among [`errors`](Self::errors), those where the master could not be reached:
+    /// not connected, connection lost, or no reply within the call timeout.
+    pub unavailable: u64,
+    /// Keys the master answered with an application `ErrorCode`, counted as absent.
+    pub key_errors: u64,
+    /// Reset requests refused ([`ResetPolicy::Refuse`]).
+    pub resets_refused: u64,
+    /// Resets done with `RemoveAll` ([`ResetPolicy::RemoveAll`]).
+    pub resets_done: u64,
+    /// Objects the master reported removed by those resets.
+    pub objects_removed: u64,
+    /// Resets whose `RemoveAll` call failed (the server answered `0x00`).
+    pub reset_errors: u64,
+    /// The master client's own counters: `BatchExistKey` calls, keys sent, timeouts,
+    /// reconnects.
+    pub master: MasterStats,
+}
+
+/// The live counters behind [`IndexStats`], one atomic per field of the same name.
+#[derive(Debug, Default)]
+struct IndexCounters {
+    lookups: AtomicU64,
+    exists_calls: AtomicU64,
+    blocks_found: AtomicU64,
+    errors: AtomicU64,
+    unavailable: AtomicU64,
+    key_errors: AtomicU64,
+    resets_refused: AtomicU64,
+    resets_done: AtomicU64,
+    objects_removed: AtomicU64,
+    reset_errors: AtomicU64,
+}
+
+/// Adds `n` and returns the new value.
+fn bump(counter: &AtomicU64, n: u64) -> u64 {
+    counter.fetch_add(n, Ordering::Relaxed) + n
+}
+
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// The server-side view of a master failure: unreachable (no connection, no leader,
+/// no reply in time), or a store-side error.
+fn index_error(e: &MasterError) -> IndexError {
+    if e.is_unavailable() {
+        IndexError::Unavailable(e.to_string())
+    } else {
+        IndexError::Store(e.to_string())
+    }
+}
+
+impl MooncakeIndex {
+    /// Connects to the Mooncake master at `addr` with `config` (chunk size, call
+    /// timeout, `tenant_id`, and `cluster_id` for an HA address): `host:port`
+    /// (default port 50051), or `etcd://h1:p1;h2:p2` to follow the leader of a
+    /// high-availability cluster ([`MasterClient::connect`]). Must run inside a tokio
+    /// runtime, which then hosts the connection's tasks. Resets are refused; see
+    /// [`with_reset`](Self::with_reset).
+    ///
+    /// # Errors
+    /// [`MasterError::InvalidAddress`] for an address that does not parse;
+    /// [`MasterError::InvalidConfig`] for an unusable `config` (for example
+    /// `chunk_keys` 0); [`MasterError::Connect`] when the first connect fails; for
+    /// `etcd://`, [`MasterError::Discovery`] when etcd does not answer and
+    /// [`MasterError::Unavailable`] when no leader is elected. Later failures are not
+    /// errors here: lookups fail open while the client reconnects or waits for a
+    /// leader.
+    pub async fn connect(addr: &str, config: MasterConfig) -> Result<Self, MasterError> {
+        Ok(Self::new(MasterClient::connect(addr, config).await?))
+    }
+
+    /// An index over an existing client (which may be shared with other users; its
+    /// counters then count their calls too). Resets are refused. For an `etcd://`
+    /// client inside a tokio runtime, a task counts its leader changes in
+    /// `lookup_server_mooncake_leader_changes_total`, on the metrics recorder
+    /// installed now (see [`crate::metrics`]).
+    #[must_use]
+    pub fn new(master: MasterClient) -> Self {
+        if matches!(master.master_addr(), MasterAddr::Etcd(_)) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(count_leader_changes(
+                    master.subscribe_leader(),
+                    crate::metrics::mooncake_leader_changes(),
+                ));
+            }
+        }
+        Self {
+            master,
+            reset: ResetPolicy::Refuse,
+            counters: IndexCounters::default(),
+        }
+    }
+
+    /// The index with reset policy `reset`. [`ResetPolicy::RemoveAll`] makes every
+    /// reset request remove every object of the tenant from the store (see
+    /// [`ResetPolicy`]): opt in only when the store serves this deployment alone.
+    #[must_use]
+    pub fn with_reset(mut self, reset: ResetPolicy) -> Self {
+        self.reset = reset;
+        self
+    }
+
+    /// The reset policy.
+    #[must_use]
+    pub const fn reset_policy(&self) -> ResetPolicy {
+        self.reset
+    }
+
+    /// The master client.
+    #[must_use]
+    pub const fn master(&self) -> &MasterClient {
+        &self.master
+    }
+
+    /// The counters so far, with the master client's.
+    #[must_use]
+    pub fn stats(&self) -> IndexStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        IndexStats {
+            lookups: get(&c.lookups),
+            exists_calls: get(&c.exists_calls),
+            blocks_found: get(&c.blocks_found),
+            errors: get(&c.errors),
+            unavailable: get(&c.unavailable),
+            key_errors: get(&c.key_errors),
+            resets_refused: get(&c.resets_refused),
+            resets_done: get(&c.resets_done),
+            objects_removed: get(&c.objects_removed),
+            reset_errors: get(&c.reset_errors),
+            master: self.master.stats(),
+        }
+    }
+
+    /// Counts a failed query and turns it into the server's error.
+    fn failed(&self, e: &MasterError) -> IndexError {
+        let n = bump(&self.counters.errors, 1);
+        if e.is_unavailable() {
+            bump(&self.counters.unavailable, 1);
+        }
+        // The 1st, 2nd, 4th, ... failure: a dead master must not flood the log.
+        if n.is_power_of_two() {
+            tracing::warn!(addr = %self.master.addr(), error = %e, count = n, "Mooncake master query failed; the lookup answers 0 hit tokens");
+        }
+        index_error(e)
+    }
+
+    fn key_error(&self, what: &dyn std::fmt::Display) {
+        let n = bump(&self.counters.key_errors, 1);
+        if n.is_power_of_two() {
+            tracing::warn!(addr = %self.master.addr(), error = %what, count = n, "the Mooncake master answered a key with an error; counted as absent");
+        }
+    }
+
+    async fn query_leading_blocks(
+        &self,
+        keys_per_block: usize,
+        keys: &[String],
+    ) -> Result<usize, IndexError> {
+        bump(&self.counters.lookups, 1);
+        if keys_per_block == 0 {
+            return Ok(0);
+        }
+        let run = match self.master.leading_blocks_flat(keys, keys_per_block).await {
+            Ok(run) => run,
+            // The key that would end the run carries an ErrorCode: every key before it
+            // was answered `true`, so the run ends at its block (vLLM counts only 1s).
+            Err(
+                e @ MasterError::Store {
+                    key_index: Some(i), ..
+                },
+            ) => {
+                self.key_error(&e);
+                i / keys_per_block
+            }
+            Err(e) => return Err(self.failed(&e)),
+        };
+        bump(&self.counters.blocks_found, count(run));
+        Ok(run)
+    }
+
+    async fn query_exists(&self, keys: &[String]) -> Result<Vec<bool>, IndexError> {
+        bump(&self.counters.exists_calls, 1);
+        let answers = self
+            .master
+            .batch_exist_results(keys)
+            .await
+            .map_err(|e| self.failed(&e))?;
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|code| {
+                    self.key_error(&code);
+                    false
+                })
+            })
+            .collect())
+    }
+}
+
+impl BlockIndex for MooncakeIndex {
+    fn exists<'a>(&'a self, keys: &'a [String]) -> IndexFuture<'a, Vec<bool>> {
+        let span = tracing::debug_span!("mooncake_exists", keys = keys.len());
+        Box::pin(self.query_exists(keys).instrument(span))
+    }
+
+    fn leading_blocks<'a>(
+        &'a self,
+        keys_per_block: usize,
+        keys: &'a [String],
+    ) -> IndexFuture<'a, usize> {
+        let span = tracing::debug_span!("mooncake_lookup", keys = keys.len(), keys_per_block);
+        Box::pin(
+            self.query_leading_blocks(keys_per_block, keys)
+                .instrument(span),
+        )
+    }
+
+    fn clear(&self) -> IndexFuture<'_, ()> {
+        match self.reset {
+            ResetPolicy::Refuse => {
+                let n = bump(&self.counters.resets_refused, 1);
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        count = n,
+                        "reset refused: RemoveAll is tenant-wide and not enabled; no key was removed"
+                    );
+                }
+                Box::pin(std::future::ready(Err(IndexError::Unsupported {
+                    operation: "reset",
+                    why: REFUSED,
+                })))
+            }
+            ResetPolicy::RemoveAll => {
+                let span = tracing::info_span!("mooncake_reset");
+                Box::pin(self.remove_all().instrument(span))
+            }
+        }
+    }
+}
+
+/// Why a reset is refused under [`ResetPolicy::Refuse`].
+const REFUSED: &str = "the Mooncake master's RemoveAll is tenant-wide (every engine sharing the \
+    store loses its blocks) and this index was not given ResetPolicy::RemoveAll; keys stay stored";
+
+impl MooncakeIndex {
+    async fn remove_all(&self) -> Result<(), IndexError> {
+        let tenant = self.master.config().tenant_id.as_str();
+        match self.master.remove_all(true).await {
+            Ok(removed) => {
+                bump(&self.counters.resets_done, 1);
+                bump(
+                    &self.counters.objects_removed,
+                    u64::try_from(removed).unwrap_or(0),
+                );
+                tracing::warn!(removed, tenant, addr = %self.master.addr(), "reset: RemoveAll removed every object of the tenant from the Mooncake store");
+                Ok(())
+            }
+            Err(e) => {
+                bump(&self.counters.reset_errors, 1);
+                tracing::warn!(error = %e, tenant, addr = %self.master.addr(), "reset: RemoveAll failed");
+                Err(index_error(&e))
+            }
+        }
+    }
+}
+
+/// Adds every leader change `views` reports after this call to `counter`, until the
+/// client is gone. The starting count is read now, not when the task first runs.
+fn count_leader_changes(
+    mut views: watch::Receiver<LeaderState>,
+    counter: Counter,
+) -> impl Future<Output = ()> + Send {
+    let mut seen = views.borrow_and_update().changes;
+    async move {
+        while views.changed().await.is_ok() {
+            let changes = views.borrow_and_update().changes;
+            counter.increment(changes.saturating_sub(seen));
+            seen = changes;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

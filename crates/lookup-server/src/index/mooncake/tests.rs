@@ -1,0 +1,294 @@
+//! [`MooncakeIndex`] against a scripted fake master on loopback (the real one runs in the
+//! workspace's `mooncake_index_*` tests): keys `err:*` get `OBJECT_NOT_FOUND`, a
+//! list holding `refuse` gets coro_rpc's "function not registered", `die` closes
+//! the connection.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mooncake_master::codec::{self, ExistResult, FunctionId, REQUEST_HEADER_LEN};
+use mooncake_master::{StoreErrorCode, TypeLiteral};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+#[derive(Default)]
+struct Fake {
+    keys: Mutex<HashSet<String>>,
+    /// Key counts of the `BatchExistKey` calls received, in order.
+    calls: Mutex<Vec<usize>>,
+    /// The `RemoveAll` calls received, in order.
+    removes: Mutex<Vec<codec::RemoveAllArgs>>,
+}
+
+impl Fake {
+    async fn start(keys: &[&str]) -> (Arc<Self>, String) {
+        let fake = Arc::new(Self::default());
+        fake.keys
+            .lock()
+            .unwrap()
+            .extend(keys.iter().map(|k| (*k).to_owned()));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let served = Arc::clone(&fake);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(Arc::clone(&served).serve(stream));
+            }
+        });
+        (fake, addr)
+    }
+
+    fn answer(&self, key: &str) -> ExistResult {
+        if key.starts_with("err:") {
+            Err(StoreErrorCode::OBJECT_NOT_FOUND)
+        } else {
+            Ok(self.keys.lock().unwrap().contains(key))
+        }
+    }
+
+    async fn serve(self: Arc<Self>, mut stream: TcpStream) {
+        loop {
+            let mut head = [0u8; REQUEST_HEADER_LEN];
+            if stream.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let header = codec::RequestHeader::decode(&head).unwrap();
+            let mut body = vec![0; header.body_length as usize];
+            stream.read_exact(&mut body).await.unwrap();
+            let seq = header.seq_num;
+            let lit = TypeLiteral::Include;
+            let mut out = Vec::new();
+            if header.function_id == FunctionId::REMOVE_ALL {
+                let args = codec::decode_remove_all_args(&body).unwrap();
+                self.removes.lock().unwrap().push(args);
+                let removed = {
+                    let mut keys = self.keys.lock().unwrap();
+                    let n = keys.len();
+                    keys.clear();
+                    n
+                };
+                codec::encode_remove_all_reply(&mut out, seq, removed as i64, lit);
+                stream.write_all(&out).await.unwrap();
+                continue;
+            }
+            assert_eq!(header.function_id, FunctionId::BATCH_EXIST_KEY);
+            let keys = codec::decode_batch_exist_key_args(&body).unwrap().keys;
+            self.calls.lock().unwrap().push(keys.len());
+            if keys.iter().any(|k| k == "die") {
+                return;
+            }
+            if keys.iter().any(|k| k == "refuse") {
+                codec::encode_error_reply(
+                    &mut out,
+                    seq,
+                    11,
+                    "the rpc function not registered",
+                    lit,
+                );
+            } else {
+                let answers: Vec<ExistResult> = keys.iter().map(|k| self.answer(k)).collect();
+                codec::encode_batch_exist_key_reply(&mut out, seq, &answers, lit);
+            }
+            stream.write_all(&out).await.unwrap();
+        }
+    }
+
+    fn calls(&self) -> Vec<usize> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn keys(names: &[&str]) -> Vec<String> {
+    names.iter().map(|k| (*k).to_owned()).collect()
+}
+
+async fn index(addr: &str, chunk_keys: usize) -> MooncakeIndex {
+    let mut config = MasterConfig::default();
+    config.chunk_keys = chunk_keys;
+    MooncakeIndex::connect(addr, config).await.unwrap()
+}
+
+#[tokio::test]
+async fn leading_blocks_need_every_namespace_and_stop_after_the_run_ends() {
+    let (fake, addr) = Fake::start(&["a0", "a1", "b0", "b1", "c0", "d0", "d1"]).await;
+    let index = index(&addr, 4).await;
+    // Blocks a, b, c, d with 2 keys each; c1 is missing.
+    let chain = keys(&["a0", "a1", "b0", "b1", "c0", "c1", "d0", "d1", "e0", "e1"]);
+    assert_eq!(index.leading_blocks(2, &chain).await.unwrap(), 2);
+    // Chunks of 4 keys (2 whole blocks): the second call ends the run, the third
+    // is never sent.
+    assert_eq!(fake.calls(), [4, 4]);
+    assert_eq!(index.leading_blocks(2, &chain[..4]).await.unwrap(), 2);
+    // A trailing partial block never counts, and is never asked about.
+    assert_eq!(index.leading_blocks(2, &chain[..5]).await.unwrap(), 2);
+    assert_eq!(index.leading_blocks(0, &chain).await.unwrap(), 0);
+    let stats = index.stats();
+    assert_eq!(stats.lookups, 4);
+    assert_eq!(stats.blocks_found, 6);
+    assert_eq!((stats.errors, stats.key_errors), (0, 0));
+    assert_eq!(stats.master.batch_exist_calls, 4);
+    assert_eq!(stats.master.keys_asked, 16);
+}
+
+#[tokio::test]
+async fn a_key_answered_with_an_error_code_ends_the_run_there() {
+    let (_fake, addr) = Fake::start(&["a0", "a1", "b0", "c0", "c1"]).await;
+    let index = index(&addr, 1024).await;
+    // Block b: one key present, the other answered OBJECT_NOT_FOUND.
+    let chain = keys(&["a0", "a1", "b0", "err:b1", "c0", "c1"]);
+    assert_eq!(index.leading_blocks(2, &chain).await.unwrap(), 1);
+    assert_eq!(
+        index.exists(&chain).await.unwrap(),
+        [true, true, true, false, true, true]
+    );
+    let stats = index.stats();
+    assert_eq!(stats.key_errors, 2);
+    assert_eq!(stats.errors, 0);
+    assert_eq!(stats.blocks_found, 1);
+    assert_eq!(stats.exists_calls, 1);
+}
+
+#[tokio::test]
+async fn failed_calls_are_counted_errors() {
+    let (_fake, addr) = Fake::start(&["a0"]).await;
+    let index = index(&addr, 1024).await;
+    let err = index
+        .leading_blocks(1, &keys(&["a0", "refuse"]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, IndexError::Store(m) if m.contains("does not register")),
+        "{err}"
+    );
+    let err = index.exists(&keys(&["die"])).await.unwrap_err();
+    assert!(matches!(err, IndexError::Unavailable(_)), "{err}");
+    let stats = index.stats();
+    assert_eq!((stats.errors, stats.unavailable), (2, 1));
+    // The client reconnects in the background; the next calls succeed.
+    let mut answered = None;
+    for _ in 0..200 {
+        if let Ok(run) = index.leading_blocks(1, &keys(&["a0", "b0"])).await {
+            answered = Some(run);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(answered, Some(1));
+    assert_eq!(index.stats().master.connects, 2);
+}
+
+#[tokio::test]
+async fn reset_is_refused_and_removes_nothing() {
+    let (fake, addr) = Fake::start(&["a0"]).await;
+    let index = index(&addr, 1024).await;
+    let err = index.clear().await.unwrap_err();
+    assert_eq!(
+        err,
+        IndexError::Unsupported {
+            operation: "reset",
+            why: "the Mooncake master's RemoveAll is tenant-wide (every engine sharing the \
+                  store loses its blocks) and this index was not given \
+                  ResetPolicy::RemoveAll; keys stay stored",
+        }
+    );
+    assert_eq!(index.reset_policy(), ResetPolicy::Refuse);
+    assert_eq!(index.stats().resets_refused, 1);
+    // Nothing was sent to the master for the reset.
+    assert!(fake.calls().is_empty());
+    assert!(fake.removes.lock().unwrap().is_empty());
+    assert_eq!(index.exists(&keys(&["a0"])).await.unwrap(), [true]);
+}
+
+#[tokio::test]
+async fn reset_with_remove_all_removes_every_key_with_force() {
+    let (fake, addr) = Fake::start(&["a0", "a1", "b0"]).await;
+    let index = index(&addr, 1024).await.with_reset(ResetPolicy::RemoveAll);
+    index.clear().await.unwrap();
+    assert_eq!(
+        *fake.removes.lock().unwrap(),
+        [codec::RemoveAllArgs {
+            force: true,
+            tenant_id: Some("default".to_owned())
+        }]
+    );
+    assert_eq!(
+        index.exists(&keys(&["a0", "a1", "b0"])).await.unwrap(),
+        [false; 3]
+    );
+    let stats = index.stats();
+    assert_eq!(
+        (
+            stats.resets_done,
+            stats.objects_removed,
+            stats.resets_refused,
+            stats.reset_errors
+        ),
+        (1, 3, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_failed_remove_all_fails_the_reset() {
+    let (fake, addr) = Fake::start(&["a0"]).await;
+    let index = index(&addr, 1024).await.with_reset(ResetPolicy::RemoveAll);
+    // The connection breaks; the reset fails fast instead of removing anything.
+    let _ = index.exists(&keys(&["die"])).await.unwrap_err();
+    let err = index.clear().await.unwrap_err();
+    assert!(matches!(err, IndexError::Unavailable(_)), "{err}");
+    assert_eq!(index.stats().reset_errors, 1);
+    assert!(fake.removes.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn leader_changes_are_added_to_the_counter() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let counter = metrics::with_local_recorder(&recorder, crate::metrics::mooncake_leader_changes);
+    let (views, rx) = watch::channel(LeaderState::default());
+    let task = tokio::spawn(count_leader_changes(rx, counter));
+    let total = || {
+        handle
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("lookup_server_mooncake_leader_changes_total "))
+            .map(|v| v.parse::<f64>().unwrap())
+    };
+    // Two changes before the task wakes count as two.
+    views.send_modify(|s| s.changes = 1);
+    views.send_modify(|s| s.changes = 2);
+    for _ in 0..100 {
+        if total() == Some(2.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(total(), Some(2.0));
+    views.send_modify(|s| s.changes = 3);
+    drop(views);
+    // The client is gone: the task ends after counting the last change.
+    task.await.unwrap();
+    assert_eq!(total(), Some(3.0));
+}
+
+#[test]
+fn master_failures_map_to_index_errors() {
+    let lost = MasterError::ConnectionLost {
+        addr: "127.0.0.1:1".to_owned(),
+        reason: "closed by the master".to_owned(),
+    };
+    assert!(
+        matches!(index_error(&lost), IndexError::Unavailable(m) if m.contains("closed by the master"))
+    );
+    let count = MasterError::AnswerCount {
+        expected: 3,
+        got: 2,
+    };
+    assert_eq!(
+        index_error(&count),
+        IndexError::Store("the Mooncake master answered 2 existence results for 3 keys".to_owned())
+    );
+}

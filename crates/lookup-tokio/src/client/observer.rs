@@ -1,0 +1,170 @@
+//! What the client records while the lifecycle works: the metrics of each lookup and
+//! its tracing span. It is the core's [`Observe`] hook, so it sees each lookup as the
+//! core creates, shares, cancels and ends it, and keeps no copy of the core's state:
+//! only the open lookups' spans (and those only while debug tracing is on).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use lookup_core::{Event, LookupOutcome, Observe, Origin, RequestId, RpcId};
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::metrics::{ClientMetrics, LookupEnd};
+use crate::warn::WarnLimiter;
+
+/// The client's [`Observe`] implementation.
+#[derive(Debug)]
+pub(crate) struct ClientObserver {
+    pub(crate) metrics: ClientMetrics,
+    /// Spans of lookup RPCs not ended yet; empty while debug tracing is off.
+    spans: HashMap<RpcId, Span>,
+    /// The clock read of the client's current call.
+    pub(crate) clock: Instant,
+    warn: WarnLimiter,
+    /// Where lookups go, for warnings.
+    endpoint: String,
+}
+
+impl ClientObserver {
+    pub(crate) fn new(clock: Instant, endpoint: String) -> Self {
+        Self {
+            metrics: ClientMetrics::new(),
+            spans: HashMap::new(),
+            clock,
+            warn: WarnLimiter::default(),
+            endpoint,
+        }
+    }
+
+    /// The span of an open lookup RPC (its `rpc` span's parent), or [`Span::none`].
+    pub(crate) fn span(&self, rpc_id: RpcId) -> Span {
+        self.spans.get(&rpc_id).cloned().unwrap_or_else(Span::none)
+    }
+
+    /// The client closed (rule 14): lookups still open end as cancelled.
+    pub(crate) fn close(&mut self) {
+        for (_, span) in self.spans.drain() {
+            record_end(&span, LookupEnd::Cancelled, None, 0, None, Duration::ZERO);
+        }
+    }
+}
+
+impl Observe for ClientObserver {
+    fn lookup_submitted(
+        &mut self,
+        rpc_id: RpcId,
+        request_id: RequestId,
+        origin: Origin,
+        num_tokens: u32,
+        blocks: usize,
+    ) {
+        let span = tracing::debug_span!(
+            target: "lookup_tokio::client",
+            "lookup",
+            request_id = request_id.0,
+            rpc_id = rpc_id.0,
+            origin = origin_label(origin),
+            num_tokens,
+            blocks,
+            outcome = Empty,
+            hit_tokens = Empty,
+            requests = Empty,
+            queue_wait_us = Empty,
+            latency_us = Empty,
+        );
+        if !span.is_disabled() {
+            tracing::debug!(target: "lookup_tokio::client", parent: &span, "lookup submitted");
+            self.spans.insert(rpc_id, span);
+        }
+    }
+
+    fn lookup_shared(&mut self, rpc_id: RpcId, request_id: RequestId) {
+        tracing::debug!(
+            request_id = request_id.0,
+            rpc_id = rpc_id.0,
+            "lookup joined an identical RPC already queued or in flight"
+        );
+    }
+
+    fn lookup_cancelled(&mut self, rpc_id: RpcId, submitted_at: Instant) {
+        let latency = self.clock.saturating_duration_since(submitted_at);
+        self.metrics.lookup_ended(LookupEnd::Cancelled, latency);
+        if let Some(span) = self.spans.remove(&rpc_id) {
+            record_end(&span, LookupEnd::Cancelled, None, 0, None, latency);
+        }
+    }
+
+    fn reply_rejected(&mut self, rpc_id: RpcId, num_tokens: u32, hit_tokens: u32) {
+        self.warn.warn(
+            "reply_rejected",
+            self.clock,
+            format_args!(
+                "{} claimed {hit_tokens} hit tokens for a {num_tokens}-token prompt \
+                 ({rpc_id}): above the prompt or not whole blocks; counted as malformed, \
+                 the request loads nothing",
+                self.endpoint
+            ),
+        );
+    }
+
+    fn event(&mut self, event: &Event) {
+        match *event {
+            Event::LookupDone {
+                rpc_id,
+                outcome,
+                requests,
+                total,
+                queue_wait,
+                ..
+            } => {
+                let end = LookupEnd::of(outcome, requests);
+                self.metrics.lookup_sent(queue_wait);
+                self.metrics.lookup_ended(end, total);
+                if let Some(span) = self.spans.remove(&rpc_id) {
+                    let hit_tokens = match outcome {
+                        LookupOutcome::Hit { hit_tokens } => Some(hit_tokens),
+                        _ => None,
+                    };
+                    record_end(&span, end, hit_tokens, requests, Some(queue_wait), total);
+                }
+            }
+            Event::ResetDone { outcome, .. } => self.metrics.reset_ended(outcome),
+        }
+    }
+}
+
+/// The `origin` label and span field of a lookup.
+fn origin_label(origin: Origin) -> &'static str {
+    match origin {
+        Origin::Arrival => "arrival",
+        Origin::Probe => "probe",
+    }
+}
+
+/// Microseconds, saturating (for span fields).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Records how a lookup RPC ended on its span, and logs it there.
+fn record_end(
+    span: &Span,
+    end: LookupEnd,
+    hit_tokens: Option<u32>,
+    requests: u32,
+    queue_wait: Option<Duration>,
+    latency: Duration,
+) {
+    let latency_us = micros(latency);
+    span.record("outcome", end.as_str());
+    if let Some(hit_tokens) = hit_tokens {
+        span.record("hit_tokens", hit_tokens);
+    }
+    if let Some(wait) = queue_wait {
+        span.record("queue_wait_us", micros(wait));
+    }
+    span.record("requests", requests);
+    span.record("latency_us", latency_us);
+    tracing::debug!(target: "lookup_tokio::client", parent: span, outcome = end.as_str(), latency_us, "lookup ended");
+}

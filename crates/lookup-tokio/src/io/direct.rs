@@ -1,0 +1,525 @@
+//! The direct transport: the scheduler process asks the Mooncake master itself,
+//! skipping the lookup server (DESIGN.md, "Mooncake master client"; the idea behind
+//! vllm-ascend #15243).
+//!
+//! vLLM's scheduler asks a worker over ZeroMQ, and the worker asks the master: two
+//! hops. With [`Transport::Direct`] the [`LookupClient`](crate::LookupClient) keeps the
+//! same `lookup-core` state machine, handle API, timeouts, fail-open rule, metrics,
+//! events and tracing, but its I/O task serves each lookup command itself: it builds
+//! the store keys of the blocks in question with the server's [`KeyLayout`], asks the
+//! master in one logical `BatchExistKey` query (chunked, stopping at the chunk that ends
+//! the leading run: [`MasterClient::leading_blocks_flat`]) and computes the hit with the
+//! server's own rules ([`blocks_to_check`], [`hit_tokens`]: `spec/wire.md`, "What the
+//! server computes"). Up to `max_in_flight` lookups are pipelined on the master
+//! client's one TCP connection.
+//!
+//! # Lease side effect
+//!
+//! Every key the master answers `true` gets a read lease for the master's
+//! `default_kv_lease_ttl` (10 s by default): the block cannot be evicted or removed
+//! until it expires (`spec/mooncake-master-rpc.md`, "The call"). vLLM's worker has the
+//! same effect through the C++ client's `batch_is_exist`, so a direct lookup pins the
+//! store exactly as a lookup through the worker does, and no more: keys past the
+//! chunk that ended the run are never asked about. A result the client keeps for
+//! `lookup_prefetch_ttl_s` (2 s by default) is therefore backed by the lease for its
+//! whole life as long as the TTL stays below the lease; [`LookupClient::connect`]
+//! warns when it does not ([`DirectConfig::lease_ttl`]).
+//!
+//! # Reset
+//!
+//! The master's only reset, `RemoveAll` (`spec/mooncake-master-rpc.md`, "Removing
+//! everything"), is tenant-wide: it removes every engine's blocks, not only this
+//! scheduler's; and a wipe would also have to drain the writers' pending puts, which
+//! only the worker that owns the store client can do. A reset (rule 13) is therefore
+//! never sent: it ends at once as
+//! [`ResetOutcome::Failed`](lookup_core::ResetOutcome::Failed) and every key stays
+//! stored, as `lookup_server::MooncakeIndex` answers it through the server.
+//!
+//! [`LookupClient::connect`]: crate::LookupClient::connect
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use lookup_core::answer::{blocks_to_check, hit_tokens};
+use lookup_core::{BlockHashes, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
+use mooncake_master::{KeyLayout, MasterAddr, MasterClient, MasterConfig, MasterError};
+use tracing::{Instrument, Span};
+
+use super::{SendError, Wire, WireInput};
+use crate::Error;
+use crate::warn::WarnLimiter;
+
+/// The master's default read lease (`default_kv_lease_ttl`, 10 s), granted to every key
+/// an existence query answers `true` (`spec/mooncake-master-rpc.md`, "The call").
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// How a [`LookupClient`](crate::LookupClient) reaches the store (DESIGN.md,
+/// "Mooncake master client": both paths sit behind the same state machine).
+///
+/// With [`Direct`](Self::Direct) the client computes the server's answer itself:
+/// the store keys of the blocks in question with the server's [`KeyLayout`], one
+/// logical `BatchExistKey` query per lookup (chunks of
+/// [`MasterConfig::chunk_keys`], stopping at the chunk that ends the leading run),
+/// the leading run over every rank namespace and the full-hit rule (`spec/wire.md`,
+/// "What the server computes"). Two things differ from a server:
+///
+/// - **Lease side effect.** Every key the master answers `true` gets a read lease for
+///   its `default_kv_lease_ttl` (10 s by default), exactly as through vLLM's worker.
+///   Keep `lookup_prefetch_ttl_s` (2 s by default) below it, so that a cached result
+///   is backed by the lease for its whole life ([`DirectConfig::lease_ttl`]).
+/// - **Reset.** The master's only reset (`RemoveAll`) is tenant-wide: a reset is
+///   never sent and ends as
+///   [`ResetOutcome::Failed`](lookup_core::ResetOutcome::Failed); every key stays.
+///
+/// # Failures
+///
+/// Every failure answers 0 hits (rule 11), as a
+/// [`LookupOutcome`](lookup_core::LookupOutcome) in its `Event::LookupDone`:
+///
+/// | what happened | outcome |
+/// |---|---|
+/// | the master answered; a key with an application `ErrorCode` ends the run at its block (vLLM counts only `1`s) | `Hit` / `Miss` |
+/// | no answer within `lookup_timeout_s` of the send, or the master client's own `call_timeout` | `Failed(TimedOut)` |
+/// | a reply that does not decode, or with a wrong number of answers | `Malformed` |
+/// | not connected yet after a failed connect, connection down or lost, the call refused | `Failed(Transport)` |
+///
+/// Until the first connect succeeds, lookups wait while an attempt is under way (at
+/// most the master client's `connect_timeout`, 1 s by default) and fail fast during
+/// the backoff between attempts, which starts at `ClientConfig::reopen_backoff` and
+/// doubles up to 1 s. Once connected, the master client reconnects on its own after a
+/// lost connection, and calls fail fast while it is down.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// A lookup server over ZeroMQ (a vLLM MooncakeStoreConnector worker, or our
+    /// `lookup_server::LookupServer`) at
+    /// [`ClientConfig::endpoint`](crate::ClientConfig::endpoint), in
+    /// [`ClientConfig::format`](crate::ClientConfig::format). The default.
+    #[default]
+    Zmq,
+    /// The Mooncake master itself, from the scheduler's process (see above). Boxed:
+    /// the settings are large and read once, at connect.
+    Direct(Box<DirectConfig>),
+}
+
+/// Settings of the direct transport ([`Transport::Direct`]). Build with
+/// [`DirectConfig::new`] and adjust fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectConfig {
+    /// The master's RPC address, `host:port` (`--rpc_address:--rpc_port`; port 50051
+    /// by default), or `etcd://h1:p1;h2:p2` for a high-availability cluster whose
+    /// leader the master client finds and follows (cluster id:
+    /// `master_config.cluster_id`, else `$MC_STORE_CLUSTER_ID`, else
+    /// `mooncake_cluster`; `spec/mooncake-master-rpc.md`, "High availability").
+    pub master: String,
+    /// How block hashes become store keys: the same cache prefix, model and rank
+    /// namespaces as the workers that write the blocks (`spec/wire.md`, "What the
+    /// server computes", step 2). A block counts only when every namespace key exists.
+    pub layout: KeyLayout,
+    /// The master client's settings: `chunk_keys` (keys per `BatchExistKey` call,
+    /// default 1,024), `call_timeout`, `connect_timeout`, `tenant_id`, backoff.
+    pub master_config: MasterConfig,
+    /// The master's `default_kv_lease_ttl` (seconds of read lease per positive
+    /// answer). Default 10 s, the master's default. Only checked against
+    /// `lookup_prefetch_ttl_s`: a cached result older than the lease may name blocks
+    /// evicted since, so [`LookupClient::connect`](crate::LookupClient::connect) warns
+    /// when the TTL is not below it.
+    pub lease_ttl: Duration,
+}
+
+impl DirectConfig {
+    /// The master at `master` (`host:port` or `etcd://...`), keys laid out by `layout`, the master
+    /// client's defaults and the master's default lease of 10 s.
+    #[must_use]
+    pub fn new(master: impl Into<String>, layout: KeyLayout) -> Self {
+        Self {
+            master: master.into(),
+            layout,
+            master_config: MasterConfig::default(),
+            lease_ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+
+    /// Checks the settings the master client would refuse only once connecting, so
+    /// that the mistake is an error of `connect`, not a stream of failed lookups.
+    ///
+    /// # Errors
+    /// [`Error::InvalidClientConfig`] naming the field: an empty or malformed
+    /// `master`; a `master_config` with `chunk_keys` 0, a zero `call_timeout` or
+    /// `connect_timeout`, or a `backoff_min` that is zero or above `backoff_max`.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |key: &'static str, why: &str| {
+            Err(Error::InvalidClientConfig {
+                key,
+                why: why.to_owned(),
+            })
+        };
+        let m = &self.master_config;
+        if self.master.trim().is_empty() {
+            return bad("master", "the master's host:port is empty");
+        }
+        if let Err(e) = MasterAddr::parse(&self.master, m.cluster_id.as_deref()) {
+            return bad("master", &e.to_string());
+        }
+        if m.chunk_keys == 0 {
+            return bad("master_config.chunk_keys", "must be at least 1");
+        }
+        if m.call_timeout.is_zero() {
+            return bad("master_config.call_timeout", "must be positive");
+        }
+        if m.connect_timeout.is_zero() {
+            return bad("master_config.connect_timeout", "must be positive");
+        }
+        if m.backoff_min.is_zero() || m.backoff_min > m.backoff_max {
+            return bad(
+                "master_config.backoff_min",
+                "must be positive and at most backoff_max",
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether a result TTL of `ttl_s` seconds outlives the read lease (see
+    /// [`lease_ttl`](Self::lease_ttl)).
+    #[must_use]
+    pub fn ttl_outlives_lease(&self, ttl_s: f64) -> bool {
+        ttl_s >= self.lease_ttl.as_secs_f64()
+    }
+}
+
+type Connecting = Pin<Box<dyn Future<Output = Result<MasterClient, MasterError>> + Send>>;
+type Query = Pin<Box<dyn Future<Output = Ended> + Send>>;
+
+/// The state of the master connection.
+enum Link {
+    /// A connect attempt is under way.
+    Connecting(Connecting),
+    /// The last attempt failed; the I/O task opens again after its backoff.
+    Down,
+    /// Connected: the master client reconnects on its own from here on.
+    Up(MasterClient),
+}
+
+/// One finished master query.
+struct Ended {
+    rpc_id: RpcId,
+    num_tokens: u32,
+    blocks: usize,
+    span: Span,
+    result: Result<usize, MasterError>,
+}
+
+/// The direct transport's wire: the master connection and the queries on it, each
+/// answering one lookup with the server's rules (`spec/wire.md`).
+pub(crate) struct DirectWire {
+    direct: DirectConfig,
+    block_size: u32,
+    keys_per_block: usize,
+    link: Link,
+    /// Shared with the handle for [`ClientStats::master`](crate::ClientStats::master).
+    master: Arc<OnceLock<MasterClient>>,
+    queries: FuturesUnordered<Query>,
+    /// Inputs decided without the master (a refused reset), handed out first.
+    ready: VecDeque<WireInput<Reply>>,
+    warn: WarnLimiter,
+}
+
+impl DirectWire {
+    /// A wire that starts connecting to `direct.master` at once.
+    pub(crate) fn new(
+        direct: DirectConfig,
+        block_size: u32,
+        master: Arc<OnceLock<MasterClient>>,
+    ) -> Self {
+        let keys_per_block = direct.layout.namespaces().len();
+        let link = Link::Connecting(connect(&direct));
+        Self {
+            direct,
+            block_size,
+            keys_per_block,
+            link,
+            master,
+            queries: FuturesUnordered::new(),
+            ready: VecDeque::new(),
+            warn: WarnLimiter::default(),
+        }
+    }
+
+    /// The master's answer as a lookup reply, or why there is none.
+    fn answer(&mut self, ended: Ended) -> WireInput<Reply> {
+        let Ended {
+            rpc_id,
+            num_tokens,
+            blocks,
+            span,
+            result,
+        } = ended;
+        let now = crate::clock::now();
+        let run = match result {
+            Ok(run) => run,
+            // The key that would end the run carries an ErrorCode: every key before it
+            // was answered `true`, so the run ends at its block (vLLM counts only 1s).
+            Err(
+                error @ MasterError::Store {
+                    key_index: Some(_), ..
+                },
+            ) => {
+                let MasterError::Store {
+                    key_index: Some(i), ..
+                } = error
+                else {
+                    unreachable!()
+                };
+                self.warn.warn(
+                    "key_error",
+                    now,
+                    format_args!(
+                        "the Mooncake master answered a key with an error ({error}); counted as absent"
+                    ),
+                );
+                i / self.keys_per_block.max(1)
+            }
+            Err(MasterError::Timeout { .. }) => {
+                return WireInput::Failed {
+                    rpc_id,
+                    failure: RpcFailure::TimedOut,
+                };
+            }
+            Err(error @ (MasterError::MalformedReply { .. } | MasterError::AnswerCount { .. })) => {
+                self.warn.warn(
+                    "malformed",
+                    now,
+                    format_args!("malformed reply from the Mooncake master: {error}"),
+                );
+                return WireInput::Reply {
+                    rpc_id,
+                    payload: Reply::Malformed,
+                };
+            }
+            Err(error) => {
+                self.warn.warn(
+                    "master_error",
+                    now,
+                    format_args!(
+                        "Mooncake master query failed: {error}; the lookup answers 0 hits"
+                    ),
+                );
+                return WireInput::Failed {
+                    rpc_id,
+                    failure: RpcFailure::Transport,
+                };
+            }
+        };
+        // A client never finds more blocks than it asked about; the cap keeps the
+        // answer within the prompt whatever the master says.
+        let hit = hit_tokens(num_tokens, self.block_size, run.min(blocks));
+        span.record("hit_tokens", hit);
+        WireInput::Reply {
+            rpc_id,
+            payload: Reply::Lookup { hit_tokens: hit },
+        }
+    }
+}
+
+impl Wire for DirectWire {
+    type Payload = Reply;
+
+    fn name(&self) -> &str {
+        &self.direct.master
+    }
+
+    fn connecting(&self) -> bool {
+        matches!(self.link, Link::Connecting(_))
+    }
+
+    fn reopens_for_reset(&self) -> bool {
+        false
+    }
+
+    async fn send(&mut self, out: Outgoing, span: &Span) -> Result<(), SendError> {
+        let Outgoing { rpc_id, body } = out;
+        let (num_tokens, block_hashes) = match body {
+            RpcBody::Lookup {
+                num_tokens,
+                block_hashes,
+            } => (num_tokens, block_hashes),
+            RpcBody::Reset => {
+                // The master's RPC has no remove-all (see the module docs): refused.
+                self.warn.warn(
+                    "no_reset",
+                    crate::clock::now(),
+                    format_args!(
+                        "reset refused: the Mooncake master's RemoveAll is tenant-wide; no key was removed"
+                    ),
+                );
+                self.ready.push_back(WireInput::Reply {
+                    rpc_id,
+                    payload: Reply::Reset { ok: false },
+                });
+                return Ok(());
+            }
+        };
+        let Link::Up(master) = &self.link else {
+            // No connection (a connect failed and waits for its backoff): fail fast
+            // rather than hold the lookup (rule 17).
+            return Err(SendError::NotConnected);
+        };
+        let blocks = blocks_to_check(num_tokens, self.block_size, block_hashes.len());
+        let query = query(master.clone(), &self.direct.layout, &block_hashes, blocks);
+        let ended_span = span.clone();
+        self.queries.push(Box::pin(
+            async move {
+                let result = query.await;
+                Ended {
+                    rpc_id,
+                    num_tokens,
+                    blocks,
+                    span: ended_span,
+                    result,
+                }
+            }
+            .instrument(span.clone()),
+        ));
+        Ok(())
+    }
+
+    async fn next(&mut self) -> WireInput<Reply> {
+        if let Some(input) = self.ready.pop_front() {
+            return input;
+        }
+        if let Link::Connecting(attempt) = &mut self.link {
+            tokio::select! {
+                biased;
+                result = attempt => {
+                    return match result {
+                        Ok(master) => {
+                            tracing::debug!(master = %master.addr(), "connected to the Mooncake master");
+                            let _ = self.master.set(master.clone());
+                            self.link = Link::Up(master);
+                            WireInput::Connected
+                        }
+                        Err(error) => {
+                            self.link = Link::Down;
+                            WireInput::ConnectFailed(error.to_string())
+                        }
+                    };
+                }
+                Some(ended) = self.queries.next(), if !self.queries.is_empty() => {
+                    return self.answer(ended);
+                }
+            }
+        }
+        match self.queries.next().await {
+            Some(ended) => self.answer(ended),
+            None => std::future::pending().await,
+        }
+    }
+
+    fn decode(
+        &mut self,
+        reply: Reply,
+        _is_reset: bool,
+        _span: &Span,
+        _warn: &mut WarnLimiter,
+        _now: Instant,
+    ) -> Reply {
+        reply
+    }
+
+    fn close(&mut self) {
+        // The master client reconnects by itself; queries on it end on their own.
+    }
+
+    fn open(&mut self) -> Result<(), String> {
+        if matches!(self.link, Link::Down) {
+            // Configuration errors were refused by `connect`; anything else may heal.
+            self.link = Link::Connecting(connect(&self.direct));
+        }
+        Ok(())
+    }
+}
+
+fn connect(direct: &DirectConfig) -> Connecting {
+    Box::pin(MasterClient::connect(
+        direct.master.clone(),
+        direct.master_config.clone(),
+    ))
+}
+
+/// One logical `BatchExistKey` query for the first `blocks` blocks of a chain: the
+/// leading run of blocks whose every namespace key exists. Its deadline is the I/O
+/// task's (`lookup_timeout_s`); the master client's own `call_timeout` bounds the call.
+fn query(
+    master: MasterClient,
+    layout: &KeyLayout,
+    block_hashes: &BlockHashes,
+    blocks: usize,
+) -> impl Future<Output = Result<usize, MasterError>> + Send + 'static {
+    let keys = layout.chain_keys(block_hashes, blocks);
+    let keys_per_block = layout.namespaces().len();
+    async move {
+        if keys.is_empty() {
+            // No full block: nothing to ask (`spec/wire.md`, step 1).
+            return Ok(0);
+        }
+        master.leading_blocks_flat(&keys, keys_per_block).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_the_bad_field() {
+        let layout = KeyLayout::default();
+        assert!(
+            DirectConfig::new("127.0.0.1:50051", layout.clone())
+                .validate()
+                .is_ok()
+        );
+        let key_of = |config: DirectConfig| match config.validate() {
+            Err(Error::InvalidClientConfig { key, .. }) => key,
+            other => panic!("expected InvalidClientConfig, got {other:?}"),
+        };
+        assert_eq!(key_of(DirectConfig::new(" ", layout.clone())), "master");
+        for bad in ["127.0.0.1", "etcd://", "redis://h:1"] {
+            assert_eq!(
+                key_of(DirectConfig::new(bad, layout.clone())),
+                "master",
+                "{bad}"
+            );
+        }
+        assert!(
+            DirectConfig::new("etcd://127.0.0.1:2379;h:2380", layout.clone())
+                .validate()
+                .is_ok()
+        );
+        let mut config = DirectConfig::new("127.0.0.1:50051", layout.clone());
+        config.master_config.chunk_keys = 0;
+        assert_eq!(key_of(config), "master_config.chunk_keys");
+        let mut config = DirectConfig::new("127.0.0.1:50051", layout.clone());
+        config.master_config.call_timeout = Duration::ZERO;
+        assert_eq!(key_of(config), "master_config.call_timeout");
+        let mut config = DirectConfig::new("127.0.0.1:50051", layout.clone());
+        config.master_config.connect_timeout = Duration::ZERO;
+        assert_eq!(key_of(config), "master_config.connect_timeout");
+        let mut config = DirectConfig::new("127.0.0.1:50051", layout);
+        config.master_config.backoff_min = config.master_config.backoff_max * 2;
+        assert_eq!(key_of(config), "master_config.backoff_min");
+    }
+
+    #[test]
+    fn the_default_ttl_stays_below_the_default_lease() {
+        let config = DirectConfig::new("127.0.0.1:50051", KeyLayout::default());
+        assert_eq!(config.lease_ttl, Duration::from_secs(10));
+        assert!(!config.ttl_outlives_lease(lookup_core::Config::new(16).lookup_prefetch_ttl_s));
+        assert!(!config.ttl_outlives_lease(9.999));
+        assert!(config.ttl_outlives_lease(10.0));
+        assert!(config.ttl_outlives_lease(30.0));
+    }
+}

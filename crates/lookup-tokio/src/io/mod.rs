@@ -1,0 +1,559 @@
+//! The client's I/O task: one tokio task owns the transport (a ZeroMQ DEALER socket,
+//! or the Mooncake master connection) and runs the wire's half of the protocol, the
+//! core's [`Dispatcher`] (DESIGN.md, "Who owns what"; STYLE.md rule 10).
+//!
+//! Both transports share this loop: the send queue, every RPC deadline, the late-reply
+//! count, reopening with one [`Backoff`], the tracing and the reports. A transport is a
+//! [`Wire`]: it writes one RPC, yields what it receives, and opens or drops its
+//! connection. What goes back to the scheduler's thread is the core's own
+//! [`WireEvent`], one per RPC that ended.
+
+pub(crate) mod direct;
+pub(crate) mod zmq;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lookup_core::timer::Backoff;
+use lookup_core::{Command, Dispatcher, Outgoing, Reply, RpcBody, RpcFailure, RpcId, WireEvent};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
+use tracing::Span;
+use tracing::field::Empty;
+
+use crate::clock;
+use crate::metrics::{ActorMetrics, ReopenReason};
+use crate::warn::WarnLimiter;
+
+/// What the handle sends the I/O task: a command of the core, and the span of the
+/// lookup it belongs to ([`Span::none`] for others, or when debug tracing is off).
+pub(crate) type ToIo = (Command, Span);
+
+/// Transport counters the I/O task publishes and the handle reads (all counts).
+#[derive(Debug, Default)]
+pub(crate) struct TransportStats {
+    /// The dispatcher's `rpcs_sent`, as of the task's last turn.
+    pub(crate) rpcs_sent: AtomicU64,
+    /// The dispatcher's `late_replies`, as of the task's last turn (rule 17).
+    pub(crate) late_replies: AtomicU64,
+    /// Messages without a valid `[8-byte rpc id, ""]` envelope: dropped.
+    pub(crate) bad_envelopes: AtomicU64,
+    /// Connections dropped and opened again (after timeouts, on reset, on errors).
+    pub(crate) reopens: AtomicU64,
+    /// Writes that failed or did not complete within the timeout; with the direct
+    /// transport, master queries that failed.
+    pub(crate) send_errors: AtomicU64,
+    /// Receive errors on the connection.
+    pub(crate) recv_errors: AtomicU64,
+    /// Attempts to open a connection that failed.
+    pub(crate) open_errors: AtomicU64,
+    /// Times the endpoint was found with nothing listening (a missing ipc socket
+    /// file, a refused tcp port).
+    pub(crate) unreachable: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What a [`Wire`] yields.
+#[derive(Debug)]
+pub(crate) enum WireInput<P> {
+    /// A reply for `rpc_id`, to decode with [`Wire::decode`].
+    Reply { rpc_id: RpcId, payload: P },
+    /// `rpc_id` failed on the transport's side (the direct transport's query).
+    Failed { rpc_id: RpcId, failure: RpcFailure },
+    /// The connection failed: drop it, and open a new one after the backoff.
+    Broken(String),
+    /// A connection attempt started by [`Wire::open`] succeeded.
+    Connected,
+    /// A connection attempt started by [`Wire::open`] failed: retry after the backoff.
+    ConnectFailed(String),
+    /// A message without a valid envelope: dropped.
+    BadEnvelope,
+    /// Nothing listens where the wire leads (no socket file, a refused port): the
+    /// RPCs on it fail now, and new ones fail fast until [`WireInput::Reachable`].
+    Unreachable(String),
+    /// Something listens again where the wire leads.
+    Reachable,
+}
+
+/// Why a released RPC could not be written.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// There is no connection now (a reopen waits for its backoff): fail fast.
+    NotConnected,
+    /// The write failed: the connection is reopened after the backoff.
+    Failed(String),
+    /// The RPC cannot be expressed on this transport (a reset in `msgpack-hex`).
+    NotSent(String),
+}
+
+/// A transport as the I/O task drives it. Implementations keep only what their
+/// connection needs; every RPC's state is the task's [`Dispatcher`].
+pub(crate) trait Wire: Send + 'static {
+    /// What a reply carries until [`decode`](Self::decode).
+    type Payload: Send;
+
+    /// Where it leads, for logs (an endpoint URL, a master address).
+    fn name(&self) -> &str;
+
+    /// True while a connection attempt is under way that RPCs should wait for rather
+    /// than fail fast (the direct transport's first connect).
+    fn connecting(&self) -> bool;
+
+    /// Whether a reset goes on a fresh connection (ZeroMQ: a serial server must not
+    /// answer the discarded lookups first; rule 13).
+    fn reopens_for_reset(&self) -> bool;
+
+    /// Writes one released RPC.
+    fn send(
+        &mut self,
+        out: Outgoing,
+        span: &Span,
+    ) -> impl Future<Output = Result<(), SendError>> + Send;
+
+    /// The next input. Cancel-safe: dropped before completion, it loses nothing.
+    fn next(&mut self) -> impl Future<Output = WireInput<Self::Payload>> + Send;
+
+    /// Decodes a reply (`Reply::Malformed` when its bytes break the wire format).
+    fn decode(
+        &mut self,
+        payload: Self::Payload,
+        is_reset: bool,
+        span: &Span,
+        warn: &mut WarnLimiter,
+        now: Instant,
+    ) -> Reply;
+
+    /// Drops the connection (replies on it can no longer arrive).
+    fn close(&mut self);
+
+    /// Opens a connection, or starts an attempt that reports through
+    /// [`next`](Self::next). `Err` when it cannot be opened now.
+    fn open(&mut self) -> Result<(), String>;
+}
+
+/// The I/O task's settings.
+#[derive(Clone, Debug)]
+pub(crate) struct IoConfig {
+    /// First wait before trying again to open a connection; doubles up to 1 s.
+    pub(crate) backoff: Duration,
+    /// Reopen after this many timeouts in a row; 0 never (rule 17).
+    pub(crate) reopen_after_timeouts: u32,
+    /// `lookup_timeout_s` (the dispatcher's; here for warnings).
+    pub(crate) timeout: Duration,
+}
+
+/// The task's ends of what links it to the handle.
+pub(crate) struct IoLinks {
+    /// Commands of the core, with their lookups' spans.
+    pub(crate) commands: UnboundedReceiver<ToIo>,
+    /// One event per RPC that ended.
+    pub(crate) events: UnboundedSender<WireEvent>,
+    /// Cancelled on close.
+    pub(crate) cancel: CancellationToken,
+    /// Counters the handle reads.
+    pub(crate) stats: Arc<TransportStats>,
+}
+
+/// What the task keeps per RPC beside the dispatcher's record: its tracing span (the
+/// lookup's while queued, the `rpc` span once written) and whether it is a reset.
+#[derive(Debug)]
+pub(crate) struct Tag {
+    span: Span,
+    is_reset: bool,
+}
+
+/// What woke the task.
+enum Wake<P> {
+    Cancelled,
+    Command(Option<ToIo>),
+    Input(WireInput<P>),
+    Timer,
+}
+
+/// The task. Build with [`IoTask::new`] and spawn [`IoTask::run`].
+pub(crate) struct IoTask<W: Wire> {
+    wire: W,
+    dispatcher: Dispatcher<Tag>,
+    commands: UnboundedReceiver<ToIo>,
+    events: UnboundedSender<WireEvent>,
+    cancel: CancellationToken,
+    stats: Arc<TransportStats>,
+    backoff: Backoff,
+    /// Set while there is no connection: when to try opening one again.
+    reopen_at: Option<Instant>,
+    sleep: Pin<Box<Sleep>>,
+    /// The instant `sleep` is armed for; `None` when disarmed or after it fired.
+    armed: Option<Instant>,
+    timeout: Duration,
+    timeouts_in_a_row: u32,
+    warn: WarnLimiter,
+    metrics: ActorMetrics,
+}
+
+impl<W: Wire> IoTask<W> {
+    /// A task driving `wire` (already opened or opening, so that a bad endpoint is an
+    /// error of `connect`, not of the task).
+    pub(crate) fn new(
+        wire: W,
+        mut dispatcher: Dispatcher<Tag>,
+        config: &IoConfig,
+        links: IoLinks,
+    ) -> Self {
+        dispatcher.set_reopen_after_timeouts(config.reopen_after_timeouts);
+        let initial = config.backoff.max(Duration::from_millis(1));
+        let IoLinks {
+            commands,
+            events,
+            cancel,
+            stats,
+        } = links;
+        Self {
+            wire,
+            dispatcher,
+            commands,
+            events,
+            cancel,
+            stats,
+            backoff: Backoff::new(initial, Backoff::MAX),
+            reopen_at: None,
+            sleep: Box::pin(clock::sleep_until(clock::now())),
+            armed: None,
+            timeout: config.timeout,
+            timeouts_in_a_row: 0,
+            warn: WarnLimiter::default(),
+            metrics: ActorMetrics::new(),
+        }
+    }
+
+    /// Runs until the root token is cancelled or the handle is dropped. On exit the
+    /// connection is dropped (ZeroMQ: linger 0), so nothing is left behind.
+    pub(crate) async fn run(mut self) {
+        tracing::debug!(wire = self.wire.name(), "lookup I/O task started");
+        loop {
+            let wake = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => Wake::Cancelled,
+                input = self.wire.next() => Wake::Input(input),
+                cmd = self.commands.recv() => Wake::Command(cmd),
+                () = &mut self.sleep, if self.armed.is_some() => Wake::Timer,
+            };
+            // The one clock read of this turn (STYLE.md rule 10).
+            let now = clock::now();
+            match wake {
+                Wake::Cancelled | Wake::Command(None) => break,
+                Wake::Command(Some(command)) => {
+                    self.take(command);
+                    // Take everything already queued, so one turn sends a whole batch.
+                    while let Ok(command) = self.commands.try_recv() {
+                        self.take(command);
+                    }
+                }
+                Wake::Input(input) => self.on_input(input, now),
+                Wake::Timer => self.armed = None,
+            }
+            // Checked here rather than trusting the Sleep (STYLE.md rule 10).
+            self.dispatcher.handle_timeout(now);
+            if self.dispatcher.poll_reopen() {
+                self.reopen(now, None, ReopenReason::Timeouts);
+            }
+            if self.reopen_at.is_some_and(|at| at <= now) {
+                self.reopen_at = None;
+                self.open(now);
+            }
+            if !self.pump(now).await {
+                break;
+            }
+            self.forward(now);
+            self.arm();
+        }
+        let on_wire = self.dispatcher.in_flight();
+        self.dispatcher.close();
+        self.wire.close();
+        tracing::debug!(on_wire, "lookup I/O task stopped");
+    }
+
+    fn take(&mut self, (command, span): ToIo) {
+        let is_reset = matches!(
+            command,
+            Command::Send {
+                body: RpcBody::Reset,
+                ..
+            }
+        );
+        self.dispatcher.push(command, Tag { span, is_reset });
+    }
+
+    fn on_input(&mut self, input: WireInput<W::Payload>, now: Instant) {
+        match input {
+            WireInput::Reply { rpc_id, payload } => {
+                let Some(tag) = self.dispatcher.tag_mut(rpc_id) else {
+                    // Late (after its timeout or a reopen) or duplicated: counted by the
+                    // dispatcher, never applied (rule 17).
+                    let _late = self.dispatcher.handle_reply(rpc_id, Reply::Malformed, now);
+                    self.metrics.late_reply();
+                    tracing::debug!(rpc_id = rpc_id.0, "late reply dropped");
+                    return;
+                };
+                let (is_reset, span) = (tag.is_reset, tag.span.clone());
+                let reply = self
+                    .wire
+                    .decode(payload, is_reset, &span, &mut self.warn, now);
+                if self.dispatcher.handle_reply(rpc_id, reply, now) {
+                    self.timeouts_in_a_row = 0;
+                    self.backoff.reset();
+                }
+            }
+            WireInput::Failed { rpc_id, failure } => {
+                self.dispatcher.handle_send_failed(rpc_id, failure, now);
+            }
+            WireInput::Broken(error) => {
+                bump(&self.stats.recv_errors);
+                self.warn.warn(
+                    "recv_error",
+                    now,
+                    format_args!("lookup connection to {} failed: {error}", self.wire.name()),
+                );
+                self.reopen_after_error(now);
+            }
+            WireInput::Connected => {
+                tracing::debug!(wire = self.wire.name(), "connected");
+                self.backoff.reset();
+            }
+            WireInput::ConnectFailed(error) => {
+                bump(&self.stats.open_errors);
+                self.warn.warn(
+                    "open_error",
+                    now,
+                    format_args!(
+                        "cannot connect to {}: {error}; lookups fail open",
+                        self.wire.name()
+                    ),
+                );
+                self.reopen_at = Some(now + self.backoff.next_delay());
+            }
+            WireInput::Unreachable(why) => {
+                bump(&self.stats.unreachable);
+                self.warn.warn(
+                    "unreachable",
+                    now,
+                    format_args!(
+                        "lookup endpoint {} unreachable: {why}; lookups fail fast as \
+                         unavailable until it answers",
+                        self.wire.name()
+                    ),
+                );
+                self.dispatcher.fail_on_wire(None, now);
+            }
+            WireInput::Reachable => {
+                tracing::info!(wire = self.wire.name(), "lookup endpoint reachable again");
+            }
+            WireInput::BadEnvelope => {
+                bump(&self.stats.bad_envelopes);
+                self.warn.warn(
+                    "bad_envelope",
+                    now,
+                    format_args!("dropped a message without an [rpc id, \"\"] envelope"),
+                );
+            }
+        }
+    }
+
+    /// Writes everything the dispatcher releases. False when cancelled mid-write.
+    async fn pump(&mut self, now: Instant) -> bool {
+        if self.wire.connecting() {
+            return true;
+        }
+        while let Some(out) = self.dispatcher.poll_transmit(now) {
+            let rpc_id = out.rpc_id;
+            let span = self.start_span(&out);
+            if matches!(out.body, RpcBody::Reset) && self.wire.reopens_for_reset() {
+                // Lookups on the wire were all discarded by the reset; a fresh
+                // connection keeps a serial server from answering them first.
+                self.reopen(now, Some(rpc_id), ReopenReason::Reset);
+            }
+            let is_lookup = matches!(out.body, RpcBody::Lookup { .. });
+            let result = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return false,
+                r = self.wire.send(out, &span) => r,
+            };
+            match result {
+                Ok(()) => {
+                    if is_lookup {
+                        self.metrics.lookup_on_wire();
+                    }
+                }
+                Err(SendError::NotConnected) => {
+                    span.record("outcome", "not_connected");
+                    self.dispatcher
+                        .handle_send_failed(rpc_id, RpcFailure::Transport, now);
+                }
+                Err(SendError::NotSent(why)) => {
+                    self.warn
+                        .warn("not_sent", now, format_args!("RPC not sent: {why}"));
+                    self.dispatcher
+                        .handle_send_failed(rpc_id, RpcFailure::NotSent, now);
+                }
+                Err(SendError::Failed(error)) => {
+                    bump(&self.stats.send_errors);
+                    self.warn.warn(
+                        "send_error",
+                        now,
+                        format_args!("lookup send to {} failed: {error}", self.wire.name()),
+                    );
+                    self.dispatcher
+                        .handle_send_failed(rpc_id, RpcFailure::Transport, now);
+                    self.reopen_after_error(now);
+                }
+            }
+        }
+        true
+    }
+
+    /// The `rpc` span of a released RPC, a child of its lookup's span (a root for a
+    /// reset, or with tracing off), kept as the RPC's tag until it ends.
+    fn start_span(&mut self, out: &Outgoing) -> Span {
+        let Some(tag) = self.dispatcher.tag_mut(out.rpc_id) else {
+            return Span::none();
+        };
+        let span = match &out.body {
+            RpcBody::Lookup {
+                num_tokens,
+                block_hashes,
+            } => tracing::debug_span!(
+                parent: &tag.span,
+                "rpc",
+                rpc_id = out.rpc_id.0,
+                num_tokens,
+                blocks = block_hashes.len(),
+                hit_tokens = Empty,
+                outcome = Empty,
+                latency_us = Empty,
+            ),
+            RpcBody::Reset => tracing::debug_span!(
+                parent: &tag.span,
+                "reset",
+                rpc_id = out.rpc_id.0,
+                outcome = Empty,
+                latency_us = Empty
+            ),
+        };
+        tag.span = span.clone();
+        span
+    }
+
+    /// Carries every ended RPC to the handle, closing its span and its gauge share.
+    fn forward(&mut self, now: Instant) {
+        let mut timed_out = 0;
+        while let Some((event, tag)) = self.dispatcher.poll_event() {
+            if !tag.is_reset {
+                self.metrics.lookup_off_wire();
+            }
+            let outcome = match event.result() {
+                Ok(Reply::Malformed) => "malformed",
+                Ok(Reply::Reset { ok: true }) => "ok",
+                Ok(Reply::Reset { ok: false }) => "failed",
+                Ok(Reply::Lookup { .. }) => "replied",
+                Err(RpcFailure::TimedOut) => {
+                    timed_out += 1;
+                    "timed_out"
+                }
+                Err(RpcFailure::Transport) => "failed",
+                Err(RpcFailure::NotSent) => "not_sent",
+            };
+            if !tag.span.is_disabled() {
+                let latency = event.at().saturating_duration_since(event.sent_at());
+                let latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+                tag.span.record("outcome", outcome);
+                tag.span.record("latency_us", latency_us);
+                tracing::debug!(parent: &tag.span, rpc_id = event.rpc_id().0, outcome, latency_us, "rpc ended");
+            }
+            // The handle is gone only when the client was dropped; the token ends us.
+            let _ = self.events.send(event);
+        }
+        if timed_out > 0 {
+            self.timeouts_in_a_row += timed_out;
+            self.warn.warn(
+                "timeout",
+                now,
+                format_args!(
+                    "lookup RPC to {} unanswered after {:?} ({} in a row)",
+                    self.wire.name(),
+                    self.timeout,
+                    self.timeouts_in_a_row
+                ),
+            );
+        }
+        let d = self.dispatcher.stats();
+        self.stats.rpcs_sent.store(d.rpcs_sent, Ordering::Relaxed);
+        self.stats
+            .late_replies
+            .store(d.late_replies, Ordering::Relaxed);
+    }
+
+    /// Drops the connection and opens a new one at once; every RPC on the old one
+    /// except `keep` fails with [`RpcFailure::Transport`]; queued ones stay queued.
+    fn reopen(&mut self, now: Instant, keep: Option<RpcId>, reason: ReopenReason) {
+        self.drop_connection(now, keep, reason);
+        self.open(now);
+    }
+
+    /// After a connection error: drops it and opens a new one after the backoff, which
+    /// doubles per error until a reply arrives, so a connection that keeps failing
+    /// costs a retry per backoff, never a busy loop.
+    fn reopen_after_error(&mut self, now: Instant) {
+        self.drop_connection(now, None, ReopenReason::Error);
+        self.reopen_at = Some(now + self.backoff.next_delay());
+    }
+
+    fn drop_connection(&mut self, now: Instant, keep: Option<RpcId>, reason: ReopenReason) {
+        // The metric first: a reader who sees the count sees the metric too.
+        self.metrics.reopened(reason);
+        bump(&self.stats.reopens);
+        self.timeouts_in_a_row = 0;
+        self.wire.close();
+        self.dispatcher.fail_on_wire(keep, now);
+        self.reopen_at = None;
+    }
+
+    fn open(&mut self, now: Instant) {
+        if let Err(error) = self.wire.open() {
+            bump(&self.stats.open_errors);
+            self.warn.warn(
+                "open_error",
+                now,
+                format_args!(
+                    "cannot open a lookup connection to {}: {error}",
+                    self.wire.name()
+                ),
+            );
+            self.reopen_at = Some(now + self.backoff.next_delay());
+        }
+    }
+
+    /// Arms the one Sleep for the earliest deadline or reopen attempt.
+    fn arm(&mut self) {
+        let next = match (self.dispatcher.poll_timeout(), self.reopen_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if next != self.armed {
+            if let Some(at) = next {
+                self.sleep.as_mut().reset(at.into());
+            }
+            self.armed = next;
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! How the client talks to the master: [`MasterConfig`], its defaults and the checks
+//! [`MasterClient::connect`](super::MasterClient::connect) runs on it.
+
+use std::time::Duration;
+
+use crate::{MasterError, TypeLiteral};
+
+/// How the client talks to the master. Build with `MasterConfig::default()` and set
+/// fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MasterConfig {
+    /// Longest wait for one reply, from handing the request to the connection. Default
+    /// 1 s. The master answers 1,000 keys in ~0.3 ms on loopback; a call that takes
+    /// a second is a master in trouble.
+    pub call_timeout: Duration,
+    /// Longest wait for the TCP connect. Default 1 s.
+    pub connect_timeout: Duration,
+    /// Most keys per `BatchExistKey` call; longer lists are split. Default 1,024
+    /// (1,000 keys cost the master ~0.3 ms; a chunk bounds the work and the read
+    /// leases one call grants).
+    pub chunk_keys: usize,
+    /// `tenant_id` argument of `BatchExistKey`/`ExistKey` (masters ≥ 0.3.12). Default
+    /// `"default"`, the tenant of every client unless tenant quotas are on.
+    pub tenant_id: String,
+    /// Whether requests carry struct_pack's type literal (the debug form the PyPI
+    /// client sends). Default [`TypeLiteral::Omit`]: shorter, and accepted by debug
+    /// and release masters alike.
+    pub type_literal: TypeLiteral,
+    /// First wait before a reconnect attempt after a failed one; doubled on each
+    /// further failure. Default 20 ms.
+    pub backoff_min: Duration,
+    /// Longest wait between reconnect attempts. Default 1 s.
+    pub backoff_max: Duration,
+    /// Largest reply (body plus attachment) accepted, in bytes; a larger header breaks
+    /// the connection as a protocol violation instead of allocating. Default 16 MiB
+    /// (a 1,024-key answer is ~2 KiB).
+    pub max_reply_bytes: u32,
+    /// Cluster id of an `etcd://` address given as a string to
+    /// [`MasterClient::connect`](super::MasterClient::connect); `None` (the default)
+    /// takes `$MC_STORE_CLUSTER_ID`, else `mooncake_cluster`
+    /// ([`MasterAddr::parse`](crate::MasterAddr::parse)).
+    pub cluster_id: Option<String>,
+    /// Longest wait for one etcd read of the leader's view (connect, request and
+    /// answer), per endpoint. Default 1 s.
+    pub etcd_timeout: Duration,
+    /// How often the leader's view is re-read while every call succeeds. Default 10 s:
+    /// a failover breaks the connection, and a broken connection triggers a read at
+    /// once, so this only bounds how long a silent change goes unnoticed.
+    pub view_refresh: Duration,
+    /// How often the view is re-read while calls fail or no connection is up (besides
+    /// a read at once after each RPC error, at most one per 200 ms). Default 1 s.
+    pub view_retry: Duration,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        Self {
+            call_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            chunk_keys: 1024,
+            tenant_id: "default".to_owned(),
+            type_literal: TypeLiteral::Omit,
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(1),
+            max_reply_bytes: 16 << 20,
+            cluster_id: None,
+            etcd_timeout: Duration::from_secs(1),
+            view_refresh: Duration::from_secs(10),
+            view_retry: Duration::from_secs(1),
+        }
+    }
+}
+
+impl MasterConfig {
+    pub(super) fn validate(&self) -> Result<(), MasterError> {
+        let invalid = |what, why: &str| {
+            Err(MasterError::InvalidConfig {
+                what,
+                why: why.to_owned(),
+            })
+        };
+        if self.chunk_keys == 0 {
+            return invalid("chunk_keys", "must be at least 1");
+        }
+        if self.call_timeout.is_zero() {
+            return invalid("call_timeout", "must be positive");
+        }
+        if self.connect_timeout.is_zero() {
+            return invalid("connect_timeout", "must be positive");
+        }
+        if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
+            return invalid("backoff_min", "must be positive and at most backoff_max");
+        }
+        for (what, value) in [
+            ("etcd_timeout", self.etcd_timeout),
+            ("view_refresh", self.view_refresh),
+            ("view_retry", self.view_retry),
+        ] {
+            if value.is_zero() {
+                return invalid(what, "must be positive");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,486 @@
+//! One TCP connection to the master and the call path over it
+//! (`spec/mooncake-master-rpc.md`, "Transport"): connect, the reader and writer
+//! tasks, replies matched to waiting calls by sequence number, a broken connection
+//! failing every waiting call and replaced in the background with backoff.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::stats::{Counters, bump};
+use super::{Inner, MasterClient, lock};
+use crate::MasterError;
+use crate::addr::Endpoint;
+use crate::codec::{
+    self, CodecError, ERR_FUNCTION_NOT_REGISTERED, ERR_INVALID_ARGUMENTS, FunctionId,
+    REPLY_HEADER_LEN, ReplyHeader,
+};
+
+/// A reply as framed by the reader task, before the function's decoder sees it.
+#[derive(Debug)]
+pub(super) struct RawReply {
+    header: ReplyHeader,
+    body: Vec<u8>,
+}
+
+type Waiter = oneshot::Sender<Result<RawReply, MasterError>>;
+
+#[derive(Default)]
+struct Pending {
+    /// Why the connection broke, once it has: no new call may wait on it.
+    closed: Option<String>,
+    waiters: HashMap<u32, Waiter>,
+}
+
+/// One TCP connection: the writer task's queue, the calls waiting for replies, and
+/// what this master accepts.
+pub(super) struct Conn {
+    id: u64,
+    /// The master this connection reached.
+    pub(super) addr: Endpoint,
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Mutex<Pending>,
+    /// The master refused the `tenant_id` signatures (err_code 4) and accepted the
+    /// older ones: remembered for this connection only, since a reconnect may reach an
+    /// upgraded master.
+    legacy_signatures: AtomicBool,
+    pub(super) shutdown: CancellationToken,
+}
+
+/// The client's connection and where the next connect goes, under one lock so that
+/// a leader change and a reconnect never disagree.
+pub(super) struct State {
+    pub(super) link: Link,
+    /// Where the next connect goes: the fixed address, or the leader etcd names;
+    /// `None` while no leader is elected.
+    pub(super) target: Option<Endpoint>,
+    /// Version of the view `target` came from; 0 for a fixed address. Never decreases.
+    pub(super) version: i64,
+}
+
+pub(super) enum Link {
+    Up(Arc<Conn>),
+    Down {
+        /// Earliest time a call may start the next connect attempt.
+        retry_at: Instant,
+        /// Wait after the next failed attempt.
+        backoff: Duration,
+        /// An attempt is running.
+        connecting: bool,
+        last_error: String,
+    },
+}
+
+impl MasterClient {
+    /// Calls a function that gained a `tenant_id` argument in 0.3.12: first in the
+    /// signature this connection is known to accept; on `err_code` 4 to the new
+    /// signature, once more in the old one, remembered for the connection when that
+    /// works. `encode(out, seq, legacy)` appends the frame.
+    pub(super) async fn call_with_fallback(
+        &self,
+        function: FunctionId,
+        encode: impl Fn(&mut Vec<u8>, u32, bool) -> Result<(), CodecError>,
+    ) -> Result<Vec<u8>, MasterError> {
+        let conn = self.conn()?;
+        let legacy = conn.legacy_signatures.load(Ordering::Relaxed);
+        let mut reply = self
+            .encoded_roundtrip(&conn, function, legacy, &encode)
+            .await?;
+        if reply.header.err_code == ERR_INVALID_ARGUMENTS && !legacy {
+            let retry = self
+                .encoded_roundtrip(&conn, function, true, &encode)
+                .await?;
+            if retry.header.err_code == 0 && !conn.legacy_signatures.swap(true, Ordering::Relaxed) {
+                bump(&self.inner.counters.signature_fallbacks, 1);
+                tracing::info!(addr = %conn.addr, "master takes no tenant_id: using the pre-0.3.12 signatures on this connection");
+            }
+            reply = retry;
+        }
+        check(function, reply)
+    }
+
+    async fn encoded_roundtrip(
+        &self,
+        conn: &Arc<Conn>,
+        function: FunctionId,
+        legacy: bool,
+        encode: &impl Fn(&mut Vec<u8>, u32, bool) -> Result<(), CodecError>,
+    ) -> Result<RawReply, MasterError> {
+        let seq = self.next_seq();
+        let mut frame = Vec::new();
+        encode(&mut frame, seq, legacy).map_err(MasterError::Encode)?;
+        self.roundtrip(conn, function, seq, frame).await
+    }
+
+    pub(super) fn next_seq(&self) -> u32 {
+        self.inner.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The live connection, or a fast failure that may start a reconnect attempt
+    /// (never while no leader is known).
+    pub(super) fn conn(&self) -> Result<Arc<Conn>, MasterError> {
+        let inner = &self.inner;
+        let mut state = lock(&inner.state);
+        let State { link, target, .. } = &mut *state;
+        match link {
+            Link::Up(conn) => Ok(conn.clone()),
+            Link::Down {
+                retry_at,
+                connecting,
+                last_error,
+                ..
+            } => {
+                if target.is_some() && !*connecting && Instant::now() >= *retry_at {
+                    *connecting = true;
+                    spawn_reconnect(inner.clone());
+                }
+                bump(&inner.counters.failed_fast, 1);
+                let err = MasterError::Unavailable {
+                    addr: target
+                        .as_ref()
+                        .map_or_else(|| inner.addr_text.clone(), ToString::to_string),
+                    last_error: last_error.clone(),
+                };
+                drop(state);
+                inner.trouble(false);
+                Err(err)
+            }
+        }
+    }
+
+    pub(super) async fn roundtrip(
+        &self,
+        conn: &Arc<Conn>,
+        function: FunctionId,
+        seq: u32,
+        frame: Vec<u8>,
+    ) -> Result<RawReply, MasterError> {
+        let lost = |reason: &str| {
+            self.inner.trouble(true);
+            MasterError::ConnectionLost {
+                addr: conn.addr.to_string(),
+                reason: reason.to_owned(),
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = lock(&conn.pending);
+            if let Some(reason) = &pending.closed {
+                return Err(lost(reason));
+            }
+            pending.waiters.insert(seq, tx);
+        }
+        // Removes the slot however this call ends (reply, timeout, or the caller
+        // dropping the future), so a late reply finds no one and is counted.
+        let _slot = SlotGuard { conn, seq };
+        if conn.frames.send(frame).is_err() {
+            return Err(lost("writer stopped"));
+        }
+        bump(&self.inner.counters.requests, 1);
+        match tokio::time::timeout(self.inner.config.call_timeout, rx).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => Err(lost("connection closed")),
+            Err(_) => {
+                bump(&self.inner.counters.timeouts, 1);
+                self.inner.trouble(true);
+                Err(MasterError::Timeout {
+                    function,
+                    after: self.inner.config.call_timeout,
+                })
+            }
+        }
+    }
+}
+
+struct SlotGuard<'a> {
+    conn: &'a Conn,
+    seq: u32,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.conn.pending).waiters.remove(&self.seq);
+    }
+}
+
+/// The reply's body when `err_code` is 0, the typed RPC failure otherwise.
+pub(super) fn check(function: FunctionId, reply: RawReply) -> Result<Vec<u8>, MasterError> {
+    let err_code = reply.header.err_code;
+    if err_code == 0 {
+        return Ok(reply.body);
+    }
+    let (code, message) = match codec::decode_error_reply(err_code, &reply.body) {
+        Ok(e) => (e.code, e.message),
+        Err(e) => (u16::from(err_code), format!("(undecodable message: {e})")),
+    };
+    Err(match err_code {
+        ERR_INVALID_ARGUMENTS => MasterError::InvalidArguments { function, message },
+        ERR_FUNCTION_NOT_REGISTERED => MasterError::FunctionNotRegistered { function, message },
+        _ => MasterError::Rpc {
+            function,
+            code,
+            message,
+        },
+    })
+}
+
+/// Connects to `target` and starts the connection's reader and writer tasks.
+pub(super) async fn open(inner: &Arc<Inner>, target: &Endpoint) -> Result<Arc<Conn>, MasterError> {
+    let connect_error = |source: std::io::Error| {
+        bump(&inner.counters.connect_failures, 1);
+        MasterError::Connect {
+            addr: target.to_string(),
+            source: Arc::new(source),
+        }
+    };
+    let stream = match tokio::time::timeout(
+        inner.config.connect_timeout,
+        TcpStream::connect((target.host().trim_matches(['[', ']']), target.port())),
+    )
+    .await
+    {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return Err(connect_error(e)),
+        Err(_) => {
+            return Err(connect_error(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no connection within {:?}", inner.config.connect_timeout),
+            )));
+        }
+    };
+    // Small requests must leave at once (Nagle would hold them for the previous
+    // reply's ACK); closing with a request unanswered must not linger.
+    stream.set_nodelay(true).map_err(connect_error)?;
+    stream.set_zero_linger().map_err(connect_error)?;
+    let (read, write) = stream.into_split();
+    let (frames, queue) = mpsc::unbounded_channel();
+    let conn = Arc::new(Conn {
+        id: inner.next_conn_id.fetch_add(1, Ordering::Relaxed),
+        addr: target.clone(),
+        frames,
+        pending: Mutex::new(Pending::default()),
+        legacy_signatures: AtomicBool::new(false),
+        shutdown: CancellationToken::new(),
+    });
+    bump(&inner.counters.connects, 1);
+    tracing::debug!(addr = %target, conn = conn.id, "connected to the Mooncake master");
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(read_loop(
+        weak.clone(),
+        inner.counters.clone(),
+        conn.clone(),
+        read,
+        inner.config.max_reply_bytes,
+    ));
+    tokio::spawn(write_loop(weak, conn.clone(), write, queue));
+    Ok(conn)
+}
+
+/// Starts one reconnect attempt to the current target; on failure the next waits for
+/// the doubled backoff. Only with `Link::Down { connecting: true }`, set by the caller.
+pub(super) fn spawn_reconnect(inner: Arc<Inner>) {
+    tokio::spawn(reconnect(inner));
+}
+
+async fn reconnect(inner: Arc<Inner>) {
+    let target = lock(&inner.state).target.clone();
+    let result = match &target {
+        Some(target) => open(&inner, target).await,
+        None => Err(MasterError::Unavailable {
+            addr: inner.addr_text.clone(),
+            last_error: "no leader elected".to_owned(),
+        }),
+    };
+    let mut state = lock(&inner.state);
+    let State {
+        link,
+        target: now_target,
+        ..
+    } = &mut *state;
+    let Link::Down {
+        retry_at,
+        backoff,
+        connecting,
+        last_error,
+    } = link
+    else {
+        // Only this task connects while `connecting` is set; nothing else brings the
+        // link up.
+        if let Ok(conn) = result {
+            conn.shutdown.cancel();
+        }
+        return;
+    };
+    if *now_target != target {
+        // The leader moved while this attempt ran: try the new one at once.
+        if let Ok(conn) = &result {
+            conn.shutdown.cancel();
+        }
+        *retry_at = Instant::now();
+        *backoff = inner.config.backoff_min;
+        if now_target.is_some() {
+            spawn_reconnect(inner.clone());
+        } else {
+            *connecting = false;
+        }
+        return;
+    }
+    match result {
+        Ok(conn) => {
+            tracing::info!(addr = %conn.addr, conn = conn.id, "connected to the Mooncake master again");
+            *link = Link::Up(conn);
+        }
+        Err(e) => {
+            *connecting = false;
+            *retry_at = Instant::now() + *backoff;
+            *backoff = (*backoff * 2).min(inner.config.backoff_max);
+            *last_error = e.to_string();
+            drop(state);
+            inner.trouble(true);
+        }
+    }
+}
+
+/// Marks `conn` broken: fails its waiting calls, and if it is still the client's
+/// connection, replaces it by a pending reconnect (started at once when a target is
+/// known).
+pub(super) fn fail(weak: &Weak<Inner>, conn: &Conn, reason: String) {
+    conn.shutdown.cancel();
+    let waiters = {
+        let mut pending = lock(&conn.pending);
+        if pending.closed.is_some() {
+            return;
+        }
+        pending.closed = Some(reason.clone());
+        std::mem::take(&mut pending.waiters)
+    };
+    let Some(inner) = weak.upgrade() else { return };
+    tracing::warn!(addr = %conn.addr, conn = conn.id, %reason, "connection to the Mooncake master lost");
+    bump(&inner.counters.connections_lost, 1);
+    for (_, waiter) in waiters {
+        let _ = waiter.send(Err(MasterError::ConnectionLost {
+            addr: conn.addr.to_string(),
+            reason: reason.clone(),
+        }));
+    }
+    let mut state = lock(&inner.state);
+    if matches!(&state.link, Link::Up(current) if current.id == conn.id) {
+        let reconnecting = state.target.is_some();
+        state.link = Link::Down {
+            retry_at: Instant::now(),
+            backoff: inner.config.backoff_min,
+            connecting: reconnecting,
+            last_error: reason,
+        };
+        if reconnecting {
+            spawn_reconnect(inner.clone());
+        }
+    }
+    drop(state);
+    inner.trouble(true);
+}
+
+async fn read_loop(
+    weak: Weak<Inner>,
+    counters: Arc<Counters>,
+    conn: Arc<Conn>,
+    mut read: OwnedReadHalf,
+    max_reply_bytes: u32,
+) {
+    let reason = tokio::select! {
+        () = conn.shutdown.cancelled() => return,
+        reason = read_replies(&counters, &conn, &mut read, max_reply_bytes) => reason,
+    };
+    fail(&weak, &conn, reason);
+}
+
+/// Reads replies until the stream fails; returns why it stopped.
+async fn read_replies(
+    counters: &Counters,
+    conn: &Conn,
+    read: &mut OwnedReadHalf,
+    max_reply_bytes: u32,
+) -> String {
+    let mut head = [0u8; REPLY_HEADER_LEN];
+    loop {
+        if let Err(e) = read.read_exact(&mut head).await {
+            return if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                "closed by the master".to_owned()
+            } else {
+                format!("read failed: {e}")
+            };
+        }
+        let header = match ReplyHeader::decode(&head) {
+            Ok(header) => header,
+            Err(e) => return format!("protocol violation: {e}"),
+        };
+        if header.payload_len() > u64::from(max_reply_bytes) {
+            return format!(
+                "protocol violation: a reply of {} bytes (limit {max_reply_bytes})",
+                header.payload_len()
+            );
+        }
+        let mut body = vec![0; header.body_length as usize];
+        if let Err(e) = read.read_exact(&mut body).await {
+            return format!("read failed inside a reply: {e}");
+        }
+        if header.attach_length > 0 {
+            // No existence call has an attachment; read past it to stay in step.
+            let mut attachment = vec![0; header.attach_length as usize];
+            if let Err(e) = read.read_exact(&mut attachment).await {
+                return format!("read failed inside a reply: {e}");
+            }
+        }
+        let waiter = lock(&conn.pending).waiters.remove(&header.seq_num);
+        let delivered = waiter.is_some_and(|w| w.send(Ok(RawReply { header, body })).is_ok());
+        bump(
+            if delivered {
+                &counters.replies
+            } else {
+                &counters.late_replies
+            },
+            1,
+        );
+    }
+}
+
+async fn write_loop(
+    weak: Weak<Inner>,
+    conn: Arc<Conn>,
+    mut write: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+) {
+    let reason = tokio::select! {
+        () = conn.shutdown.cancelled() => return,
+        reason = write_frames(&mut write, &mut queue) => reason,
+    };
+    fail(&weak, &conn, reason);
+}
+
+/// Writes queued frames, coalescing those already waiting into one write.
+async fn write_frames(
+    write: &mut OwnedWriteHalf,
+    queue: &mut mpsc::UnboundedReceiver<Vec<u8>>,
+) -> String {
+    const COALESCE_BYTES: usize = 256 << 10;
+    while let Some(mut frame) = queue.recv().await {
+        while frame.len() < COALESCE_BYTES {
+            match queue.try_recv() {
+                Ok(next) => frame.extend_from_slice(&next),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = write.write_all(&frame).await {
+            return format!("write failed: {e}");
+        }
+    }
+    "writer queue closed".to_owned()
+}

@@ -1,0 +1,368 @@
+//! A real Mooncake master and a real Python store client for the e2e tests.
+//!
+//! - [`Master`]: `mooncake_master` on free loopback ports, killed on drop (also when
+//!   the test panics).
+//! - [`Writer`]: `scripts/mooncake/writer.py`, the PyPI client
+//!   (`mooncake.store.MooncakeDistributedStore`) driven over stdin/stdout: it writes
+//!   blocks, and answers with its own `batch_is_exist` as the reference. It stays
+//!   alive for the test because the master drops a client's keys when it closes.
+//! - [`ha`]: a real etcd and masters in high-availability mode.
+//!
+//! Both come from `scripts/mooncake/install.sh` (the pinned wheel in `.venv`). A missing
+//! binary fails with a message naming that script: never skipped, never a hang.
+
+pub mod ha;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Longest wait for a master to accept connections, in seconds (it takes ~0.1 s).
+const MASTER_START_SECS: u64 = 15;
+/// Longest wait for one answer of the Python writer, in seconds (setup takes ~1 s).
+const WRITER_ANSWER_SECS: u64 = 60;
+/// Most keys per writer command line.
+const KEYS_PER_LINE: usize = 500;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the e2e package sits in the workspace root")
+        .to_path_buf()
+}
+
+const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` \
+    (Debian libibverbs1 + PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into .venv), \
+    or point MOONCAKE_MASTER_BIN at a mooncake_master binary";
+
+/// The `mooncake_master` to run: `$MOONCAKE_MASTER_BIN`, else `.venv/bin/mooncake_master`.
+///
+/// # Panics
+/// When the file does not exist, naming the install script.
+pub fn master_bin() -> PathBuf {
+    let bin = match std::env::var_os("MOONCAKE_MASTER_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => workspace_root().join(".venv/bin/mooncake_master"),
+    };
+    assert!(
+        bin.is_file(),
+        "mooncake_master not found at {}: {INSTALL_HINT}",
+        bin.display()
+    );
+    bin
+}
+
+/// The Python with the `mooncake` package: `$MOONCAKE_PYTHON`, else `.venv/bin/python`.
+///
+/// # Panics
+/// When the file does not exist, naming the install script.
+pub fn python_bin() -> PathBuf {
+    let python = match std::env::var_os("MOONCAKE_PYTHON") {
+        Some(path) => PathBuf::from(path),
+        None => workspace_root().join(".venv/bin/python"),
+    };
+    assert!(
+        python.is_file(),
+        "the Mooncake Python client's interpreter not found at {}: {INSTALL_HINT} \
+         (or set MOONCAKE_PYTHON)",
+        python.display()
+    );
+    python
+}
+
+/// A loopback port nobody listened on a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// A running `mooncake_master`, killed on drop.
+pub struct Master {
+    child: Option<Child>,
+    rpc_port: u16,
+    metrics_port: u16,
+    log: PathBuf,
+}
+
+impl Master {
+    /// Starts a master on free ports and waits until it accepts connections.
+    pub fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    /// Starts a master on `rpc_port` (e.g. again after [`stop`](Self::stop)).
+    pub fn start_on(rpc_port: u16) -> Self {
+        let mut master = Self::spawn(rpc_port, &[]);
+        master.wait_ready(MASTER_START_SECS);
+        master
+    }
+
+    /// Runs `mooncake_master` on loopback with `extra` flags, without waiting.
+    pub fn spawn(rpc_port: u16, extra: &[String]) -> Self {
+        let bin = master_bin();
+        let metrics_port = free_port();
+        let log = std::env::temp_dir().join(format!(
+            "mooncake-master-{}-{rpc_port}.log",
+            std::process::id()
+        ));
+        let log_file = std::fs::File::create(&log).expect("create the master's log file");
+        let child = Command::new(&bin)
+            .arg("--rpc_address=127.0.0.1")
+            .arg(format!("--rpc_port={rpc_port}"))
+            .arg("--metrics_host=127.0.0.1")
+            .arg(format!("--metrics_port={metrics_port}"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("clone log handle"))
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}; {INSTALL_HINT}", bin.display()));
+        Self {
+            child: Some(child),
+            rpc_port,
+            metrics_port,
+            log,
+        }
+    }
+
+    /// Waits until the RPC port accepts connections, for at most `secs` seconds.
+    ///
+    /// # Panics
+    /// When the master exits first or the time runs out, with its log's tail.
+    pub fn wait_ready(&mut self, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.rpc_port)).is_ok() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "mooncake_master exited with {status} before listening on port {}:\n{}",
+                    self.rpc_port,
+                    self.log_tail()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mooncake_master did not listen on port {} within {secs} s:\n{}",
+                self.rpc_port,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `127.0.0.1:{rpc_port}`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.rpc_port)
+    }
+
+    /// The RPC port.
+    pub fn rpc_port(&self) -> u16 {
+        self.rpc_port
+    }
+
+    /// The admin HTTP port (`GET /leader`, `/metrics`).
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills the master (SIGKILL: no goodbye on its connections) and reaps it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last lines of the master's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        tail(&self.log)
+    }
+}
+
+/// The last 20 lines of a log file.
+pub fn tail(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// The Python store client (`scripts/mooncake/writer.py`), killed on drop.
+pub struct Writer {
+    child: Child,
+    stdin: ChildStdin,
+    answers: mpsc::Receiver<String>,
+    log: PathBuf,
+}
+
+impl Writer {
+    /// Starts a writer connected to `master` and waits for its `ready`.
+    pub fn start(master: &Master) -> Self {
+        Self::start_at(&master.addr(), &[])
+    }
+
+    /// Starts a writer with the master address `addr` (`host:port` or
+    /// `etcd://h:p`) and extra environment variables (`MC_STORE_CLUSTER_ID`), and
+    /// waits for its `ready`.
+    pub fn start_at(addr: &str, env: &[(&str, &str)]) -> Self {
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let script = workspace_root().join("scripts/mooncake/writer.py");
+        // The native client logs a lot: kept in a file, shown when something fails.
+        let log = std::env::temp_dir().join(format!(
+            "mooncake-writer-{}-{}.log",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
+        let log_file = std::fs::File::create(&log).expect("create the writer's log file");
+        let mut child = Command::new(python_bin())
+            .arg(&script)
+            .arg(addr)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}; {INSTALL_HINT}", script.display()));
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, answers) = mpsc::channel();
+        // A thread owns the pipe so that every wait has a deadline.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut writer = Self {
+            child,
+            stdin,
+            answers,
+            log,
+        };
+        let ready = writer.answer("setup");
+        assert_eq!(
+            ready,
+            "ready",
+            "writer.py setup failed; its log ends:\n{}",
+            tail(&writer.log)
+        );
+        writer
+    }
+
+    fn answer(&mut self, command: &str) -> String {
+        match self
+            .answers
+            .recv_timeout(Duration::from_secs(WRITER_ANSWER_SECS))
+        {
+            Ok(line) => line,
+            Err(e) => {
+                let status = self.child.try_wait().ok().flatten();
+                panic!(
+                    "writer.py gave no answer to {command:?} ({e}); exit status {status:?}; \
+                     its log ends:\n{}",
+                    tail(&self.log)
+                )
+            }
+        }
+    }
+
+    fn command(&mut self, verb: &str, args: &[&str]) -> String {
+        for arg in args {
+            assert!(
+                !arg.is_empty() && !arg.contains(char::is_whitespace),
+                "writer.py arguments are whitespace-free words: {arg:?}"
+            );
+        }
+        let line = format!("{verb} {}\n", args.join(" "));
+        self.stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| self.stdin.flush())
+            .unwrap_or_else(|e| panic!("writer.py stdin: {e}"));
+        self.answer(verb)
+    }
+
+    /// Stores each key (a 1-byte value) with the Python client's `put`.
+    pub fn put<K: AsRef<str>>(&mut self, keys: &[K]) {
+        for chunk in keys.chunks(KEYS_PER_LINE) {
+            let words: Vec<&str> = chunk.iter().map(AsRef::as_ref).collect();
+            let answer = self.command("put", &words);
+            assert_eq!(answer, format!("ok {}", words.len()), "put failed");
+        }
+    }
+
+    /// Removes each key (forced: existence probes grant read leases).
+    pub fn remove<K: AsRef<str>>(&mut self, keys: &[K]) {
+        for chunk in keys.chunks(KEYS_PER_LINE) {
+            let words: Vec<&str> = chunk.iter().map(AsRef::as_ref).collect();
+            let answer = self.command("remove", &words);
+            assert_eq!(answer, format!("ok {}", words.len()), "remove failed");
+        }
+    }
+
+    /// The Python client's `batch_is_exist(keys)`: 1 present, 0 absent, -1 error.
+    pub fn exist<K: AsRef<str>>(&mut self, keys: &[K]) -> Vec<i64> {
+        let words: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        let answer = self.command("exist", &words);
+        parse_numbers(&answer, "exist")
+    }
+
+    /// `reps` timed `batch_is_exist(keys)` calls inside Python, in nanoseconds each.
+    pub fn bench<K: AsRef<str>>(&mut self, reps: usize, keys: &[K]) -> Vec<i64> {
+        let reps = reps.to_string();
+        let mut words = vec![reps.as_str()];
+        words.extend(keys.iter().map(AsRef::as_ref));
+        let answer = self.command("bench", &words);
+        parse_numbers(&answer, "bench")
+    }
+}
+
+fn parse_numbers(answer: &str, verb: &str) -> Vec<i64> {
+    let mut words = answer.split_whitespace();
+    assert_eq!(words.next(), Some(verb), "writer.py answered {answer:?}");
+    words
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|e| panic!("writer.py answered {answer:?}: {e}"))
+        })
+        .collect()
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Killing is enough: the master forgets the client's keys either way, and a
+        // polite close takes 1-2 s.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}

@@ -1,0 +1,7 @@
+//! The direct transport: the client asks the Mooncake master itself, against a
+//! scripted fake master and the real one.
+
+#[path = "direct/master.rs"]
+mod master;
+#[path = "direct/transport.rs"]
+mod transport;
