@@ -44,6 +44,7 @@ fn tiny_params(engines: u32) -> SimParams {
             batch_queue: 2,
             max_output_tokens: None,
             local_prefix_cache: true,
+            reprobe_pending: false,
         },
         store: StoreParams {
             capacity_blocks: 100,
@@ -302,6 +303,59 @@ fn same_trace_seed_and_flags_give_identical_results() {
     assert_ne!(other.ttft_ns(), sequential[0].ttft_ns());
 }
 
+/// The engine counts a probe whose answer can only be `Pending` again (its lookup
+/// still waiting, no lookup ended since, the local hit below the cap) without making
+/// it. Every mode's figures, counters included, equal those of probing every time:
+/// at the default load, with lookups so slow that most time out (failures, backoff,
+/// retries), strict FCFS on `Pending`, and a fixed `prefetch+wait` budget that the
+/// step's waits spend.
+#[test]
+fn skipping_probes_that_can_only_be_pending_changes_no_result() {
+    let trace: Arc<[TraceRequest]> = generator::generate(7, 500).into();
+    let source = TraceSource::Memory(trace);
+    let default = SimParams::default();
+    let mut slow = SimParams::default();
+    slow.server.fixed_s = 0.004;
+    slow.server.present_key_s = 0.000_05;
+    slow.lookup.timeout_s = 0.012;
+    slow.lookup.prefetch_limit = 1;
+    let mut fcfs = SimParams::default();
+    fcfs.engine.on_pending = PendingPolicy::Wait;
+    fcfs.server.concurrency = 4;
+    let mut fixed = SimParams::default();
+    fixed.lookup.wait_budget = WaitBudget::Fixed { s: 0.003 };
+    fixed.server.present_key_s = 0.000_02;
+    for (name, params) in [
+        ("default", default),
+        ("slow", slow),
+        ("fcfs", fcfs),
+        ("fixed", fixed),
+    ] {
+        let mut every = params.clone();
+        every.engine.reprobe_pending = true;
+        let skipping = run_modes(&source, None, &Mode::ALL, &params, &|_, _| {}).unwrap();
+        let probing = run_modes(&source, None, &Mode::ALL, &every, &|_, _| {}).unwrap();
+        assert_eq!(skipping, probing, "{name}");
+        for r in &skipping {
+            assert_eq!(r.requests, 500, "{name} {:?}", r.mode);
+            if r.mode != Mode::Sync {
+                // Requests were probed again while their lookups waited: what the
+                // default skips.
+                assert!(
+                    r.stats.probes_pending > r.stats.first_probes_pending,
+                    "{name} {:?}: {} pending probes, {} first",
+                    r.mode,
+                    r.stats.probes_pending,
+                    r.stats.first_probes_pending
+                );
+            }
+        }
+        if name == "slow" {
+            assert!(skipping.iter().all(|r| r.lookups.failed > 0), "{name}");
+        }
+    }
+}
+
 /// Block size 16, 2 namespaces, calls of 64 keys (32 vLLM blocks, one trace block per
 /// call) with an early stop; a lookup costs 1 ms + 0.1 ms per call + 1 µs per present
 /// key + 0.5 µs per absent key. Two engines, sync mode.
@@ -546,5 +600,129 @@ fn a_request_larger_than_the_gpu_is_refused_with_its_line() {
     assert_eq!(
         err,
         "request 2 (60000 input + 1 output tokens) needs 118 KV blocks of 512 tokens; a GPU has 100 (--gpu-kv-blocks)"
+    );
+}
+
+/// `cargo xtask simulate` with its defaults (here on 300 generated requests): the
+/// table's lookup latency row holds each shown mode's figures, the stability verdict
+/// is that of the three perturbed reruns, and the run ends with a recommendation.
+#[test]
+fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
+    use xtask::simulate::runner::{Job, perturbed, run_jobs};
+    use xtask::simulate::stability::{Verdict, describe};
+    let cli = Cli::try_parse_from(["simulate", "--no-plot", "--gen-requests", "300"]).unwrap();
+    let mut out = Vec::new();
+    xtask::simulate::run_to(&cli.args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+
+    // The same runs, made here: the default modes x 3 perturbed reruns.
+    let params = cli.args.params().unwrap();
+    assert_eq!(cli.args.repeats, 3);
+    let modes = cli.args.modes.clone();
+    assert_eq!(modes, Mode::ALL.to_vec());
+    let jobs: Vec<Job> = (0..3)
+        .flat_map(|i| {
+            let p = perturbed(&params, i);
+            modes.iter().map(move |&mode| Job {
+                params: p.clone(),
+                mode,
+            })
+        })
+        .collect();
+    let results = run_jobs(&cli.args.source(), None, &jobs, &|_, _| {}).unwrap();
+    let kv = params.engine.gpu_kv_blocks;
+    let summaries: Vec<_> = results.iter().map(|r| report::summarise(r, kv)).collect();
+    assert_eq!(summaries[0].requests, 300);
+
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("trace: generated"), "{}", lines[0]);
+    let at = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line starting {prefix:?} in\n{text}"))
+    };
+    let cells = |line: &str, label: &str| -> Vec<String> {
+        line[label.len()..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    // The table's columns: every mode, or prefetch+ merged into prefetch(+).
+    let requests_row = at("requests ");
+    let labels: Vec<&str> = lines[requests_row - 1].split_whitespace().collect();
+    let shown: Vec<Mode> = labels
+        .iter()
+        .map(|l| match *l {
+            "prefetch(+)" => Mode::Prefetch,
+            l => *Mode::ALL.iter().find(|m| m.name() == l).expect(l),
+        })
+        .collect();
+    assert!(shown.len() == 5 || (shown.len() == 4 && labels.contains(&"prefetch(+)")));
+    let base = |m: Mode| &summaries[modes.iter().position(|&x| x == m).unwrap()];
+    let label = "lookup p50 / p99 (ms)";
+    let expected: Vec<String> = shown
+        .iter()
+        .map(|&m| {
+            let l = &base(m).lookups.total_ms;
+            format!("{:.2} / {:.2}", l.p50, l.p99)
+        })
+        .collect();
+    assert_eq!(cells(lines[at(label)], label), expected);
+    let label = "  on the wire p50 / p99 (ms)";
+    let expected: Vec<String> = shown
+        .iter()
+        .map(|&m| {
+            let l = &base(m).lookups.on_wire_ms;
+            format!("{:.2} / {:.2}", l.p50, l.p99)
+        })
+        .collect();
+    assert_eq!(cells(lines[at(label)], label), expected);
+    // Some lookups were made and took time.
+    assert!(base(Mode::Async).lookups.total_ms.p99 > 0.0);
+
+    let verdicts: Vec<Verdict> = modes
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| {
+            let runs: Vec<_> = summaries
+                .iter()
+                .skip(i)
+                .step_by(modes.len())
+                .cloned()
+                .collect();
+            Verdict::of(m, &runs)
+        })
+        .collect();
+    let stability = describe(&verdicts);
+    assert!(stability.starts_with("stability: "));
+    assert!(text.contains(&stability), "{stability}\nnot in\n{text}");
+
+    let r = at("recommendation: the lowest TTFT p99 that holds over 3 perturbed reruns (");
+    let setting = lines[r + 1];
+    assert!(
+        Mode::ALL
+            .iter()
+            .any(|m| setting.starts_with(&format!("  {m}, server concurrency "))),
+        "{setting}"
+    );
+    assert!(lines[r + 2].starts_with("  TTFT p99 "), "{}", lines[r + 2]);
+    assert!(
+        [
+            "; margin over sync (",
+            "; sync itself is best",
+            "; no stable sync setting"
+        ]
+        .iter()
+        .any(|end| lines[r + 2].contains(end)),
+        "{}",
+        lines[r + 2]
+    );
+    assert!(
+        lines[r + 3].starts_with("  (searched in "),
+        "{}",
+        lines[r + 3]
     );
 }

@@ -60,6 +60,7 @@ impl Engine {
         r.core.num_tokens = r.prefill_len;
         r.epoch += 1;
         r.phase = Phase::Waiting;
+        r.pending_at = None;
         r.preemptions += 1;
         let id = r.core.request_id;
         self.preemptions += 1;
@@ -122,6 +123,10 @@ impl Engine {
         // Then the waiting queue, unless this step preempted.
         if !preempted {
             let mut skipped = Vec::new();
+            // prefetch+wait: what is left of this step's wait budget (ns), set at the
+            // first wait: the budget is per step, so a long waiting queue of pending
+            // lookups cannot hold the engine thread for a budget each.
+            let mut wait_left: Option<u64> = None;
             while budget > 0 && !self.waiting.is_empty() {
                 if self.running.len() >= w.p.engine.max_num_seqs as usize {
                     break;
@@ -157,6 +162,29 @@ impl Engine {
                         0
                     };
                     local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
+                    let no_wait = match w.mode {
+                        Mode::Async | Mode::Prefetch | Mode::PrefetchPlus => true,
+                        Mode::PrefetchWait => wait_left == Some(0),
+                        Mode::Sync => false,
+                    };
+                    if no_wait
+                        && !w.p.engine.reprobe_pending
+                        && r.pending_at == Some(self.conn.progress())
+                        && local_tokens < cap_blocks as u32 * TRACE_BLOCK_TOKENS
+                    {
+                        // Pending at its last probe, and no lookup has ended since nor
+                        // has its local hit reached the cap: the core would answer
+                        // Pending again (its lookup is still waiting), so the probe is
+                        // counted, not made.
+                        self.conn.pending_probe_skipped();
+                        self.deferred += 1;
+                        if w.p.engine.on_pending == PendingPolicy::Wait {
+                            break;
+                        }
+                        self.waiting.pop_front();
+                        skipped.push(idx);
+                        continue;
+                    }
                     hits = r.hashes[..hit_blocks].to_vec();
                     let first_probe = !r.probed;
                     r.probed = true;
@@ -182,11 +210,18 @@ impl Engine {
                             why.not_prefetched += 1;
                         }
                     }
-                    if answer == Probe::Pending && w.mode == Mode::PrefetchWait {
+                    if answer == Probe::Pending
+                        && w.mode == Mode::PrefetchWait
+                        && wait_left != Some(0)
+                    {
                         // Its lookup is queued or on the wire (a Pending probe always
-                        // leaves one): a short wait beats deferring a whole step.
-                        let budget_ns =
-                            nanos(w.p.lookup.wait_budget.seconds(self.conn.recent_on_wire()));
+                        // leaves one): a short wait beats deferring a whole step. Once
+                        // the step's budget is spent, no wait starts (one would end
+                        // at once, with nothing delivered: every reply due by now
+                        // was, during the waits that spent it).
+                        let budget_ns = *wait_left.get_or_insert_with(|| {
+                            nanos(w.p.lookup.wait_budget.seconds(self.conn.recent_on_wire()))
+                        });
                         let (ready, at) = self.conn.wait_ready_until(
                             &w.reqs[idx].core,
                             local_tokens,
@@ -200,11 +235,13 @@ impl Engine {
                         if ready != Probe::Pending {
                             self.waits.caught += 1;
                         }
+                        wait_left = Some(budget_ns.saturating_sub(at - now));
                         self.blocked_ns += at - now;
                         now = at;
                         answer = ready;
                     }
                     if answer == Probe::Pending {
+                        w.reqs[idx].pending_at = Some(self.conn.progress());
                         if w.mode == Mode::Sync {
                             let (ready, at) = self.conn.wait_ready(
                                 &w.reqs[idx].core,
@@ -235,6 +272,7 @@ impl Engine {
                     computed = local_tokens;
                 }
                 w.reqs[idx].ready_at.get_or_insert(now);
+                w.reqs[idx].pending_at = None;
                 let id = w.reqs[idx].core.request_id;
                 if external_tokens > 0 {
                     // Load asynchronously: blocks now, compute once loaded.
