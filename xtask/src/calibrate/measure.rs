@@ -223,6 +223,10 @@ pub(super) fn all(
     let out = runtime.block_on(async {
         let mut one_call = MasterConfig::default();
         one_call.chunk_keys = 1 << 20;
+        // The check that every stored key is there asks all of them in one call: on a
+        // loaded machine that takes longer than the default 1 s (the timed lookups, of
+        // 4,096 keys at most, take milliseconds).
+        one_call.call_timeout = Duration::from_secs(30);
         let master_client = MasterClient::connect(&master.addr, one_call)
             .await
             .with_context(|| format!("connecting to the master at {}", master.addr))?;
