@@ -113,7 +113,6 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
             batch_queue: 1,
             max_output_tokens: Some(m.max_output_tokens.max(1)),
             local_prefix_cache: false,
-            reprobe_pending: false,
         },
         store: StoreParams {
             capacity_blocks: 1 << 40,

@@ -44,7 +44,6 @@ fn tiny_params(engines: u32) -> SimParams {
             batch_queue: 2,
             max_output_tokens: None,
             local_prefix_cache: true,
-            reprobe_pending: false,
         },
         store: StoreParams {
             capacity_blocks: 100,
@@ -213,6 +212,31 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
     assert_eq!(wait.ttft_ns()[0], 22 * MS);
 }
 
+/// prefetch+wait's budget is per scheduler step. One engine scheduling after each
+/// step's output; A, B and C (600 tokens, 1 output each) arrive at 0 and are
+/// prefetched at once; the server answers one at a time in 1 ms: A at 1, B at 2, C at
+/// 3 ms. Budget 1.5 ms: A's probe waits to 1 (caught), B's the 0.5 ms left, to 1.5
+/// (not caught), and C's starts no wait. Both are deferred; A's prefill runs in
+/// [1.5, 17.5] ms, then B's and C's in [17.5, 39.5] (10 + 2 x 6 ms). A budget per
+/// probe would have blocked to 3 ms and deferred none.
+#[test]
+fn prefetch_wait_spends_one_budget_per_step() {
+    let trace = vec![
+        req(0, 600, 1, &[1, 2]),
+        req(0, 600, 1, &[3, 4]),
+        req(0, 600, 1, &[5, 6]),
+    ];
+    let mut p = tiny_params(1);
+    p.engine.batch_queue = 1;
+    p.lookup.wait_budget = WaitBudget::Fixed { s: 0.0015 };
+    let r = run(&trace, Mode::PrefetchWait, &p);
+    assert_eq!(r.ttft_ns(), vec![17_500_000, 39_500_000, 39_500_000]);
+    assert_eq!(r.blocked_ns, 1_500_000);
+    assert_eq!((r.waits.started, r.waits.caught), (2, 1));
+    assert_eq!(r.waits.budget_ns, 1_500_000 + 500_000);
+    assert_eq!(r.deferred, 2);
+}
+
 /// Two engines, round robin. R0 (engine 0) is prefilled in [1, 22] ms and its two full
 /// blocks are written to the store at 22. R1 (engine 1, same first two blocks) arrives
 /// at 100: the server finds 1024 tokens; R1 loads 2 blocks (101 to 105 ms) and
@@ -301,59 +325,6 @@ fn same_trace_seed_and_flags_give_identical_results() {
     params.seed = 12;
     let other = run(&trace, Mode::Sync, &params);
     assert_ne!(other.ttft_ns(), sequential[0].ttft_ns());
-}
-
-/// The engine counts a probe whose answer can only be `Pending` again (its lookup
-/// still waiting, no lookup ended since, the local hit below the cap) without making
-/// it. Every mode's figures, counters included, equal those of probing every time:
-/// at the default load, with lookups so slow that most time out (failures, backoff,
-/// retries), strict FCFS on `Pending`, and a fixed `prefetch+wait` budget that the
-/// step's waits spend.
-#[test]
-fn skipping_probes_that_can_only_be_pending_changes_no_result() {
-    let trace: Arc<[TraceRequest]> = generator::generate(7, 500).into();
-    let source = TraceSource::Memory(trace);
-    let default = SimParams::default();
-    let mut slow = SimParams::default();
-    slow.server.fixed_s = 0.004;
-    slow.server.present_key_s = 0.000_05;
-    slow.lookup.timeout_s = 0.012;
-    slow.lookup.prefetch_limit = 1;
-    let mut fcfs = SimParams::default();
-    fcfs.engine.on_pending = PendingPolicy::Wait;
-    fcfs.server.concurrency = 4;
-    let mut fixed = SimParams::default();
-    fixed.lookup.wait_budget = WaitBudget::Fixed { s: 0.003 };
-    fixed.server.present_key_s = 0.000_02;
-    for (name, params) in [
-        ("default", default),
-        ("slow", slow),
-        ("fcfs", fcfs),
-        ("fixed", fixed),
-    ] {
-        let mut every = params.clone();
-        every.engine.reprobe_pending = true;
-        let skipping = run_modes(&source, None, &Mode::ALL, &params, &|_, _| {}).unwrap();
-        let probing = run_modes(&source, None, &Mode::ALL, &every, &|_, _| {}).unwrap();
-        assert_eq!(skipping, probing, "{name}");
-        for r in &skipping {
-            assert_eq!(r.requests, 500, "{name} {:?}", r.mode);
-            if r.mode != Mode::Sync {
-                // Requests were probed again while their lookups waited: what the
-                // default skips.
-                assert!(
-                    r.stats.probes_pending > r.stats.first_probes_pending,
-                    "{name} {:?}: {} pending probes, {} first",
-                    r.mode,
-                    r.stats.probes_pending,
-                    r.stats.first_probes_pending
-                );
-            }
-        }
-        if name == "slow" {
-            assert!(skipping.iter().all(|r| r.lookups.failed > 0), "{name}");
-        }
-    }
 }
 
 /// Block size 16, 2 namespaces, calls of 64 keys (32 vLLM blocks, one trace block per

@@ -195,11 +195,6 @@ pub struct Args {
     /// in `cargo xtask replay`).
     #[arg(long)]
     pub no_local_prefix_cache: bool,
-    /// Probe a request whose lookup is still waiting again at every step, as a real
-    /// scheduler does (slower; the results are the same: a check of the default,
-    /// which counts those probes as `Pending` without making them).
-    #[arg(long)]
-    pub reprobe_pending: bool,
 
     /// External store capacity in 512-token blocks.
     #[arg(long, default_value_t = StoreParams::default().capacity_blocks)]
@@ -298,7 +293,6 @@ impl Args {
                 batch_queue: self.batch_queue,
                 max_output_tokens: self.max_output_tokens,
                 local_prefix_cache: !self.no_local_prefix_cache,
-                reprobe_pending: self.reprobe_pending,
             },
             store: StoreParams {
                 capacity_blocks: self.store_blocks,

@@ -50,12 +50,6 @@ pub(crate) struct Connector {
     figures: LookupFigures,
     /// The last answered lookups' on-wire times (`prefetch+wait`'s adaptive budget).
     recent: RecentLatency,
-    /// Lookups ended so far (answered, failed or dropped): a `Pending` answer can only
-    /// change after one does.
-    progress: u64,
-    /// Probes the engine did not make because their answer could only be `Pending`
-    /// again (see [`progress`](Self::progress)); counted in `probes_pending`.
-    skipped_pending: u64,
 }
 
 impl Connector {
@@ -75,8 +69,6 @@ impl Connector {
             counts: ConnectorCounts::default(),
             figures: LookupFigures::default(),
             recent: RecentLatency::default(),
-            progress: 0,
-            skipped_pending: 0,
         })
     }
 
@@ -84,29 +76,8 @@ impl Connector {
         self.base + Duration::from_nanos(t)
     }
 
-    /// The core's counters (without the probes skipped as `Pending`, see
-    /// [`all_stats`](Self::all_stats)).
     pub(crate) fn stats(&self) -> &Stats {
         self.lookups.stats()
-    }
-
-    /// The core's counters, with the probes skipped as `Pending` counted.
-    pub(crate) fn all_stats(&self) -> Stats {
-        let mut s = self.lookups.stats().clone();
-        s.probes_pending += self.skipped_pending;
-        s
-    }
-
-    /// Lookups ended so far: while it is unchanged, a request whose probe answered
-    /// `Pending` still has its lookup waiting (only an ended lookup, answered, failed or
-    /// dropped, changes that).
-    pub(crate) fn progress(&self) -> u64 {
-        self.progress
-    }
-
-    /// The engine counted a probe as `Pending` without making it.
-    pub(crate) fn pending_probe_skipped(&mut self) {
-        self.skipped_pending += 1;
     }
 
     pub(crate) fn counts(&self) -> &ConnectorCounts {
@@ -309,7 +280,6 @@ impl Connector {
             self.lookups.handle_wire_event(event);
         }
         while let Some(event) = self.lookups.poll_event() {
-            self.progress += 1;
             if let Event::LookupDone {
                 rpc_id,
                 outcome,

@@ -104,12 +104,6 @@ pub struct EngineParams {
     /// (every prefix comes from the external store, as in `cargo xtask replay`).
     /// Default on.
     pub local_prefix_cache: bool,
-    /// Probe again, at every step, a request whose last probe answered `Pending` while
-    /// no lookup has ended since. The core can only answer `Pending` again (its lookup
-    /// is still waiting), so by default the engine counts such a probe without making
-    /// it; `true` makes every probe, for checking that both give the same results.
-    /// Default false.
-    pub reprobe_pending: bool,
 }
 
 impl Default for EngineParams {
@@ -131,7 +125,6 @@ impl Default for EngineParams {
             batch_queue: 2,
             max_output_tokens: None,
             local_prefix_cache: true,
-            reprobe_pending: false,
         }
     }
 }

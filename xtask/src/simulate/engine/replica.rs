@@ -301,7 +301,7 @@ impl Engine {
         r.first_pending.add(&self.first_pending);
         r.waits.add(&self.waits);
         r.lookups.add(self.conn.lookups());
-        add_stats(&mut r.stats, &self.conn.all_stats());
+        add_stats(&mut r.stats, self.conn.stats());
         r.kv_held_block_ns += self.kv_held_block_ns;
         r.kv_time_ns += self.kv_time_ns;
         let cap = self.local.capacity().max(1) as f64;

@@ -60,7 +60,6 @@ impl Engine {
         r.core.num_tokens = r.prefill_len;
         r.epoch += 1;
         r.phase = Phase::Waiting;
-        r.pending_at = None;
         r.preemptions += 1;
         let id = r.core.request_id;
         self.preemptions += 1;
@@ -162,29 +161,6 @@ impl Engine {
                         0
                     };
                     local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
-                    let no_wait = match w.mode {
-                        Mode::Async | Mode::Prefetch | Mode::PrefetchPlus => true,
-                        Mode::PrefetchWait => wait_left == Some(0),
-                        Mode::Sync => false,
-                    };
-                    if no_wait
-                        && !w.p.engine.reprobe_pending
-                        && r.pending_at == Some(self.conn.progress())
-                        && local_tokens < cap_blocks as u32 * TRACE_BLOCK_TOKENS
-                    {
-                        // Pending at its last probe, and no lookup has ended since nor
-                        // has its local hit reached the cap: the core would answer
-                        // Pending again (its lookup is still waiting), so the probe is
-                        // counted, not made.
-                        self.conn.pending_probe_skipped();
-                        self.deferred += 1;
-                        if w.p.engine.on_pending == PendingPolicy::Wait {
-                            break;
-                        }
-                        self.waiting.pop_front();
-                        skipped.push(idx);
-                        continue;
-                    }
                     hits = r.hashes[..hit_blocks].to_vec();
                     let first_probe = !r.probed;
                     r.probed = true;
@@ -241,7 +217,6 @@ impl Engine {
                         answer = ready;
                     }
                     if answer == Probe::Pending {
-                        w.reqs[idx].pending_at = Some(self.conn.progress());
                         if w.mode == Mode::Sync {
                             let (ready, at) = self.conn.wait_ready(
                                 &w.reqs[idx].core,
@@ -272,7 +247,6 @@ impl Engine {
                     computed = local_tokens;
                 }
                 w.reqs[idx].ready_at.get_or_insert(now);
-                w.reqs[idx].pending_at = None;
                 let id = w.reqs[idx].core.request_id;
                 if external_tokens > 0 {
                     // Load asynchronously: blocks now, compute once loaded.

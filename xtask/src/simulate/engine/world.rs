@@ -54,8 +54,6 @@ pub(super) struct Req {
     /// A lookup was started at arrival (its own RPC or a shared one).
     pub(super) prefetched: bool,
     pub(super) probed: bool,
-    /// The connector's progress count when its last probe answered `Pending`.
-    pub(super) pending_at: Option<u64>,
     pub(super) first_scheduled: Option<u64>,
     /// First probe.
     pub(super) first_probe: Option<u64>,
@@ -102,7 +100,6 @@ impl Req {
             prefetch_rpc: None,
             prefetched: false,
             probed: false,
-            pending_at: None,
             first_scheduled: None,
             first_probe: None,
             ready_at: None,
