@@ -164,7 +164,7 @@ fn title(source: &str, p: &SimParams) -> String {
     let s = &p.server;
     let source = source.rsplit('/').next().unwrap_or(source);
     format!(
-        "{source}: {} engines, rate x{}, server {:.2} ms + {:.2}/{:.2} us per key, block {} x {} ns, concurrency {}; prefetch {} TTL {} s, wait {}",
+        "{source}: {} engines, rate x{}, server {:.2} ms + {:.2}/{:.2} us per key, block size {} x {} namespace(s), concurrency {}; prefetch {} TTL {} s, wait {}",
         p.engine.engines,
         p.rate_scale,
         s.fixed_s * 1e3 + s.per_call_s * 1e3,
