@@ -11,7 +11,7 @@ Usage: writer.py MASTER_ADDR        (e.g. 127.0.0.1:50051; no etcd: P2PHANDSHAKE
 Commands, one per line, keys separated by spaces (keys never contain whitespace);
 every command gets exactly one answer line:
 
-  put KEY...          -> "ok N" (N keys stored, 1-byte values) | "err CODE"
+  put KEY...          -> "ok N" (N keys stored, 1-byte values, one put_batch) | "err CODE"
   remove KEY...       -> "ok N" (forced: probing grants read leases) | "err CODE"
   exist KEY...        -> "exist R..." (batch_is_exist: 1 present, 0 absent, -1 error)
   bench N KEY...      -> "bench T..." (N timed batch_is_exist calls, nanoseconds each)
@@ -68,8 +68,10 @@ def main():
             continue
         cmd, args = words[0], words[1:]
         if cmd == "put":
-            failed = [rc for rc in (store.put(k, VALUE) for k in args) if rc != 0]
-            answer(f"err {failed[0]}" if failed else f"ok {len(args)}")
+            # One batched put per line, as vLLM's worker stores a request's blocks
+            # (per-key puts cost the master ~13x the RPCs and compete with lookups).
+            rc = store.put_batch(args, [VALUE] * len(args)) if args else 0
+            answer(f"err {rc}" if rc != 0 else f"ok {len(args)}")
         elif cmd == "remove":
             failed = [rc for rc in (store.remove(k, True) for k in args) if rc != 0]
             answer(f"err {failed[0]}" if failed else f"ok {len(args)}")

@@ -41,8 +41,10 @@ pub struct Args {
     /// Mooncake-format JSONL trace (without it, the generated one).
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
-    /// Requests of the slice (the first N).
-    #[arg(long, value_name = "N", default_value_t = 200)]
+    /// Requests of the slice (the first N). Default 600: on 200 bursty requests the
+    /// TTFT median falls on a step boundary, so one step's shift moves it by 15 %
+    /// while the mean, queue wait, steps and makespan agree within 4 %.
+    #[arg(long, value_name = "N", default_value_t = 600)]
     pub limit: usize,
     /// Arrival rate multiplier.
     #[arg(long, value_name = "X", default_value_t = 4.0)]
@@ -92,6 +94,9 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
     server.block_size = r.block_size;
     server.namespaces = r.tp_size;
     server.concurrency = r.max_in_flight;
+    // Replay runs one lookup server (and one master) for all its engines, on the same
+    // two cores as everything else: its lookups queue there.
+    server.shared = true;
     Ok(SimParams {
         engine: EngineParams {
             engines: r.engines,

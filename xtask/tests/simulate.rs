@@ -60,6 +60,7 @@ fn tiny_params(engines: u32) -> SimParams {
             chunk_keys: 0,
             concurrency: 1,
             jitter_s: 0.0,
+            shared: false,
         },
         lookup: LookupParams {
             prefetch_limit: 4,
@@ -211,6 +212,31 @@ fn engine_tiny_trace_exact_ttfts_per_mode() {
     assert_eq!(wait.ttft_ns()[0], 22 * MS);
 }
 
+/// prefetch+wait's budget is per scheduler step. One engine scheduling after each
+/// step's output; A, B and C (600 tokens, 1 output each) arrive at 0 and are
+/// prefetched at once; the server answers one at a time in 1 ms: A at 1, B at 2, C at
+/// 3 ms. Budget 1.5 ms: A's probe waits to 1 (caught), B's the 0.5 ms left, to 1.5
+/// (not caught), and C's starts no wait. Both are deferred; A's prefill runs in
+/// [1.5, 17.5] ms, then B's and C's in [17.5, 39.5] (10 + 2 x 6 ms). A budget per
+/// probe would have blocked to 3 ms and deferred none.
+#[test]
+fn prefetch_wait_spends_one_budget_per_step() {
+    let trace = vec![
+        req(0, 600, 1, &[1, 2]),
+        req(0, 600, 1, &[3, 4]),
+        req(0, 600, 1, &[5, 6]),
+    ];
+    let mut p = tiny_params(1);
+    p.engine.batch_queue = 1;
+    p.lookup.wait_budget = WaitBudget::Fixed { s: 0.0015 };
+    let r = run(&trace, Mode::PrefetchWait, &p);
+    assert_eq!(r.ttft_ns(), vec![17_500_000, 39_500_000, 39_500_000]);
+    assert_eq!(r.blocked_ns, 1_500_000);
+    assert_eq!((r.waits.started, r.waits.caught), (2, 1));
+    assert_eq!(r.waits.budget_ns, 1_500_000 + 500_000);
+    assert_eq!(r.deferred, 2);
+}
+
 /// Two engines, round robin. R0 (engine 0) is prefilled in [1, 22] ms and its two full
 /// blocks are written to the store at 22. R1 (engine 1, same first two blocks) arrives
 /// at 100: the server finds 1024 tokens; R1 loads 2 blocks (101 to 105 ms) and
@@ -330,6 +356,7 @@ fn lookup_cost_counts_vllm_blocks_namespaces_and_the_early_stop() {
         chunk_keys: 64,
         concurrency: 1,
         jitter_s: 0.0,
+        shared: false,
     };
     let r = run(&trace, Mode::Sync, &p);
     assert_eq!(r.ttft_ns(), vec![22_132_000, 16_192_000]);
@@ -544,5 +571,129 @@ fn a_request_larger_than_the_gpu_is_refused_with_its_line() {
     assert_eq!(
         err,
         "request 2 (60000 input + 1 output tokens) needs 118 KV blocks of 512 tokens; a GPU has 100 (--gpu-kv-blocks)"
+    );
+}
+
+/// `cargo xtask simulate` with its defaults (here on 300 generated requests): the
+/// table's lookup latency row holds each shown mode's figures, the stability verdict
+/// is that of the three perturbed reruns, and the run ends with a recommendation.
+#[test]
+fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
+    use xtask::simulate::runner::{Job, perturbed, run_jobs};
+    use xtask::simulate::stability::{Verdict, describe};
+    let cli = Cli::try_parse_from(["simulate", "--no-plot", "--gen-requests", "300"]).unwrap();
+    let mut out = Vec::new();
+    xtask::simulate::run_to(&cli.args, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+
+    // The same runs, made here: the default modes x 3 perturbed reruns.
+    let params = cli.args.params().unwrap();
+    assert_eq!(cli.args.repeats, 3);
+    let modes = cli.args.modes.clone();
+    assert_eq!(modes, Mode::ALL.to_vec());
+    let jobs: Vec<Job> = (0..3)
+        .flat_map(|i| {
+            let p = perturbed(&params, i);
+            modes.iter().map(move |&mode| Job {
+                params: p.clone(),
+                mode,
+            })
+        })
+        .collect();
+    let results = run_jobs(&cli.args.source(), None, &jobs, &|_, _| {}).unwrap();
+    let kv = params.engine.gpu_kv_blocks;
+    let summaries: Vec<_> = results.iter().map(|r| report::summarise(r, kv)).collect();
+    assert_eq!(summaries[0].requests, 300);
+
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("trace: generated"), "{}", lines[0]);
+    let at = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line starting {prefix:?} in\n{text}"))
+    };
+    let cells = |line: &str, label: &str| -> Vec<String> {
+        line[label.len()..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    // The table's columns: every mode, or prefetch+ merged into prefetch(+).
+    let requests_row = at("requests ");
+    let labels: Vec<&str> = lines[requests_row - 1].split_whitespace().collect();
+    let shown: Vec<Mode> = labels
+        .iter()
+        .map(|l| match *l {
+            "prefetch(+)" => Mode::Prefetch,
+            l => *Mode::ALL.iter().find(|m| m.name() == l).expect(l),
+        })
+        .collect();
+    assert!(shown.len() == 5 || (shown.len() == 4 && labels.contains(&"prefetch(+)")));
+    let base = |m: Mode| &summaries[modes.iter().position(|&x| x == m).unwrap()];
+    let label = "lookup p50 / p99 (ms)";
+    let expected: Vec<String> = shown
+        .iter()
+        .map(|&m| {
+            let l = &base(m).lookups.total_ms;
+            format!("{:.2} / {:.2}", l.p50, l.p99)
+        })
+        .collect();
+    assert_eq!(cells(lines[at(label)], label), expected);
+    let label = "  on the wire p50 / p99 (ms)";
+    let expected: Vec<String> = shown
+        .iter()
+        .map(|&m| {
+            let l = &base(m).lookups.on_wire_ms;
+            format!("{:.2} / {:.2}", l.p50, l.p99)
+        })
+        .collect();
+    assert_eq!(cells(lines[at(label)], label), expected);
+    // Some lookups were made and took time.
+    assert!(base(Mode::Async).lookups.total_ms.p99 > 0.0);
+
+    let verdicts: Vec<Verdict> = modes
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| {
+            let runs: Vec<_> = summaries
+                .iter()
+                .skip(i)
+                .step_by(modes.len())
+                .cloned()
+                .collect();
+            Verdict::of(m, &runs)
+        })
+        .collect();
+    let stability = describe(&verdicts);
+    assert!(stability.starts_with("stability: "));
+    assert!(text.contains(&stability), "{stability}\nnot in\n{text}");
+
+    let r = at("recommendation: the lowest TTFT p99 that holds over 3 perturbed reruns (");
+    let setting = lines[r + 1];
+    assert!(
+        Mode::ALL
+            .iter()
+            .any(|m| setting.starts_with(&format!("  {m}, server concurrency "))),
+        "{setting}"
+    );
+    assert!(lines[r + 2].starts_with("  TTFT p99 "), "{}", lines[r + 2]);
+    assert!(
+        [
+            "; margin over sync (",
+            "; sync itself is best",
+            "; no stable sync setting"
+        ]
+        .iter()
+        .any(|end| lines[r + 2].contains(end)),
+        "{}",
+        lines[r + 2]
+    );
+    assert!(
+        lines[r + 3].starts_with("  (searched in "),
+        "{}",
+        lines[r + 3]
     );
 }

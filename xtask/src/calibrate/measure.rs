@@ -29,9 +29,18 @@ const CHUNK: u32 = 1024;
 /// Unmeasured lookups before each point.
 const WARMUP: usize = 20;
 
-fn ids(k: u32, present: bool) -> Vec<u64> {
-    let base = if present { 0 } else { ABSENT };
-    (0..u64::from(k)).map(|i| base + i).collect()
+/// The blocks of lookup number `n` of `k` blocks: a window of the stored ones, moved
+/// along with `n`, or absent ones never asked before. Every lookup asks keys the
+/// master has not just answered, as a deployment's lookups do (asking the same keys
+/// again and again would time a master whose entries sit in the CPU's caches).
+fn ids(k: u32, present: bool, n: u64) -> Vec<u64> {
+    let k = u64::from(k);
+    let base = if present {
+        (n * k) % (u64::from(STORED_BLOCKS) - k + 1)
+    } else {
+        ABSENT + n * k
+    };
+    (base..base + k).collect()
 }
 
 /// The Python lookup server: killed when dropped.
@@ -98,7 +107,6 @@ async fn time_client(
     present: bool,
     samples: usize,
 ) -> anyhow::Result<Vec<f64>> {
-    let hashes = BlockHashes::from_u64s(&ids(k, present));
     let want = if present { k * BLOCK_SIZE } else { 0 };
     let mut out = Vec::with_capacity(samples);
     for i in 0..WARMUP.min(samples) + samples {
@@ -106,7 +114,7 @@ async fn time_client(
         let req = Request {
             request_id: RequestId(*next_id),
             num_tokens: k * BLOCK_SIZE + 1,
-            block_hashes: hashes.clone(),
+            block_hashes: BlockHashes::from_u64s(&ids(k, present, *next_id)),
             skip_reading_external_kv: false,
         };
         let start = Instant::now();
@@ -197,7 +205,7 @@ pub(super) fn all(
     let master = Master::start(master_bin, dir.path())?;
     let writer = Writer::start(python, &master.addr, dir.path())?;
     let layout = KeyLayout::new(MODEL);
-    let stored = BlockHashes::from_u64s(&ids(STORED_BLOCKS, true));
+    let stored = BlockHashes::from_u64s(&ids(STORED_BLOCKS, true, 0));
     let stored_keys = layout.chain_keys(&stored, STORED_BLOCKS as usize);
     writer
         .sender()
@@ -215,6 +223,10 @@ pub(super) fn all(
     let out = runtime.block_on(async {
         let mut one_call = MasterConfig::default();
         one_call.chunk_keys = 1 << 20;
+        // The check that every stored key is there asks all of them in one call: on a
+        // loaded machine that takes longer than the default 1 s (the timed lookups, of
+        // 4,096 keys at most, take milliseconds).
+        one_call.call_timeout = Duration::from_secs(30);
         let master_client = MasterClient::connect(&master.addr, one_call)
             .await
             .with_context(|| format!("connecting to the master at {}", master.addr))?;
@@ -238,14 +250,15 @@ pub(super) fn all(
             .into_iter()
             .flat_map(|present| keys.iter().map(move |&k| (k, present, 1, Vec::new())))
             .collect();
+        let mut asked_n = 0;
         for round in rounds(samples) {
             for (k, present, _, t) in &mut points {
-                let asked: Vec<String> = if *present {
-                    stored_keys[..*k as usize].to_vec()
-                } else {
-                    layout.chain_keys(&BlockHashes::from_u64s(&ids(*k, false)), *k as usize)
-                };
                 for i in 0..WARMUP.min(round) + round {
+                    asked_n += 1;
+                    let asked = layout.chain_keys(
+                        &BlockHashes::from_u64s(&ids(*k, *present, asked_n)),
+                        *k as usize,
+                    );
                     let start = Instant::now();
                     let found = master_client.batch_exist(&asked).await?;
                     let took = start.elapsed();

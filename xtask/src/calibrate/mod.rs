@@ -4,7 +4,9 @@
 //!
 //! One real `mooncake_master` (from `scripts/mooncake/install.sh`'s `.venv`) on free
 //! loopback ports, with the Python store client (`scripts/mooncake/writer.py`) holding
-//! the keys of 4,096 blocks (keys disappear when the client that put them closes).
+//! the keys of 262,144 blocks (keys disappear when the client that put them closes).
+//! Every timed lookup asks keys no lookup just asked: a window over the stored blocks
+//! that moves with each lookup, or absent blocks never asked before.
 //! Then, for lookups of several sizes, all keys present or all absent, `--samples`
 //! timed lookups each (after a warm-up), one at a time:
 //!
@@ -46,8 +48,8 @@ pub struct Args {
     /// Timed lookups per size and presence.
     #[arg(long, default_value_t = 200)]
     pub samples: usize,
-    /// Lookup sizes (keys; vLLM blocks of 16 tokens, one namespace), comma-separated.
-    /// Present lookups of up to 4,096 keys.
+    /// Lookup sizes (keys; vLLM blocks of 16 tokens, one namespace), comma-separated,
+    /// at most 262,144.
     #[arg(
         long,
         value_delimiter = ',',
@@ -65,7 +67,7 @@ pub struct Args {
 }
 
 /// Blocks whose keys are stored (present lookups ask a prefix of them).
-pub const STORED_BLOCKS: u32 = 4_096;
+pub const STORED_BLOCKS: u32 = 1 << 18;
 
 /// One measured profile before the fit: its points (keys, present, calls, times µs).
 #[derive(Debug)]

@@ -250,6 +250,10 @@ impl<'a> Engine<'a> {
             }
         }
         let max_seqs = self.model.max_num_seqs as usize;
+        // prefetch+wait: the step's wait budget, set at its first wait and shared by
+        // the step's probes (as in `simulate`), so a waiting queue of pending lookups
+        // cannot hold the engine for a budget each.
+        let mut wait_left: Option<Duration> = None;
         let mut i = 0;
         while i < self.waiting.len()
             && budget > 0
@@ -260,7 +264,7 @@ impl<'a> Engine<'a> {
             // Nothing computing or loading and no step scheduled yet: the request
             // arrived at an idle engine, which probes it at once.
             let idle = self.running.is_empty() && self.loading.is_empty() && entries.is_empty();
-            let probe = self.probe(req).await;
+            let probe = self.probe(req, &mut wait_left).await;
             let Probe::Ready {
                 external_tokens, ..
             } = probe
@@ -303,8 +307,9 @@ impl<'a> Engine<'a> {
     }
 
     /// The probe of the mode: sync waits for the answer; `prefetch+wait` waits up to
-    /// its budget; the others answer at once.
-    async fn probe(&mut self, req: usize) -> Probe {
+    /// what is left of the step's budget `wait_left` (set at the step's first wait,
+    /// lowered by each wait); the others answer at once.
+    async fn probe(&mut self, req: usize, wait_left: &mut Option<Duration>) -> Probe {
         let core = &self.reqs[req].core;
         match self.mode {
             Mode::Sync => {
@@ -315,9 +320,14 @@ impl<'a> Engine<'a> {
             }
             Mode::PrefetchWait => {
                 let started = Instant::now();
-                let budget = self.wait_budget.seconds(&self.recent);
-                let give_up = started + Duration::from_secs_f64(budget);
                 let mut answer = self.client.probe(core, 0);
+                if answer != Probe::Pending || *wait_left == Some(Duration::ZERO) {
+                    return answer;
+                }
+                let budget = *wait_left.get_or_insert_with(|| {
+                    Duration::from_secs_f64(self.wait_budget.seconds(&self.recent))
+                });
+                let give_up = started + budget;
                 while answer == Probe::Pending {
                     let now = Instant::now();
                     if now >= give_up {
@@ -326,7 +336,9 @@ impl<'a> Engine<'a> {
                     self.client.wait_progress(give_up - now).await;
                     answer = self.client.probe(core, 0);
                 }
-                self.result.blocked += started.elapsed();
+                let waited = started.elapsed();
+                *wait_left = Some(budget.saturating_sub(waited));
+                self.result.blocked += waited;
                 answer
             }
             Mode::Async | Mode::Prefetch | Mode::PrefetchPlus => self.client.probe(core, 0),

@@ -121,6 +121,10 @@ pub struct Args {
     /// many on the wire (`max_in_flight`).
     #[arg(long, default_value_t = 1)]
     pub server_concurrency: u32,
+    /// One lookup server for every engine (as `cargo xtask replay` runs it) instead of
+    /// one per engine (vLLM's worker in each).
+    #[arg(long)]
+    pub shared_server: bool,
 
     /// `lookup_prefetch_limit` of the prefetch modes.
     #[arg(long, default_value_t = LookupParams::default().prefetch_limit)]
@@ -264,6 +268,7 @@ impl Args {
         server.block_size = self.block_size;
         server.namespaces = self.namespaces;
         server.concurrency = self.server_concurrency;
+        server.shared = self.shared_server;
         let [min_ms, max_ms] = self.wait_budget_bounds_ms[..] else {
             bail!(
                 "--wait-budget-bounds-ms takes two numbers MIN,MAX, got {} ",

@@ -149,6 +149,7 @@ impl Profile {
             chunk_keys: self.chunk_keys,
             concurrency: 1,
             jitter_s: self.jitter_us / 1e6,
+            shared: false,
         }
     }
 }

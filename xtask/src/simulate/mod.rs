@@ -159,11 +159,12 @@ fn header(source: &str, requests: u64, p: &SimParams, calibration: &str) -> Stri
     )
 }
 
-/// The short form of the settings, for plot titles.
+/// The short form of the settings, for plot titles (a trace file by its name).
 fn title(source: &str, p: &SimParams) -> String {
     let s = &p.server;
+    let source = source.rsplit('/').next().unwrap_or(source);
     format!(
-        "{source}: {} engines, rate x{}, server {:.2} ms + {:.2}/{:.2} us per key, block {} x {} ns, concurrency {}; prefetch {} TTL {} s, wait {}",
+        "{source}: {} engines, rate x{}, server {:.2} ms + {:.2}/{:.2} us per key, block size {} x {} namespace(s), concurrency {}; prefetch {} TTL {} s, wait {}",
         p.engine.engines,
         p.rate_scale,
         s.fixed_s * 1e3 + s.per_call_s * 1e3,
@@ -195,6 +196,14 @@ struct Analysis<'a> {
 /// cannot fit the GPU, a file that cannot be written. A plot that cannot be drawn is
 /// reported as a warning only.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    run_to(args, &mut std::io::stdout().lock())
+}
+
+/// [`run`], printing to `out` (the progress bar and warnings still go to stderr).
+///
+/// # Errors
+/// As [`run`], and a failed write to `out`.
+pub fn run_to(args: &Args, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     let params = args.params()?;
     let calibration = args.calibration()?;
     let profile = calibration.profile(args.server_profile.as_deref())?;
@@ -229,7 +238,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if !args.sweep.is_empty() {
-        return run_sweep(args, &source, &described, &params, &modes, &cal_name);
+        return run_sweep(args, &source, &described, &params, &modes, &cal_name, out);
     }
 
     let started = Instant::now();
@@ -280,11 +289,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if requests == 0 {
         bail!("the trace has no requests");
     }
-    println!(
+    writeln!(
+        out,
         "{}",
         header(&source.describe(), requests, &params, &cal_name)
-    );
-    println!();
+    )?;
+    writeln!(out)?;
     // prefetch+ earns its column only where priority or sharing changed something.
     let pos = |m: Mode| modes.iter().position(|&x| x == m);
     let merged = match (pos(Mode::Prefetch), pos(Mode::PrefetchPlus)) {
@@ -303,18 +313,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             m => m.name().to_owned(),
         })
         .collect();
-    print!("{}", report::labelled(&shown, &labels));
+    write!(out, "{}", report::labelled(&shown, &labels))?;
     if merged {
         let plus = &base[pos(Mode::PrefetchPlus).unwrap_or(0)];
-        println!(
+        writeln!(
+            out,
             "prefetch(+): prefetch+ measured the same as prefetch (TTFT within 0.5 %), so its column is merged: \
              its priority promoted {} queued prefetches and sharing joined {} lookups. Priority matters when \
              waiting requests are probed out of arrival order (routers, retries, preemption), sharing with \
              identical prompts in flight at once; this trace has too few of either.",
             plus.promotions, plus.rpcs_shared
-        );
+        )?;
     }
-    println!();
+    writeln!(out)?;
     let verdicts: Vec<Verdict> = modes
         .iter()
         .enumerate()
@@ -328,15 +339,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             Verdict::of(m, &runs)
         })
         .collect();
-    print!("{}", stability::describe(&verdicts));
-    println!(
+    write!(out, "{}", stability::describe(&verdicts))?;
+    writeln!(
+        out,
         "simulated {} requests x {} modes x {} runs in {:.1} s on {} threads",
         requests,
         modes.len(),
         repeats,
         wall.as_secs_f64(),
         runner::workers(jobs.len())
-    );
+    )?;
     let recommendation = if args.no_recommend {
         None
     } else {
@@ -360,9 +372,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .filter(|k| search.contains(&k.setting.mode))
             .collect();
         let r = recommend::search(&source, limit, &params, &search, repeats, known)?;
-        println!();
-        print!("{}", recommend::describe(&r, repeats));
-        println!("  (searched in {:.1} s)", started.elapsed().as_secs_f64());
+        writeln!(out)?;
+        write!(out, "{}", recommend::describe(&r, repeats))?;
+        writeln!(
+            out,
+            "  (searched in {:.1} s)",
+            started.elapsed().as_secs_f64()
+        )?;
         Some(r)
     };
     if let Some(path) = &args.json {
@@ -378,7 +394,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 recommendation: recommendation.as_ref(),
             },
         };
-        write_json(path, &doc)?;
+        write_json(path, &doc, out)?;
     }
     if !args.no_plot {
         let path = args.plot.clone().unwrap_or_else(default_plot_path);
@@ -387,17 +403,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .map(|r| (r.mode, &r.ttft_us))
             .collect();
         match report::plot::plot_ttft(&curves, &title(&described, &params), &path) {
-            Ok(()) => println!("TTFT CDF and tail plot: {}", path.display()),
+            Ok(()) => writeln!(out, "TTFT CDF and tail plot: {}", path.display())?,
             Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
         }
     }
     Ok(())
 }
 
-fn write_json(path: &Path, doc: &impl Serialize) -> anyhow::Result<()> {
+fn write_json(
+    path: &Path,
+    doc: &impl Serialize,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(doc).context("encoding JSON")?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-    println!("JSON: {}", path.display());
+    writeln!(out, "JSON: {}", path.display())?;
     Ok(())
 }
 
@@ -409,6 +429,7 @@ fn run_sweep(
     params: &SimParams,
     modes: &[Mode],
     cal_name: &str,
+    out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
     let axes = args
         .sweep
@@ -444,12 +465,13 @@ fn run_sweep(
         }
     }
     let requests = summaries.first().map_or(0, |s| s.requests);
-    println!("{}", header(described, requests, params, cal_name));
-    println!();
-    print!("{}", sweep::table(&cells));
+    writeln!(out, "{}", header(described, requests, params, cal_name))?;
+    writeln!(out)?;
+    write!(out, "{}", sweep::table(&cells))?;
     let unstable = cells.iter().filter(|c| !c.verdict.stable).count();
-    println!();
-    println!(
+    writeln!(out)?;
+    writeln!(
+        out,
         "sweep: {} points x {} modes x {} runs = {} simulations of {} requests in {:.1} s on {} threads; \
          {unstable} of {} cells UNSTABLE (p99 moves more than {}x over the reruns)",
         points.len(),
@@ -461,7 +483,7 @@ fn run_sweep(
         runner::workers(jobs.len()),
         cells.len(),
         stability::MAX_SPREAD,
-    );
+    )?;
     if let Some(path) = &args.json {
         #[derive(Serialize)]
         struct SweepDoc<'a> {
@@ -488,7 +510,7 @@ fn run_sweep(
                 .collect(),
             cells: &cells,
         };
-        write_json(path, &doc)?;
+        write_json(path, &doc, out)?;
     }
     if !args.no_plot {
         let path = with_suffix(
@@ -498,12 +520,12 @@ fn run_sweep(
         let panels = sweep::panels(&axes, &points, &cells, modes);
         let x_labels: Vec<String> = axes[0].values.iter().map(ToString::to_string).collect();
         let t = format!(
-            "{} ({} runs per point, bands: min-max)",
+            "{} ({} runs a point, bands min-max)",
             title(described, params),
             repeats
         );
         match report::plot::plot_sweep(&panels, axes[0].param.name(), &x_labels, &t, &path) {
-            Ok(()) => println!("sweep plot: {}", path.display()),
+            Ok(()) => writeln!(out, "sweep plot: {}", path.display())?,
             Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
         }
     }

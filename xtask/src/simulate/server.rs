@@ -3,6 +3,9 @@
 //! `lookup-server`), and what a lookup costs it: the store keys it asks about, in the
 //! calls it makes, present and absent.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use lookup_core::BlockHashes;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -61,6 +64,11 @@ pub struct ServerParams {
     /// Upper bound of a uniform random delay added to each lookup (seconds), drawn
     /// from a generator seeded by the run's seed.
     pub jitter_s: f64,
+    /// One server for every engine (its `concurrency` workers shared), as `cargo xtask
+    /// replay` runs it, instead of one per engine (vLLM's worker in each engine).
+    /// Lookups then wait for a worker on the wire. Default false.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 impl Default for ServerParams {
@@ -193,11 +201,15 @@ pub(crate) struct Served {
     pub(crate) keys: KeyCount,
 }
 
+/// When each worker of a server is free (ns); shared by the engines' handles of a
+/// shared server.
+pub(crate) type Workers = Rc<RefCell<Vec<u64>>>;
+
 /// The server's state: when each of its workers is free, and the jitter generator.
 #[derive(Debug)]
 pub(crate) struct LookupServer {
     params: ServerParams,
-    free_at: Vec<u64>,
+    free_at: Workers,
     rng: ChaCha8Rng,
 }
 
@@ -212,12 +224,18 @@ fn nanos_f(seconds: f64) -> u64 {
 }
 
 impl LookupServer {
-    pub(crate) fn new(params: ServerParams, seed: u64) -> Self {
+    /// A server of its own (`workers` `None`) or a handle on a shared one.
+    pub(crate) fn new(params: ServerParams, seed: u64, workers: Option<Workers>) -> Self {
         Self {
-            free_at: vec![0; params.concurrency.max(1) as usize],
+            free_at: workers.unwrap_or_else(|| Self::workers(&params)),
             params,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
+    }
+
+    /// The workers of a server with `params`, all free.
+    pub(crate) fn workers(params: &ServerParams) -> Workers {
+        Rc::new(RefCell::new(vec![0; params.concurrency.max(1) as usize]))
     }
 
     /// A lookup for `num_tokens` with `block_hashes` (one per full 512-token block)
@@ -238,16 +256,17 @@ impl LookupServer {
         let keys = key_count(&self.params, num_tokens, ids.len(), run, |i| {
             store.contains(ids[i])
         });
-        let worker = (0..self.free_at.len())
-            .min_by_key(|&i| self.free_at[i])
+        let mut free_at = self.free_at.borrow_mut();
+        let worker = (0..free_at.len())
+            .min_by_key(|&i| free_at[i])
             .expect("at least one worker");
-        let start = now.max(self.free_at[worker]);
+        let start = now.max(free_at[worker]);
         let mut service = self.params.service_ns(&keys);
         if self.params.jitter_s > 0.0 {
             service += self.rng.random_range(0..=nanos(self.params.jitter_s));
         }
         let done = start + service;
-        self.free_at[worker] = done;
+        free_at[worker] = done;
         Served {
             done,
             hit_tokens,
@@ -297,6 +316,7 @@ mod tests {
             chunk_keys,
             concurrency: 1,
             jitter_s: 0.0,
+            shared: false,
         }
     }
 
@@ -355,7 +375,7 @@ mod tests {
     #[test]
     fn rep_server_serves_one_at_a_time() {
         let store = ExternalStore::new(1);
-        let mut s = LookupServer::new(params(512, 1, 1024), 0);
+        let mut s = LookupServer::new(params(512, 1, 1024), 0, None);
         let h = BlockHashes::from_u64s(&[1, 2, 3]);
         // 2000 tokens: 3 blocks asked, the first absent ends the run: one call of 3
         // absent keys: 1 ms + 0.1 ms + 1.5 µs.
@@ -363,5 +383,11 @@ mod tests {
         assert_eq!((first.done, first.hit_tokens), (1_101_500, 0));
         // Arrives while the first is served: starts when it ends.
         assert_eq!(s.accept(2000, &h, &store, 500_000).done, 2_203_000);
+        // Two handles on one shared server queue on its one worker.
+        let shared = LookupServer::workers(&params(512, 1, 1024));
+        let mut a = LookupServer::new(params(512, 1, 1024), 0, Some(Rc::clone(&shared)));
+        let mut b = LookupServer::new(params(512, 1, 1024), 1, Some(shared));
+        assert_eq!(a.accept(2000, &h, &store, 0).done, 1_101_500);
+        assert_eq!(b.accept(2000, &h, &store, 0).done, 2_203_000);
     }
 }

@@ -90,10 +90,17 @@ where
     params.validate()?;
     let e = &params.engine;
     let mut engines = Vec::with_capacity(e.engines as usize);
+    let shared = params
+        .server
+        .shared
+        .then(|| LookupServer::workers(&params.server));
     for id in 0..e.engines {
         let config = mode.config(&params.lookup, params.server.concurrency.max(1));
-        let server =
-            LookupServer::new(params.server.clone(), mix(params.seed ^ mix(u64::from(id))));
+        let server = LookupServer::new(
+            params.server.clone(),
+            mix(params.seed ^ mix(u64::from(id))),
+            shared.clone(),
+        );
         let conn = Connector::new(config, server).context("lookup configuration")?;
         engines.push(Engine::new(conn, e.gpu_kv_blocks, e.local_prefix_cache));
     }

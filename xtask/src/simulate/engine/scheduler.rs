@@ -122,6 +122,10 @@ impl Engine {
         // Then the waiting queue, unless this step preempted.
         if !preempted {
             let mut skipped = Vec::new();
+            // prefetch+wait: what is left of this step's wait budget (ns), set at the
+            // first wait: the budget is per step, so a long waiting queue of pending
+            // lookups cannot hold the engine thread for a budget each.
+            let mut wait_left: Option<u64> = None;
             while budget > 0 && !self.waiting.is_empty() {
                 if self.running.len() >= w.p.engine.max_num_seqs as usize {
                     break;
@@ -182,11 +186,18 @@ impl Engine {
                             why.not_prefetched += 1;
                         }
                     }
-                    if answer == Probe::Pending && w.mode == Mode::PrefetchWait {
+                    if answer == Probe::Pending
+                        && w.mode == Mode::PrefetchWait
+                        && wait_left != Some(0)
+                    {
                         // Its lookup is queued or on the wire (a Pending probe always
-                        // leaves one): a short wait beats deferring a whole step.
-                        let budget_ns =
-                            nanos(w.p.lookup.wait_budget.seconds(self.conn.recent_on_wire()));
+                        // leaves one): a short wait beats deferring a whole step. Once
+                        // the step's budget is spent, no wait starts (one would end
+                        // at once, with nothing delivered: every reply due by now
+                        // was, during the waits that spent it).
+                        let budget_ns = *wait_left.get_or_insert_with(|| {
+                            nanos(w.p.lookup.wait_budget.seconds(self.conn.recent_on_wire()))
+                        });
                         let (ready, at) = self.conn.wait_ready_until(
                             &w.reqs[idx].core,
                             local_tokens,
@@ -200,6 +211,7 @@ impl Engine {
                         if ready != Probe::Pending {
                             self.waits.caught += 1;
                         }
+                        wait_left = Some(budget_ns.saturating_sub(at - now));
                         self.blocked_ns += at - now;
                         now = at;
                         answer = ready;

@@ -11,7 +11,7 @@ fn pct(f: f64) -> String {
     format!("{:.1}%", f * 100.0)
 }
 
-const ROWS: [Row; 31] = [
+const ROWS: [Row; 32] = [
     ("requests", |s| s.requests.to_string()),
     ("TTFT p50 (ms)", |s| format!("{:.1}", s.ttft_ms.p50)),
     ("TTFT p90 (ms)", |s| format!("{:.1}", s.ttft_ms.p90)),
@@ -39,6 +39,9 @@ const ROWS: [Row; 31] = [
     ("  server queue p50 / p99 (ms)", |s| {
         let l = &s.lookups.server_queue_ms;
         format!("{:.2} / {:.2}", l.p50, l.p99)
+    }),
+    ("lookups failed (timed out)", |s| {
+        s.lookups.failed.to_string()
     }),
     ("keys asked per lookup (mean, p99)", |s| {
         let l = &s.lookups;
