@@ -74,4 +74,4 @@ pub use lookup_core::{
 /// errors).
 pub use mooncake_master;
 /// How [`DirectConfig`] turns block hashes into store keys.
-pub use mooncake_master::{KeyLayout, RankNamespace};
+pub use mooncake_master::{BatchConfig, BatchStats, KeyLayout, PresenceCacheConfig, RankNamespace};

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use lookup_core::{
     Command, Dispatcher, Event, Lookups, Probe, Request, RequestId, RpcId, WireEvent,
 };
-use mooncake_master::MasterClient;
+use mooncake_master::{BatchStats, Coalescer, MasterClient};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -119,6 +119,8 @@ pub struct LookupClient {
     warn: WarnLimiter,
     /// [`Transport::Direct`]: the I/O task's master client, once connected.
     master: Option<Arc<OnceLock<MasterClient>>>,
+    /// [`Transport::Direct`]: the I/O task's batcher, once connected.
+    batch: Arc<OnceLock<Coalescer>>,
     /// What [`LookupHandle`]s announce.
     announced: UnboundedReceiver<Announce>,
     /// Kept so that [`handle`](Self::handle) can make more.
@@ -181,6 +183,7 @@ impl LookupClient {
             timeout,
         };
         let mut master = None;
+        let batch = Arc::new(OnceLock::new());
         let spawned = match &config.transport {
             Transport::Zmq => {
                 let context = tmq::Context::new();
@@ -206,16 +209,22 @@ impl LookupClient {
                     );
                 }
                 let cell = Arc::new(OnceLock::new());
+                let result_ttl = Duration::try_from_secs_f64(config.core.lookup_prefetch_ttl_s)
+                    .unwrap_or(direct.lease_ttl);
                 let wire = DirectWire::new(
                     (**direct).clone(),
                     config.core.block_size,
+                    result_ttl,
                     Arc::clone(&cell),
+                    Arc::clone(&batch),
                 );
                 master = Some(cell);
                 spawn(wire, &config, &io, runtime)
             }
         };
-        Ok(Self::assemble(core, spawned, &config, runtime, master))
+        Ok(Self::assemble(
+            core, spawned, &config, runtime, master, batch,
+        ))
     }
 
     /// A client whose I/O task drives `wire` (tests: a seeded fake wire on virtual
@@ -238,7 +247,14 @@ impl LookupClient {
             timeout: config.core.timeout(),
         };
         let spawned = spawn(wire, &config, &io, runtime);
-        Ok(Self::assemble(core, spawned, &config, runtime, None))
+        Ok(Self::assemble(
+            core,
+            spawned,
+            &config,
+            runtime,
+            None,
+            Arc::default(),
+        ))
     }
 
     fn assemble(
@@ -247,6 +263,7 @@ impl LookupClient {
         config: &ClientConfig,
         runtime: &Handle,
         master: Option<Arc<OnceLock<MasterClient>>>,
+        batch: Arc<OnceLock<Coalescer>>,
     ) -> Self {
         let Spawned {
             commands,
@@ -269,9 +286,19 @@ impl LookupClient {
             waits_gave_up: 0,
             warn: WarnLimiter::default(),
             master,
+            batch,
             announced,
             announce,
         }
+    }
+
+    /// [`Transport::Direct`] only, once connected: how lookups shared master calls
+    /// (batches, lookups, keys wanted and asked, keys taken from the presence cache,
+    /// cache drops; [`mooncake_master::batch`]). `None` for ZeroMQ or before the
+    /// first connect.
+    #[must_use]
+    pub fn batch_stats(&self) -> Option<BatchStats> {
+        self.batch.get().map(Coalescer::stats)
     }
 
     /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch
