@@ -7,6 +7,8 @@
 //!   the calibration file `simulate` reads.
 //! - [`fidelity`]: `replay` and `simulate` on the same slice, side by side, with the
 //!   agreement targets.
+//! - [`presence`]: how many master keys the lease-backed presence cache saves, on
+//!   the traces and on a generated workload with shared system prompts.
 //! - [`replay`]: a slice of a Mooncake trace in real time against a real Mooncake
 //!   master, through the real lookup client over ZeroMQ or directly to the master.
 //! - [`simulate`]: replay a Mooncake trace through a model of a vLLM-like engine and
@@ -17,6 +19,7 @@
 pub mod bench;
 pub mod calibrate;
 pub mod fidelity;
+pub mod presence;
 pub mod replay;
 pub mod simulate;
 pub mod test;

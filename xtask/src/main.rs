@@ -32,6 +32,9 @@ enum Task {
     /// Run `replay` and `simulate` on the same trace slice with comparable settings and
     /// print them side by side, with the agreement targets.
     Fidelity(Box<xtask::fidelity::Args>),
+    /// Count the master keys the lease-backed presence cache saves, on both traces and
+    /// on a generated workload with shared system prompts (offline, deterministic).
+    Presence(Box<xtask::presence::Args>),
     /// Install the real test peers (Mooncake master, pyzmq) and run every test.
     Test(xtask::test::Args),
 }
@@ -43,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         Task::Replay(args) => xtask::replay::run(&args),
         Task::Calibrate(args) => xtask::calibrate::run(&args),
         Task::Fidelity(args) => xtask::fidelity::run(&args),
+        Task::Presence(args) => xtask::presence::run(&args),
         Task::Test(args) => xtask::test::run_tests(&args),
     }
 }
