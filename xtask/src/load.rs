@@ -212,6 +212,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.burst
     );
     let prompts = Arc::new(prompts);
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        println!(
+            "load average at start: {} (on {} cores: a busy machine slows the master and the engines alike)",
+            load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+            std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
+        );
+    }
     println!(
         "| mode | engines | lookups/s | p50 µs | p99 µs | calls/lookup | keys/lookup | cached keys/lookup | master CPU µs/lookup |"
     );
