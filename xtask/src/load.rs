@@ -215,7 +215,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
         println!(
             "load average at start: {} (on {} cores: a busy machine slows the master and the engines alike)",
-            load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
             std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
         );
     }
