@@ -1,6 +1,8 @@
 //! The direct transport: the client asks the Mooncake master itself, against a
 //! scripted fake master and the real one.
 
+#[path = "direct/batch.rs"]
+mod batch;
 #[path = "direct/master.rs"]
 mod master;
 #[path = "direct/transport.rs"]

@@ -6,7 +6,7 @@ use std::net::TcpListener;
 
 use lookup_core::{BlockHashes, Probe};
 use lookup_tests::direct::{Behaviour, FakeMaster, eventually, request};
-use lookup_tokio::{ClientConfig, DirectConfig, KeyLayout, LookupClient};
+use lookup_tokio::{BatchConfig, ClientConfig, DirectConfig, KeyLayout, LookupClient};
 
 const B: u32 = 16;
 
@@ -27,10 +27,10 @@ async fn direct_metrics_gauge_outcomes_and_latency() {
     let fake = FakeMaster::start(Behaviour::Gated).await;
     let layout = KeyLayout::new("m");
     fake.store(&layout.chain_keys(&BlockHashes::from_u64s(&[1, 2]), 2));
-    let mut config = ClientConfig::new(
-        DirectConfig::parse(&fake.addr, layout).expect("master address"),
-        B,
-    );
+    // Unbatched: both lookups must be on the wire at once, each its own call.
+    let mut direct = DirectConfig::parse(&fake.addr, layout).expect("master address");
+    direct.batch = BatchConfig::unbatched();
+    let mut config = ClientConfig::new(direct, B);
     config.core.lookup_async = true;
     config.client_label = Some("engine".to_owned());
     config.core.lookup_prefetch_limit = 8;

@@ -7,6 +7,11 @@
 //!   the calibration file `simulate` reads.
 //! - [`fidelity`]: `replay` and `simulate` on the same slice, side by side, with the
 //!   agreement targets.
+//! - [`load`]: 1 to 64 engines against one real Mooncake master, batched and
+//!   unbatched, presence cache on and off: master calls, keys and CPU per lookup,
+//!   latency, and the highest lookups/s within a p99 bound.
+//! - [`presence`]: how many master keys the lease-backed presence cache saves, on
+//!   the traces and on a generated workload with shared system prompts.
 //! - [`replay`]: a slice of a Mooncake trace in real time against a real Mooncake
 //!   master, through the real lookup client over ZeroMQ or directly to the master.
 //! - [`simulate`]: replay a Mooncake trace through a model of a vLLM-like engine and
@@ -17,6 +22,8 @@
 pub mod bench;
 pub mod calibrate;
 pub mod fidelity;
+pub mod load;
+pub mod presence;
 pub mod replay;
 pub mod simulate;
 pub mod test;

@@ -32,6 +32,13 @@ enum Task {
     /// Run `replay` and `simulate` on the same trace slice with comparable settings and
     /// print them side by side, with the agreement targets.
     Fidelity(Box<xtask::fidelity::Args>),
+    /// Load one real Mooncake master with 1 to 64 engines (direct clients), batched and
+    /// unbatched, presence cache on and off, side by side: calls, keys and master CPU
+    /// per lookup, p50/p99, the highest lookups/s with p99 within a bound.
+    Load(Box<xtask::load::Args>),
+    /// Count the master keys the lease-backed presence cache saves, on both traces and
+    /// on a generated workload with shared system prompts (offline, deterministic).
+    Presence(Box<xtask::presence::Args>),
     /// Install the real test peers (Mooncake master, pyzmq) and run every test.
     Test(xtask::test::Args),
 }
@@ -43,6 +50,8 @@ fn main() -> anyhow::Result<()> {
         Task::Replay(args) => xtask::replay::run(&args),
         Task::Calibrate(args) => xtask::calibrate::run(&args),
         Task::Fidelity(args) => xtask::fidelity::run(&args),
+        Task::Load(args) => xtask::load::run(&args),
+        Task::Presence(args) => xtask::presence::run(&args),
         Task::Test(args) => xtask::test::run_tests(&args),
     }
 }

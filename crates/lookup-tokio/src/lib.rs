@@ -81,5 +81,5 @@ pub use mooncake_master;
 /// The master's address (`host:port` or `etcd://...`), checked when parsed.
 pub use mooncake_master::MasterAddr;
 /// How [`DirectConfig`] turns block hashes into store keys.
-pub use mooncake_master::{KeyLayout, RankNamespace};
+pub use mooncake_master::{BatchConfig, BatchStats, KeyLayout, PresenceCacheConfig, RankNamespace};
 pub use transport::{Transport, ZmqConfig};

@@ -17,6 +17,9 @@
 //! - [`addr`]: where the master is: a fixed `host:port`, or `etcd://h1:p1;h2:p2` for a
 //!   high-availability cluster, whose leader the client finds in etcd (through its
 //!   v3 JSON gateway) and follows across failovers.
+//! - [`batch`]: lookups answered together: the union of their keys, deduplicated,
+//!   chunked, with an early stop per lookup ([`Coalescer`]), and an opt-in presence
+//!   cache backed by the master's read lease.
 //! - [`key`]: store keys of KV blocks as vLLM writes them (`spec/wire.md`):
 //!   [`KeyLayout`] turns a chain of block hashes into the keys to ask about.
 //!
@@ -26,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod addr;
+pub mod batch;
 mod client;
 pub mod codec;
 mod error;
@@ -33,6 +37,7 @@ mod etcd;
 pub mod key;
 
 pub use addr::{LeaderState, MasterAddr, MasterView};
+pub use batch::{BatchConfig, BatchStats, Coalescer, PresenceCacheConfig};
 pub use client::{MasterClient, MasterConfig, MasterStats};
 pub use codec::{ExistResult, FunctionId, TypeLiteral};
 pub use error::{MasterError, StoreErrorCode};

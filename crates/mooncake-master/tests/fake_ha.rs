@@ -2,7 +2,8 @@
 //! loopback (the real etcd and masters are exercised in the workspace's e2e tests):
 //! moving to a newer leader, never to an older one, failing fast while no leader is
 //! elected, keeping the leader while etcd fails, the errors of `connect`, and
-//! `RemoveAll` with its pre-0.3.12 fall-back.
+//! `RemoveAll` with its pre-0.3.12 fall-back, and the presence cache dropped on a
+//! leader change.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,7 +13,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use mooncake_master::codec::{self, FunctionId, REQUEST_HEADER_LEN, RequestHeader};
-use mooncake_master::{MasterClient, MasterConfig, MasterError, TypeLiteral};
+use mooncake_master::{
+    BatchConfig, Coalescer, MasterClient, MasterConfig, MasterError, TypeLiteral,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -289,6 +292,42 @@ async fn follows_a_newer_leader_and_never_an_older_one() {
     assert!(stats.stale_views >= 2, "{stats:?}");
     assert_eq!(client.leader().unwrap().version, 7);
     assert!(!changes.has_changed().unwrap());
+}
+
+/// A key the old leader answered present is not trusted on the new one: the
+/// presence cache is dropped at the leader change, with no failed call in between.
+#[tokio::test]
+async fn a_leader_change_drops_the_presence_cache() {
+    let a = Master::start(&["k0", "k1", "k2", "k3"]).await;
+    let b = Master::start(&["k0", "k1"]).await;
+    let etcd = Etcd::start(View::Leader(a.addr.clone(), 5)).await;
+    let client = MasterClient::connect(format!("etcd://{}", etcd.addr), config())
+        .await
+        .unwrap();
+    let mut batch = BatchConfig::default();
+    batch.presence.enabled = true;
+    let coalescer = Coalescer::new(
+        client.clone(),
+        batch,
+        Duration::from_secs(10),
+        Duration::ZERO,
+    );
+    assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 4);
+    assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 4);
+    let s = coalescer.stats();
+    assert_eq!((s.keys_asked, s.keys_from_cache, s.cache_drops), (4, 4, 0));
+
+    // B is elected while A still runs: the client moves on its next view read.
+    etcd.set(View::Leader(b.addr.clone(), 7));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while client.leader_changes() == 0 {
+        assert!(Instant::now() < deadline, "the client did not follow B");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 2);
+    let s = coalescer.stats();
+    assert_eq!((s.keys_asked, s.keys_from_cache, s.cache_drops), (8, 4, 1));
+    assert_eq!(coalescer.cached_keys(), 2);
 }
 
 #[tokio::test]

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use lookup_core::{BlockHashes, Event, LookupOutcome, Probe, ResetOutcome, RpcFailure};
 use lookup_tests::direct::{Behaviour, FakeMaster, LIMIT, eventually, lookup_outcomes, request};
-use lookup_tokio::{ClientConfig, DirectConfig, Error, KeyLayout, LookupClient, RankNamespace};
+use lookup_tokio::{
+    BatchConfig, ClientConfig, DirectConfig, Error, KeyLayout, LookupClient, RankNamespace,
+};
 
 /// Block size in tokens.
 const B: u32 = 16;
@@ -163,12 +165,14 @@ async fn direct_malformed_master_reply_is_a_malformed_lookup() {
     client.shutdown().await;
 }
 
-/// `max_in_flight` 4: four lookups are on the master's connection at once, pipelined.
-/// The gated fake answers none until the test has seen all four outstanding.
+/// Unbatched, `max_in_flight` 4: four lookups are on the master's connection at once,
+/// pipelined. The gated fake answers none until the test has seen all four outstanding.
 #[tokio::test]
 async fn direct_pipelines_up_to_max_in_flight_lookups() {
     let fake = FakeMaster::start(Behaviour::Gated).await;
-    let mut config = config(&fake.addr, 1024);
+    let mut direct = DirectConfig::parse(&fake.addr, layout()).expect("master address");
+    direct.batch = BatchConfig::unbatched();
+    let mut config = ClientConfig::new(direct, B);
     config.core.lookup_async = true;
     config.core.max_in_flight = 4;
     let mut client = LookupClient::connect(config).expect("connect");
@@ -200,6 +204,60 @@ async fn direct_pipelines_up_to_max_in_flight_lookups() {
     assert_eq!(answers, vec![ready(B); 5]);
     assert_eq!(fake.max_outstanding(), 4);
     assert_eq!(fake.calls(), [4, 4, 4, 4, 4]);
+    client.shutdown().await;
+}
+
+/// Batched, `max_in_flight` 4: the first lookup goes out alone at once (an idle link
+/// adds no wait); the next three, released while its call is unanswered, wait for it
+/// and then share one call (12 keys); the fifth, released when a slot frees, goes next.
+#[tokio::test]
+async fn direct_batches_what_is_released_while_a_call_is_in_flight() {
+    let fake = FakeMaster::start(Behaviour::Gated).await;
+    let mut direct = DirectConfig::parse(&fake.addr, layout()).expect("master address");
+    // Long enough that no lookup gives up waiting while the gate is shut.
+    direct.batch.max_wait = Duration::from_secs(10);
+    let mut config = ClientConfig::new(direct, B);
+    config.core.lookup_async = true;
+    config.core.max_in_flight = 4;
+    let mut client = LookupClient::connect(config).expect("connect");
+    let reqs: Vec<_> = (0..5u64)
+        .map(|i| request(i, 3 * B, &[100 + i, 200 + i]))
+        .collect();
+    for (i, _) in reqs.iter().enumerate() {
+        fake.store(&keys(&[100 + i as u64]));
+    }
+    assert_eq!(client.probe(&reqs[0], 0), Probe::Pending);
+    eventually("the first lookup's call outstanding", || {
+        client.drive();
+        fake.outstanding() == 1
+    })
+    .await;
+    for req in &reqs[1..] {
+        assert_eq!(client.probe(req, 0), Probe::Pending);
+    }
+    eventually("four lookups released", || {
+        client.drive();
+        client.stats().rpcs_sent == 4
+    })
+    .await;
+    // Released while the first call is unanswered: they wait for it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(fake.calls(), [4]);
+    fake.open_gate();
+    let mut answers = Vec::new();
+    for req in &reqs {
+        let answer = loop {
+            match client.probe(req, 0) {
+                Probe::Pending => client.wait_progress(LIMIT).await,
+                answer => break answer,
+            }
+        };
+        answers.push(answer);
+    }
+    assert_eq!(answers, vec![ready(B); 5]);
+    assert_eq!(fake.calls(), [4, 12, 4]);
+    let batch = client.batch_stats().expect("connected");
+    assert_eq!((batch.batches, batch.lookups, batch.keys_asked), (3, 5, 20));
     client.shutdown().await;
 }
 

@@ -131,6 +131,13 @@ impl Master {
         Ok(master)
     }
 
+    /// The process id of a master this replay started (for its CPU time in
+    /// `/proc/<pid>/stat`); `None` for an external one.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// A master that runs elsewhere, at `addr`, with its metrics at `metrics`.
     #[must_use]
     pub fn external(addr: String, metrics: Option<String>) -> Self {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use lookup_core::{
     Command, Dispatcher, Event, Lookups, Probe, Request, RequestId, RpcId, WireEvent,
 };
-use mooncake_master::MasterClient;
+use mooncake_master::{BatchStats, Coalescer, MasterClient};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -133,6 +133,8 @@ pub struct LookupClient {
     warn: WarnLimiter,
     /// [`Transport::Direct`]: the I/O task's master client, once connected.
     master: Option<Arc<OnceLock<MasterClient>>>,
+    /// [`Transport::Direct`]: the I/O task's batcher, once connected.
+    batch: Arc<OnceLock<Coalescer>>,
     /// What [`LookupHandle`]s announce.
     announced: UnboundedReceiver<Announce>,
     /// Kept so that [`handle`](Self::handle) can make more.
@@ -185,6 +187,7 @@ impl LookupClient {
         core.set_event_capacity(config.event_capacity);
         let timeout = config.core.timeout();
         let mut master = None;
+        let batch = Arc::new(OnceLock::new());
         let spawned = match &config.transport {
             Transport::Zmq(zmq) => {
                 let io = IoConfig {
@@ -224,16 +227,21 @@ impl LookupClient {
                     label: config.label(),
                 };
                 let cell = Arc::new(OnceLock::new());
+                let result_ttl = config.core.lookup_prefetch_ttl;
                 let wire = DirectWire::new(
                     (**direct).clone(),
                     config.core.block_size,
+                    result_ttl,
                     Arc::clone(&cell),
+                    Arc::clone(&batch),
                 );
                 master = Some(cell);
                 spawn(wire, &config, &io, runtime)
             }
         };
-        Ok(Self::assemble(core, spawned, &config, runtime, master))
+        Ok(Self::assemble(
+            core, spawned, &config, runtime, master, batch,
+        ))
     }
 
     /// A builder of the configuration, then of the client:
@@ -272,7 +280,14 @@ impl LookupClient {
             },
         };
         let spawned = spawn(wire, &config, &io, runtime);
-        Ok(Self::assemble(core, spawned, &config, runtime, None))
+        Ok(Self::assemble(
+            core,
+            spawned,
+            &config,
+            runtime,
+            None,
+            Arc::default(),
+        ))
     }
 
     fn assemble(
@@ -281,6 +296,7 @@ impl LookupClient {
         config: &ClientConfig,
         runtime: &Handle,
         master: Option<Arc<OnceLock<MasterClient>>>,
+        batch: Arc<OnceLock<Coalescer>>,
     ) -> Self {
         let Spawned {
             commands,
@@ -304,9 +320,19 @@ impl LookupClient {
             waits_gave_up: 0,
             warn: WarnLimiter::default(),
             master,
+            batch,
             announced,
             announce,
         }
+    }
+
+    /// [`Transport::Direct`] only, once connected: how lookups shared master calls
+    /// (batches, lookups, keys wanted and asked, keys taken from the presence cache,
+    /// cache drops; [`mooncake_master::batch`]). `None` for ZeroMQ or before the
+    /// first connect.
+    #[must_use]
+    pub fn batch_stats(&self) -> Option<BatchStats> {
+        self.batch.get().map(Coalescer::stats)
     }
 
     /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch

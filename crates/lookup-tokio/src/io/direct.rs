@@ -13,6 +13,18 @@
 //! server computes"). Up to `max_in_flight` lookups are pipelined on the master
 //! client's one TCP connection.
 //!
+//! # Batching across lookups
+//!
+//! Lookups go through a [`Coalescer`] ([`DirectConfig::batch`]): those the dispatcher
+//! releases in one pass of the I/O task are submitted together and flushed at the end
+//! of the pass, so they share `BatchExistKey` calls (the union of their keys, each key
+//! once, chunked, with an early stop per lookup); those released while a batch is
+//! asking the master wait for it to end, at most `batch.max_wait`. An idle link adds
+//! no wait. Each lookup keeps its own answer, deadline (the dispatcher's) and
+//! cancellation. With `batch.presence` enabled, keys the master answered present are
+//! not asked again while their read lease outlasts the result's TTL; the cache is
+//! dropped on a reset, on a leader change, on a failed call and on a lookup timeout.
+//!
 //! # Lease side effect
 //!
 //! Every key the master answers `true` gets a read lease for the master's
@@ -46,8 +58,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use lookup_core::answer::{blocks_to_check, hit_tokens};
-use lookup_core::{BlockHashes, Outgoing, Reply, RpcBody, RpcFailure, RpcId};
-use mooncake_master::{KeyLayout, MasterAddr, MasterClient, MasterConfig, MasterError};
+use lookup_core::{Outgoing, Reply, RpcBody, RpcFailure, RpcId};
+use mooncake_master::{
+    BatchConfig, Coalescer, KeyLayout, MasterAddr, MasterClient, MasterConfig, MasterError,
+};
 
 #[cfg(doc)]
 use crate::Transport;
@@ -92,6 +106,13 @@ pub struct DirectConfig {
     /// First wait before trying again when connecting to the master fails, before
     /// the first success; it doubles per failure up to 1 s. Default 10 ms.
     pub connect_backoff: Duration,
+    /// Batching across lookups and the lease-backed presence cache
+    /// ([`BatchConfig`]: batching on, cache off by default). Lookups the I/O task
+    /// releases in one pass, and those released while a batch is asking the master,
+    /// share `BatchExistKey` calls: the union of their keys, each key once, chunked,
+    /// with an early stop per lookup; each still gets its own answer, timeout and
+    /// cancellation. [`BatchConfig::unbatched`] asks per lookup.
+    pub batch: BatchConfig,
 }
 
 impl DirectConfig {
@@ -105,6 +126,7 @@ impl DirectConfig {
             master_config: MasterConfig::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
             connect_backoff: Duration::from_millis(10),
+            batch: BatchConfig::default(),
         }
     }
 
@@ -129,8 +151,9 @@ impl DirectConfig {
     /// # Errors
     /// [`Error::InvalidClientConfig`] naming the field: a `master_config` with
     /// `chunk_keys` 0, a zero `call_timeout` or `connect_timeout`, or a
-    /// `backoff_min` that is zero or above `backoff_max`. (The address was checked
-    /// when it was parsed.)
+    /// `backoff_min` that is zero or above `backoff_max`; a `batch` with
+    /// `max_lookups` or `max_batches_in_flight` 0, or an enabled presence cache with
+    /// `max_age` 0. (The address was checked when it was parsed.)
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &'static str, why: &str| {
             Err(Error::InvalidClientConfig {
@@ -154,6 +177,9 @@ impl DirectConfig {
                 "must be positive and at most backoff_max",
             );
         }
+        if let Err(MasterError::InvalidConfig { what, why }) = self.batch.validate() {
+            return bad(what, &why);
+        }
         Ok(())
     }
 
@@ -175,7 +201,7 @@ enum Link {
     /// The last attempt failed; the I/O task opens again after its backoff.
     Down,
     /// Connected: the master client reconnects on its own from here on.
-    Up(MasterClient),
+    Up,
 }
 
 /// One finished master query.
@@ -198,6 +224,15 @@ pub(crate) struct DirectWire {
     link: Link,
     /// Shared with the handle for [`ClientStats::master`](crate::ClientStats::master).
     master: Arc<OnceLock<MasterClient>>,
+    /// Shared with the handle for [`LookupClient::batch_stats`](crate::LookupClient::batch_stats).
+    batch: Arc<OnceLock<Coalescer>>,
+    /// How long a result may be used after its lookup (`lookup_prefetch_ttl_s`): a key
+    /// is taken from the presence cache only while its lease outlasts that.
+    result_ttl: Duration,
+    /// Set once connected.
+    coalescer: Option<Coalescer>,
+    /// Lookups submitted since the last flush.
+    unflushed: bool,
     queries: FuturesUnordered<Query>,
     /// Inputs decided without the master (a refused reset), handed out first.
     ready: VecDeque<WireInput<Reply>>,
@@ -205,11 +240,14 @@ pub(crate) struct DirectWire {
 }
 
 impl DirectWire {
-    /// A wire that starts connecting to `direct.master` at once.
+    /// A wire that starts connecting to `direct.master` at once; results of its
+    /// lookups are used for up to `result_ttl` (`lookup_prefetch_ttl_s`).
     pub(crate) fn new(
         direct: DirectConfig,
         block_size: u32,
+        result_ttl: Duration,
         master: Arc<OnceLock<MasterClient>>,
+        batch: Arc<OnceLock<Coalescer>>,
     ) -> Self {
         let keys_per_block = direct.layout.namespaces().len();
         let link = Link::Connecting(connect(&direct));
@@ -220,6 +258,10 @@ impl DirectWire {
             keys_per_block,
             link,
             master,
+            batch,
+            result_ttl,
+            coalescer: None,
+            unflushed: false,
             queries: FuturesUnordered::new(),
             ready: VecDeque::new(),
             warn: WarnLimiter::default(),
@@ -325,6 +367,11 @@ impl Wire for DirectWire {
                 block_hashes,
             } => (num_tokens, block_hashes),
             RpcBody::Reset => {
+                // Whatever the reset's fate, the scheduler forgets what it knew: so
+                // does the presence cache.
+                if let Some(coalescer) = &self.coalescer {
+                    coalescer.clear_presence();
+                }
                 // The master's RPC has no remove-all (see the module docs): refused.
                 self.warn.warn(
                     "no_reset",
@@ -340,28 +387,62 @@ impl Wire for DirectWire {
                 return Ok(());
             }
         };
-        let Link::Up(master) = &self.link else {
+        let Some(coalescer) = self
+            .coalescer
+            .as_ref()
+            .filter(|_| matches!(self.link, Link::Up))
+        else {
             // No connection (a connect failed and waits for its backoff): fail fast
             // rather than hold the lookup (rule 17).
             return Err(SendError::NotConnected);
         };
         let blocks = blocks_to_check(num_tokens, self.block_size, block_hashes.len());
-        let query = query(master.clone(), &self.direct.layout, &block_hashes, blocks);
+        let keys = self.direct.layout.chain_keys(&block_hashes, blocks);
         let ended_span = span.clone();
-        self.queries.push(Box::pin(
-            async move {
-                let result = query.await;
-                Ended {
-                    rpc_id,
-                    num_tokens,
-                    blocks,
-                    span: ended_span,
-                    result,
+        let answer: Query = if keys.is_empty() {
+            // No full block: nothing to ask (`spec/wire.md`, step 1).
+            Box::pin(std::future::ready(Ended {
+                rpc_id,
+                num_tokens,
+                blocks,
+                span: ended_span,
+                result: Ok(0),
+            }))
+        } else {
+            // Queued now, asked at the flush that ends this pass of the I/O task.
+            let pending = coalescer.submit(keys, self.keys_per_block);
+            self.unflushed = true;
+            Box::pin(
+                async move {
+                    let result = pending.wait().await;
+                    Ended {
+                        rpc_id,
+                        num_tokens,
+                        blocks,
+                        span: ended_span,
+                        result,
+                    }
                 }
-            }
-            .instrument(span.clone()),
-        ));
+                .instrument(span.clone()),
+            )
+        };
+        self.queries.push(answer);
         Ok(())
+    }
+
+    fn flush(&mut self) {
+        if std::mem::take(&mut self.unflushed) {
+            if let Some(coalescer) = &self.coalescer {
+                coalescer.flush();
+            }
+        }
+    }
+
+    fn lookups_timed_out(&mut self) {
+        // An unanswered lookup may mean a master in trouble: trust nothing cached.
+        if let Some(coalescer) = &self.coalescer {
+            coalescer.clear_presence();
+        }
     }
 
     async fn next(&mut self) -> WireInput<Reply> {
@@ -376,7 +457,15 @@ impl Wire for DirectWire {
                         Ok(master) => {
                             tracing::debug!(master = %master.addr(), "connected to the Mooncake master");
                             let _ = self.master.set(master.clone());
-                            self.link = Link::Up(master);
+                            let coalescer = Coalescer::new(
+                                master.clone(),
+                                self.direct.batch.clone(),
+                                self.direct.lease_ttl,
+                                self.result_ttl,
+                            );
+                            let _ = self.batch.set(coalescer.clone());
+                            self.coalescer = Some(coalescer);
+                            self.link = Link::Up;
                             WireInput::Connected
                         }
                         Err(error) => {
@@ -425,26 +514,6 @@ fn connect(direct: &DirectConfig) -> Connecting {
         direct.master.clone(),
         direct.master_config.clone(),
     ))
-}
-
-/// One logical `BatchExistKey` query for the first `blocks` blocks of a chain: the
-/// leading run of blocks whose every namespace key exists. Its deadline is the I/O
-/// task's (`lookup_timeout_s`); the master client's own `call_timeout` bounds the call.
-fn query(
-    master: MasterClient,
-    layout: &KeyLayout,
-    block_hashes: &BlockHashes,
-    blocks: usize,
-) -> impl Future<Output = Result<usize, MasterError>> + Send + 'static {
-    let keys = layout.chain_keys(block_hashes, blocks);
-    let keys_per_block = layout.namespaces().len();
-    async move {
-        if keys.is_empty() {
-            // No full block: nothing to ask (`spec/wire.md`, step 1).
-            return Ok(0);
-        }
-        master.leading_blocks_flat(&keys, keys_per_block).await
-    }
 }
 
 #[cfg(test)]

@@ -122,6 +122,15 @@ pub(crate) trait Wire: Send + 'static {
         span: &Span,
     ) -> impl Future<Output = Result<(), SendError>> + Send;
 
+    /// Called after every pass that wrote RPCs: a transport that batches what one pass
+    /// released (the direct transport) sends it now. No wait is added: what was
+    /// released together goes together.
+    fn flush(&mut self) {}
+
+    /// Called when lookups timed out on this wire (`lookup_timeout_s`): a transport
+    /// keeping answers (the direct transport's presence cache) drops them.
+    fn lookups_timed_out(&mut self) {}
+
     /// The next input. Cancel-safe: dropped before completion, it loses nothing.
     fn next(&mut self) -> impl Future<Output = WireInput<Self::Payload>> + Send;
 
@@ -421,6 +430,7 @@ impl<W: Wire> IoTask<W> {
                 }
             }
         }
+        self.wire.flush();
         true
     }
 
@@ -486,6 +496,7 @@ impl<W: Wire> IoTask<W> {
             let _ = self.events.send(event);
         }
         if timed_out > 0 {
+            self.wire.lookups_timed_out();
             self.timeouts_in_a_row += timed_out;
             self.warn.warn(
                 "timeout",

@@ -38,7 +38,7 @@ use crate::addr::{LeaderState, MasterAddr, MasterView};
 use crate::codec::{self, ExistResult, FunctionId};
 use crate::{MasterError, StoreErrorCode};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The data behind these locks stays consistent at every await-free step, so a
     // panic elsewhere never leaves it half-updated.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -221,6 +221,13 @@ impl MasterClient {
     #[must_use]
     pub fn subscribe_leader(&self) -> watch::Receiver<LeaderState> {
         self.inner.views.subscribe()
+    }
+
+    /// Leader changes so far (0 for a fixed address): what
+    /// [`subscribe_leader`](Self::subscribe_leader) reports, read without subscribing.
+    #[must_use]
+    pub fn leader_changes(&self) -> u64 {
+        self.inner.views.borrow().changes
     }
 
     /// The configuration in use.
@@ -522,7 +529,7 @@ impl MasterClient {
     }
 
     /// One `BatchExistKey` call; exactly one answer per key or an error.
-    async fn batch_exist_chunk<K: AsRef<str> + Sync>(
+    pub(crate) async fn batch_exist_chunk<K: AsRef<str> + Sync>(
         &self,
         keys: &[K],
     ) -> Result<Vec<ExistResult>, MasterError> {

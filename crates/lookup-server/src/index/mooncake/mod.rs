@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use metrics::Counter;
 use mooncake_master::{
-    LeaderState, MasterAddr, MasterClient, MasterConfig, MasterError, MasterStats,
+    BatchConfig, BatchStats, Coalescer, LeaderState, MasterAddr, MasterClient, MasterConfig,
+    MasterError, MasterStats,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -56,6 +57,17 @@ pub enum ResetPolicy {
 /// call whose answer ends the leading run, so keys past the first missing block are
 /// never asked about. A chain of up to `chunk_keys` keys costs exactly one call.
 /// [`exists`](BlockIndex::exists) asks about every key (all chunks pipelined).
+///
+/// # Concurrent lookups share calls
+///
+/// The server keeps up to `max_concurrency` index calls in flight. Lookups that arrive
+/// while a batch is asking the master wait for the next batch (at most
+/// [`BatchConfig::max_wait`], 1 ms by default), which asks the union of their keys,
+/// each key once, in chunks, with the early stop applied to each lookup on its own
+/// ([`mooncake_master::Coalescer`]); a lookup arriving at an idle index goes out at
+/// once. Each lookup still gets exactly the answer it would get alone. Set
+/// [`BatchConfig::unbatched`] with [`with_batching`](Self::with_batching) to ask per
+/// lookup. Counted in [`IndexStats::batch`].
 ///
 /// # Lease side effect
 ///
@@ -99,6 +111,7 @@ pub enum ResetPolicy {
 #[derive(Debug)]
 pub struct MooncakeIndex {
     master: MasterClient,
+    batch: Coalescer,
     reset: ResetPolicy,
     counters: IndexCounters,
 }
@@ -134,6 +147,8 @@ pub struct IndexStats {
     /// The master client's own counters: `BatchExistKey` calls, keys sent, timeouts,
     /// reconnects.
     pub master: MasterStats,
+    /// How lookups shared calls: batches, lookups per batch, keys wanted and asked.
+    pub batch: BatchStats,
 }
 
 /// The live counters behind [`IndexStats`], one atomic per field of the same name.
@@ -149,6 +164,17 @@ struct IndexCounters {
     resets_done: AtomicU64,
     objects_removed: AtomicU64,
     reset_errors: AtomicU64,
+}
+
+/// The index's batcher over `master`. The index's answers are not kept past the reply,
+/// so a cached key only needs to be valid now.
+fn batcher(master: &MasterClient, batch: BatchConfig) -> Coalescer {
+    Coalescer::new(
+        master.clone(),
+        batch,
+        mooncake_master::batch::DEFAULT_LEASE_TTL,
+        std::time::Duration::ZERO,
+    )
 }
 
 /// Adds `n` and returns the new value.
@@ -205,8 +231,10 @@ impl MooncakeIndex {
                 ));
             }
         }
+        let batch = batcher(&master, BatchConfig::default());
         Self {
             master,
+            batch,
             reset: ResetPolicy::Refuse,
             counters: IndexCounters::default(),
         }
@@ -219,6 +247,19 @@ impl MooncakeIndex {
     pub fn with_reset(mut self, reset: ResetPolicy) -> Self {
         self.reset = reset;
         self
+    }
+
+    /// The index with batching settings `batch` (batched by default;
+    /// [`BatchConfig::unbatched`] asks per lookup). A presence cache enabled in
+    /// `batch.presence` is trusted up to the master's default lease (10 s) or its
+    /// `max_age`, whichever is earlier, and dropped on a leader change or a failed call.
+    ///
+    /// # Errors
+    /// [`MasterError::InvalidConfig`] naming the field `batch` sets to 0.
+    pub fn with_batching(mut self, batch: BatchConfig) -> Result<Self, MasterError> {
+        batch.validate()?;
+        self.batch = batcher(&self.master, batch);
+        Ok(self)
     }
 
     /// The reset policy.
@@ -250,6 +291,7 @@ impl MooncakeIndex {
             objects_removed: get(&c.objects_removed),
             reset_errors: get(&c.reset_errors),
             master: self.master.stats(),
+            batch: self.batch.stats(),
         }
     }
 
@@ -282,11 +324,11 @@ impl MooncakeIndex {
         if keys_per_block == 0 {
             return Ok(LeadingRun::default());
         }
-        let (answer, keys_asked) = self
-            .master
-            .leading_blocks_flat_counted(keys, keys_per_block)
-            .await;
-        let run = match answer {
+        let run = match self
+            .batch
+            .leading_blocks_flat(keys.to_vec(), keys_per_block)
+            .await
+        {
             Ok(run) => run,
             // The key that would end the run carries an ErrorCode: every key before it
             // was answered `true`, so the run ends at its block (vLLM counts only 1s).
@@ -301,6 +343,12 @@ impl MooncakeIndex {
             Err(e) => return Err(self.failed(&e)),
         };
         bump(&self.counters.blocks_found, count(run));
+        let keys_asked = keys_needed(
+            keys.len() / keys_per_block,
+            keys_per_block,
+            self.master.config().chunk_keys,
+            run,
+        );
         Ok(LeadingRun {
             blocks: run,
             keys_asked,
@@ -411,3 +459,22 @@ fn count_leader_changes(
 
 #[cfg(test)]
 mod tests;
+
+/// The keys one lookup needs asked to learn a leading run of `run` blocks out of
+/// `blocks` (each `keys_per_block` keys): whole chunks of at most `chunk_keys` keys, up
+/// to and including the chunk holding the first absent block, as an unbatched
+/// `BatchExistKey` sequence sends them (`spec/mooncake-master-rpc.md`, early stop).
+/// With batching, concurrent lookups share these keys (the master is asked each once:
+/// `IndexStats::batch`); this count is the lookup's own.
+fn keys_needed(blocks: usize, keys_per_block: usize, chunk_keys: usize, run: usize) -> usize {
+    if keys_per_block == 0 {
+        return 0;
+    }
+    let per_chunk = (chunk_keys / keys_per_block).max(1);
+    let through = if run >= blocks {
+        blocks
+    } else {
+        ((run / per_chunk + 1) * per_chunk).min(blocks)
+    };
+    through * keys_per_block
+}

@@ -145,6 +145,46 @@ async fn leading_blocks_need_every_namespace_and_stop_after_the_run_ends() {
     assert_eq!(stats.master.keys_asked, 16);
 }
 
+/// Four lookups at once, sharing a 2-block prefix: one `BatchExistKey` call with each
+/// key once (6 keys), each lookup its own answer; unbatched, four calls of 3 keys.
+#[tokio::test]
+async fn concurrent_lookups_share_one_call_with_each_key_once() {
+    let (fake, addr) = Fake::start(&["s0", "s1", "x0", "x1"]).await;
+    let chains: Vec<Vec<String>> = (0..4)
+        .map(|i| keys(&["s0", "s1", &format!("x{i}")]))
+        .collect();
+    let batched = index(&addr, 1024).await;
+    let runs = futures::future::join_all(chains.iter().map(|c| batched.leading_blocks(1, c))).await;
+    let runs: Vec<usize> = runs.into_iter().map(|r| r.unwrap().blocks).collect();
+    assert_eq!(runs, [3, 3, 2, 2]);
+    assert_eq!(fake.calls(), [6]);
+    let stats = batched.stats();
+    assert_eq!((stats.lookups, stats.blocks_found), (4, 10));
+    assert_eq!((stats.batch.batches, stats.batch.lookups), (1, 4));
+    assert_eq!((stats.batch.keys_wanted, stats.batch.keys_asked), (12, 6));
+
+    let (fake, addr) = Fake::start(&["s0", "s1", "x0", "x1"]).await;
+    let alone = index(&addr, 1024)
+        .await
+        .with_batching(BatchConfig::unbatched())
+        .unwrap();
+    let runs = futures::future::join_all(chains.iter().map(|c| alone.leading_blocks(1, c))).await;
+    let runs: Vec<usize> = runs.into_iter().map(|r| r.unwrap().blocks).collect();
+    assert_eq!(runs, [3, 3, 2, 2]);
+    assert_eq!(fake.calls(), [3, 3, 3, 3]);
+    assert!(matches!(
+        alone.with_batching({
+            let mut b = BatchConfig::default();
+            b.max_lookups = 0;
+            b
+        }),
+        Err(MasterError::InvalidConfig {
+            what: "batch.max_lookups",
+            ..
+        })
+    ));
+}
+
 #[tokio::test]
 async fn a_key_answered_with_an_error_code_ends_the_run_there() {
     let (_fake, addr) = Fake::start(&["a0", "a1", "b0", "c0", "c1"]).await;
@@ -309,4 +349,18 @@ fn master_failures_map_to_index_errors() {
         index_error(&count),
         IndexError::Store("the Mooncake master answered 2 existence results for 3 keys".to_owned())
     );
+}
+
+/// A lookup's own key count: whole chunks up to the one holding the first absent
+/// block (40 blocks x 2 keys, chunks of 8 keys = 4 blocks).
+#[test]
+fn keys_needed_counts_chunks_through_the_first_absent_block() {
+    use super::keys_needed;
+    assert_eq!(keys_needed(40, 2, 8, 9), 24);
+    assert_eq!(keys_needed(40, 2, 8, 0), 8);
+    assert_eq!(keys_needed(40, 2, 8, 40), 80);
+    assert_eq!(keys_needed(41, 2, 8, 40), 82);
+    // A block wider than a chunk is asked alone.
+    assert_eq!(keys_needed(5, 16, 8, 2), 48);
+    assert_eq!(keys_needed(5, 0, 8, 0), 0);
 }

@@ -1,0 +1,480 @@
+//! Batching across lookups: several leading-run queries answered by shared
+//! `BatchExistKey` calls ([`Coalescer`]), planned by the pure [`LeadingRuns`], with an
+//! optional lease-backed [`PresenceCache`].
+//!
+//! # When lookups are batched (no added delay on an idle link)
+//!
+//! Lookups are [`submit`](Coalescer::submit)ted, then [`flush`](Coalescer::flush)ed.
+//! A flush starts a batch at once unless
+//! [`max_batches_in_flight`](BatchConfig::max_batches_in_flight) batches are already
+//! asking the master; so on an idle link a lookup goes out the moment it is released,
+//! with whatever was released together with it (the direct transport flushes once per
+//! pass of its I/O task, after the dispatcher released everything it could). Lookups
+//! submitted while batches are in flight wait for the next batch, which starts as one
+//! ends: Nagle's idea without Nagle's timer. No lookup waits longer than
+//! [`max_wait`](BatchConfig::max_wait) for a batch: past it, another batch starts
+//! beside those in flight.
+//!
+//! # What each lookup gets
+//!
+//! Its own exact answer: the leading run that
+//! [`MasterClient::leading_blocks_flat`] gives for its keys alone on the same store
+//! (`spec/wire.md`, "What the server computes", steps 2-3), since keys are only
+//! deduplicated, never guessed. A failed call fails exactly the lookups that needed one
+//! of its keys. Dropping a lookup's [`Pending`] before its batch starts takes its keys
+//! out of the batch (cancellation stays its own); timeouts are the caller's.
+
+mod plan;
+mod presence;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+pub use plan::LeadingRuns;
+pub use presence::{PresenceCache, PresenceCacheConfig};
+
+use crate::client::lock;
+use crate::{MasterClient, MasterError};
+
+/// The master's default read lease (`default_kv_lease_ttl`, 10 s), granted to every key
+/// an existence query answers `true` (`spec/mooncake-master-rpc.md`, "The call").
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// How lookups are batched ([`Coalescer`]) and cached ([`PresenceCacheConfig`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchConfig {
+    /// Whether lookups share calls. Default `true`. With `false` each lookup is its
+    /// own query, started at once (the presence cache still applies when enabled).
+    pub enabled: bool,
+    /// Most lookups in one batch. Default 64 (64 lookups of 512 blocks × 1 namespace
+    /// are 32 calls of 1,024 keys per round).
+    pub max_lookups: usize,
+    /// Longest a submitted lookup waits for a batch to start. Default 1 ms, several
+    /// times one 1,024-key call on loopback (~0.3 ms): a batch in flight normally ends
+    /// before it. Zero starts a batch for every flush.
+    pub max_wait: Duration,
+    /// Batches asking the master at once before new lookups wait for one to end.
+    /// Default 1.
+    pub max_batches_in_flight: usize,
+    /// The lease-backed presence cache (off by default).
+    pub presence: PresenceCacheConfig,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_lookups: 64,
+            max_wait: Duration::from_millis(1),
+            max_batches_in_flight: 1,
+            presence: PresenceCacheConfig::default(),
+        }
+    }
+}
+
+impl BatchConfig {
+    /// No batching and no cache: every lookup asks alone, as before batching existed.
+    #[must_use]
+    pub fn unbatched() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`MasterError::InvalidConfig`] naming the field: `max_lookups` or
+    /// `max_batches_in_flight` 0, or `presence.max_age` 0 with the cache enabled.
+    pub fn validate(&self) -> Result<(), MasterError> {
+        let invalid = |what, why: &str| {
+            Err(MasterError::InvalidConfig {
+                what,
+                why: why.to_owned(),
+            })
+        };
+        if self.max_lookups == 0 {
+            return invalid("batch.max_lookups", "must be at least 1");
+        }
+        if self.max_batches_in_flight == 0 {
+            return invalid("batch.max_batches_in_flight", "must be at least 1");
+        }
+        if self.presence.enabled && self.presence.max_age.is_zero() {
+            return invalid("batch.presence.max_age", "must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a [`Coalescer`] since it was made (all counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchStats {
+    /// Batches started (one logical existence query each, one or more calls).
+    pub batches: u64,
+    /// Lookups answered by them.
+    pub lookups: u64,
+    /// Lookups dropped before their batch started (not asked).
+    pub lookups_dropped: u64,
+    /// Keys the lookups needed, counted per lookup (what unbatched queries send).
+    pub keys_wanted: u64,
+    /// Keys sent to the master (each key once per batch).
+    pub keys_asked: u64,
+    /// Keys taken from the presence cache instead of being asked.
+    pub keys_from_cache: u64,
+    /// Times the presence cache was dropped (reset, leader change, failed call).
+    pub cache_drops: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    lookups: AtomicU64,
+    lookups_dropped: AtomicU64,
+    keys_wanted: AtomicU64,
+    keys_asked: AtomicU64,
+    keys_from_cache: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+type Answer = Result<usize, MasterError>;
+
+/// One submitted lookup.
+struct Waiting {
+    keys: Vec<String>,
+    keys_per_block: usize,
+    since: Instant,
+    answer: oneshot::Sender<Answer>,
+}
+
+struct State {
+    queue: VecDeque<Waiting>,
+    /// Batches asking the master now.
+    drivers: usize,
+    cache: PresenceCache,
+    /// The master client's leader changes when the cache was last checked.
+    leader_changes: u64,
+}
+
+struct Shared {
+    master: MasterClient,
+    config: BatchConfig,
+    /// How long an entry stays: the earlier of the lease and `presence.max_age`.
+    keep: Duration,
+    /// How long past a lookup a cached key must stay valid.
+    margin: Duration,
+    state: Mutex<State>,
+    counters: Counters,
+}
+
+/// Answers leading-run queries of many lookups with shared `BatchExistKey` calls (see
+/// the module docs for when a batch starts). A cheap, cloneable handle over one
+/// [`MasterClient`]; batches run as tasks of the tokio runtime of the caller of
+/// [`flush`](Self::flush).
+#[derive(Clone)]
+pub struct Coalescer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Coalescer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalescer")
+            .field("master", &self.shared.master.addr())
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coalescer {
+    /// A coalescer over `master`. `lease_ttl` is the master's `default_kv_lease_ttl`
+    /// (10 s by default); a cached key is used only while it stays valid for `margin`
+    /// more (the life of a result computed from it, e.g. `lookup_prefetch_ttl_s`).
+    /// Settings are taken as given; check them with [`BatchConfig::validate`].
+    #[must_use]
+    pub fn new(
+        master: MasterClient,
+        config: BatchConfig,
+        lease_ttl: Duration,
+        margin: Duration,
+    ) -> Self {
+        let keep = lease_ttl.min(config.presence.max_age);
+        let leader_changes = master.leader_changes();
+        let cache = PresenceCache::new(if config.presence.enabled {
+            config.presence.max_keys
+        } else {
+            0
+        });
+        Self {
+            shared: Arc::new(Shared {
+                master,
+                keep,
+                margin,
+                state: Mutex::new(State {
+                    queue: VecDeque::new(),
+                    drivers: 0,
+                    cache,
+                    leader_changes,
+                }),
+                config,
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    /// The settings in use.
+    #[must_use]
+    pub fn config(&self) -> &BatchConfig {
+        &self.shared.config
+    }
+
+    /// Queues one lookup: `keys` block-major, `keys_per_block` per block (as
+    /// [`MasterClient::leading_blocks_flat`]). Nothing is sent before
+    /// [`flush`](Self::flush) (or, unbatched, before the [`Pending`] is awaited).
+    pub fn submit(&self, keys: Vec<String>, keys_per_block: usize) -> Pending {
+        if !self.shared.config.enabled {
+            return Pending {
+                shared: self.shared.clone(),
+                inner: PendingInner::Alone(keys, keys_per_block),
+            };
+        }
+        let (tx, rx) = oneshot::channel();
+        let since = Instant::now();
+        lock(&self.shared.state).queue.push_back(Waiting {
+            keys,
+            keys_per_block,
+            since,
+            answer: tx,
+        });
+        Pending {
+            shared: self.shared.clone(),
+            inner: PendingInner::Queued(rx, since),
+        }
+    }
+
+    /// Starts a batch of what is queued unless
+    /// [`max_batches_in_flight`](BatchConfig::max_batches_in_flight) are under way (one
+    /// of them then takes it when it ends). Must run inside a tokio runtime.
+    pub fn flush(&self) {
+        start_driver(&self.shared, false);
+    }
+
+    /// One lookup, batched with whatever else is queued: [`submit`](Self::submit),
+    /// [`flush`](Self::flush), wait.
+    ///
+    /// # Errors
+    /// As [`MasterClient::leading_blocks_flat`].
+    pub async fn leading_blocks_flat(&self, keys: Vec<String>, keys_per_block: usize) -> Answer {
+        let pending = self.submit(keys, keys_per_block);
+        self.flush();
+        pending.wait().await
+    }
+
+    /// Drops the presence cache (a reset, or an outcome that makes its answers
+    /// doubtful).
+    pub fn clear_presence(&self) {
+        lock(&self.shared.state).cache.clear();
+    }
+
+    /// Keys in the presence cache now.
+    #[must_use]
+    pub fn cached_keys(&self) -> usize {
+        lock(&self.shared.state).cache.len()
+    }
+
+    /// The counters so far.
+    #[must_use]
+    pub fn stats(&self) -> BatchStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BatchStats {
+            batches: get(&c.batches),
+            lookups: get(&c.lookups),
+            lookups_dropped: get(&c.lookups_dropped),
+            keys_wanted: get(&c.keys_wanted),
+            keys_asked: get(&c.keys_asked),
+            keys_from_cache: get(&c.keys_from_cache),
+            cache_drops: lock(&self.shared.state).cache.drops(),
+        }
+    }
+}
+
+/// A submitted lookup's answer, to await with [`wait`](Self::wait). Dropped before its
+/// batch starts, the lookup is not asked.
+#[must_use = "a lookup is answered only through its Pending"]
+pub struct Pending {
+    shared: Arc<Shared>,
+    inner: PendingInner,
+}
+
+enum PendingInner {
+    Queued(oneshot::Receiver<Answer>, Instant),
+    Alone(Vec<String>, usize),
+}
+
+impl Pending {
+    /// The lookup's leading run in blocks.
+    ///
+    /// # Errors
+    /// As [`MasterClient::leading_blocks_flat`]; [`MasterError::Unavailable`] when the
+    /// runtime running its batch stopped before answering.
+    pub async fn wait(self) -> Answer {
+        let Self { shared, inner } = self;
+        match inner {
+            PendingInner::Alone(keys, keys_per_block) => {
+                let (tx, rx) = oneshot::channel();
+                let one = Waiting {
+                    keys,
+                    keys_per_block,
+                    since: Instant::now(),
+                    answer: tx,
+                };
+                run_batch(&shared, vec![one]).await;
+                rx.await.unwrap_or_else(|_| Err(stopped(&shared)))
+            }
+            PendingInner::Queued(mut rx, since) => {
+                let overdue = tokio::time::sleep_until(since + shared.config.max_wait);
+                tokio::select! {
+                    biased;
+                    answer = &mut rx => return answer.unwrap_or_else(|_| Err(stopped(&shared))),
+                    () = overdue => start_driver(&shared, true),
+                }
+                rx.await.unwrap_or_else(|_| Err(stopped(&shared)))
+            }
+        }
+    }
+}
+
+fn stopped(shared: &Shared) -> MasterError {
+    MasterError::Unavailable {
+        addr: shared.master.addr().to_owned(),
+        last_error: "the batch answering this lookup stopped (runtime shut down)".to_owned(),
+    }
+}
+
+/// Starts a batch task if something waits and the in-flight bound allows it, or,
+/// with `overdue`, if the oldest lookup waited `max_wait` already.
+fn start_driver(shared: &Arc<Shared>, overdue: bool) {
+    {
+        let mut state = lock(&shared.state);
+        let Some(oldest) = state.queue.front() else {
+            return;
+        };
+        let late = overdue && oldest.since + shared.config.max_wait <= Instant::now();
+        if state.drivers >= shared.config.max_batches_in_flight && !late {
+            return;
+        }
+        state.drivers += 1;
+    }
+    tokio::spawn(drive(shared.clone()));
+}
+
+/// One batch task: batches of what is queued until the queue is empty.
+async fn drive(shared: Arc<Shared>) {
+    loop {
+        let batch: Vec<Waiting> = {
+            let mut state = lock(&shared.state);
+            let mut batch = Vec::new();
+            while batch.len() < shared.config.max_lookups {
+                let Some(waiting) = state.queue.pop_front() else {
+                    break;
+                };
+                if waiting.answer.is_closed() {
+                    add(&shared.counters.lookups_dropped, 1);
+                } else {
+                    batch.push(waiting);
+                }
+            }
+            if batch.is_empty() {
+                state.drivers -= 1;
+                return;
+            }
+            batch
+        };
+        let span = tracing::debug_span!("batch_exist", lookups = batch.len());
+        run_batch(&shared, batch).instrument(span).await;
+    }
+}
+
+/// Answers every lookup of `batch` from shared calls and the presence cache.
+async fn run_batch(shared: &Shared, batch: Vec<Waiting>) {
+    let started = Instant::now();
+    let now = started.into_std();
+    let use_cache = shared.config.presence.enabled;
+    let changes = shared.master.leader_changes();
+    if use_cache {
+        let mut state = lock(&shared.state);
+        if state.leader_changes != changes {
+            state.cache.clear();
+            state.leader_changes = changes;
+        }
+    }
+    let mut plan = LeadingRuns::new(shared.master.config().chunk_keys);
+    let mut answers = Vec::with_capacity(batch.len());
+    for waiting in batch {
+        plan.add(waiting.keys, waiting.keys_per_block);
+        answers.push(waiting.answer);
+    }
+    let mut failed = false;
+    loop {
+        let calls = if use_cache {
+            let state = lock(&shared.state);
+            plan.next_round(&mut |key| state.cache.is_present(key, now, shared.margin))
+        } else {
+            plan.next_round(&mut |_| false)
+        };
+        let Some(calls) = calls else { break };
+        let replies = futures::future::join_all(
+            calls
+                .iter()
+                .map(|keys| shared.master.batch_exist_chunk(keys)),
+        )
+        .await;
+        for (keys, reply) in calls.iter().zip(replies) {
+            match reply {
+                Ok(reply) => {
+                    if plan.record(keys, &reply).is_err() {
+                        failed = true;
+                    }
+                }
+                Err(error) => {
+                    failed = true;
+                    plan.record_failure(keys, error);
+                }
+            }
+        }
+    }
+    if use_cache {
+        let mut state = lock(&shared.state);
+        if failed || shared.master.leader_changes() != changes {
+            // Any failed call may mean a restarted or replaced master, whose store no
+            // longer holds what the cache says.
+            state.cache.clear();
+        } else {
+            let until = now + shared.keep;
+            for key in plan.present_keys() {
+                state.cache.insert(key, until, now);
+            }
+        }
+    }
+    let c = &shared.counters;
+    add(&c.batches, 1);
+    add(&c.lookups, answers.len() as u64);
+    add(&c.keys_wanted, plan.keys_wanted() + plan.keys_assumed());
+    add(&c.keys_asked, plan.keys_asked());
+    add(&c.keys_from_cache, plan.keys_assumed());
+    for (answer, result) in answers.into_iter().zip(plan.into_results()) {
+        // A receiver dropped meanwhile (its lookup cancelled or timed out): nobody waits.
+        let _ = answer.send(result);
+    }
+}
