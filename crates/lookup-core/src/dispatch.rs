@@ -3,7 +3,9 @@
 //! run by the driver's I/O task beside its socket, while [`Lookups`](crate::Lookups)
 //! runs on the scheduler's thread (DESIGN.md, "Who owns what").
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::lookups::Table;
 use std::time::{Duration, Instant};
 
 use crate::timer::{Timers, deadline_after};
@@ -109,7 +111,7 @@ pub struct Dispatcher<T = ()> {
     next_seq: u64,
     /// Queued RPCs of the prefetch class, by id (ids follow submission order).
     prefetch: BTreeSet<RpcId>,
-    entries: HashMap<RpcId, Entry<T>>,
+    entries: Table<RpcId, Entry<T>>,
     queued: usize,
     lookups_on_wire: usize,
     deadlines: Timers<RpcId>,
@@ -134,7 +136,7 @@ impl<T> Dispatcher<T> {
             awaited: VecDeque::new(),
             next_seq: 0,
             prefetch: BTreeSet::new(),
-            entries: HashMap::new(),
+            entries: Table::default(),
             queued: 0,
             lookups_on_wire: 0,
             deadlines: Timers::new(),

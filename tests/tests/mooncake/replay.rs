@@ -14,7 +14,6 @@ use xtask::simulate::generator;
 use xtask::simulate::mode::Mode;
 
 #[test]
-#[ignore = "intermittent: a few prefetch lookups over ZeroMQ end as malformed at vLLM block size 16 (seen 9 of the run once); under investigation, run with --ignored"]
 fn replay_of_200_requests_mooncake_master() {
     let trace = generator::generate(7, 200);
     let params = ReplayParams {
@@ -48,7 +47,9 @@ fn replay_of_200_requests_mooncake_master() {
         // Prefixes repeat in the trace: some are found in the store and loaded.
         assert!(run.external_hit_tokens > 0, "{label}: no hit tokens");
         assert!(run.outcomes.hit > 0, "{label}: no lookup hit");
-        assert_eq!(run.external_hit_tokens % 512, 0, "{label}");
+        // Hits are whole vLLM blocks (16 tokens), the block size the clients, the
+        // server and the direct transport count in.
+        assert_eq!(run.external_hit_tokens % 16, 0, "{label}");
         // Every lookup sent was answered, none failed.
         assert_eq!(
             (

@@ -14,11 +14,14 @@
 //! 2. lookups per second against an in-memory index: a bare tmq REQ/REP loop (the
 //!    reference), our client with `max_in_flight` 1 and 4, the Python design, and two
 //!    rows that split our loop's cost between client and server;
-//! 3. lookups per second against an index that takes `--index-ms` per call.
+//! 3. lookups per second against an index that takes `--index-ms` per call;
+//! 4. the caller's cost while tracked requests grow to 100,000 ([`growth`]), with
+//!    the caller-cost limits of issue 16.
 //!
 //! Each measurement is repeated `--reps` times, the rows interleaved, and the table
 //! shows medians. `--json PATH` writes every run too.
 
+pub mod growth;
 pub mod ours;
 pub mod payload;
 mod peers;
@@ -129,6 +132,11 @@ impl Args {
             blocks: 64,
             hash_len: 32,
             block_size: 16,
+            growth_requests: if self.quick {
+                growth::GROWTH_REQUESTS / 10
+            } else {
+                growth::GROWTH_REQUESTS
+            },
             python: !self.no_python,
             sections: self.only.clone(),
         };
@@ -268,6 +276,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.add_python_probe_costs(run.probe_costs());
         }
         if caller {
+            let growth = growth::growth_cost(&slow.endpoint, &payload, settings.growth_requests)
+                .context("caller cost while the request table grows")?;
+            report.add_growth(growth);
             eprint!(" caller cost");
         }
         for &row in &rows {

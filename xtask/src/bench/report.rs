@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::growth::{self, GrowthCost, Limit};
 use super::ours::{Placement, ProbeCosts};
 use super::stats::{CallCost, Goal, Summary, median_u64, paired_ratio, ratio};
 use super::{DelayKind, Section};
@@ -38,6 +39,8 @@ pub struct Settings {
     pub hash_len: usize,
     /// Block size (tokens).
     pub block_size: u32,
+    /// Requests tracked at the end of each growth run.
+    pub growth_requests: usize,
     /// Whether the Python design's rows run.
     pub python: bool,
     /// The sections that run.
@@ -147,6 +150,7 @@ pub struct Report {
     python_version: Option<String>,
     ours_probe: Vec<(Placement, ProbeCosts)>,
     python_probe: Vec<ProbeCosts>,
+    growth: Vec<GrowthCost>,
     throughput: Vec<(Row, f64)>,
     load_at_start: Option<[f64; 3]>,
     /// Measured mean time of one slow-index call (seconds).
@@ -181,6 +185,7 @@ impl Report {
             python_version,
             ours_probe: Vec::new(),
             python_probe: Vec::new(),
+            growth: Vec::new(),
             throughput: Vec::new(),
             load_at_start: load_average(),
             slow_index_mean_s: None,
@@ -190,6 +195,11 @@ impl Report {
     /// One caller-cost run of ours.
     pub fn add_probe_costs(&mut self, placement: Placement, costs: ProbeCosts) {
         self.ours_probe.push((placement, costs));
+    }
+
+    /// One growth run of ours.
+    pub fn add_growth(&mut self, growth: GrowthCost) {
+        self.growth.push(growth);
     }
 
     /// One caller-cost run of the Python design.
@@ -311,7 +321,14 @@ impl Report {
                 target: 3.0,
             },
         ]);
+        let limits = growth::limits(
+            [&caller.ours_one_thread, &caller.ours_two_threads],
+            &self.growth,
+            two(Row::OursSync, Row::Bare),
+        );
         Finished {
+            growth: self.growth,
+            limits,
             settings: self.settings,
             python_version: self.python_version,
             load_average: [self.load_at_start, load_average()],
@@ -422,6 +439,10 @@ pub struct Finished {
     pub slow_index_mean_ms: Option<f64>,
     /// The goals of the issues and the measured ratios.
     pub goals: Vec<Goal>,
+    /// Every growth run.
+    pub growth: Vec<GrowthCost>,
+    /// The caller-cost limits of issue 16.
+    pub limits: Vec<Limit>,
 }
 
 /// `1234567.8` → `"1,234,568"`.
@@ -650,6 +671,7 @@ impl Finished {
              takes the worse of the two placements.",
             times(two_threads)
         );
+        out.push_str(&growth::table(&self.growth, &self.limits));
         out
     }
 }

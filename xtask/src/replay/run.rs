@@ -53,6 +53,23 @@ pub fn replay(trace: &[TraceRequest], params: &ReplayParams) -> anyhow::Result<R
 }
 
 /// One run of `mode` over `transport`.
+/// The lookup core's configuration of every client of a run: `mode`'s settings
+/// (shared with the simulator) at the run's vLLM block size.
+///
+/// The simulator counts in the trace's 512-token blocks, and `Mode::config` says so;
+/// a replay hashes prompts and writes store keys at `params.block_size` (16 by
+/// default), and the lookup server, the direct transport and the core's reply guard
+/// (`spec/behaviour.md` rule 11: a hit must be whole blocks) must count in the same
+/// blocks. With 512 here, a 16-token-aligned hit from the server (16, 32 tokens)
+/// failed the guard and ended as malformed, and the direct transport asked for one
+/// key per 512 tokens while each key stood for 16, claiming 32 times the tokens it
+/// had found.
+pub(crate) fn client_core(mode: Mode, params: &ReplayParams) -> lookup_core::Config {
+    let mut core = mode.config(&params.lookup, params.max_in_flight);
+    core.block_size = params.block_size;
+    core
+}
+
 async fn run_one(
     trace: &[TraceRequest],
     params: &ReplayParams,
@@ -88,7 +105,7 @@ async fn run_one(
     let mut server: Option<LookupServer> = None;
     let mut index: Option<Arc<MooncakeIndex>> = None;
     let mut configs = Vec::with_capacity(params.engines as usize);
-    let core = mode.config(&params.lookup, params.max_in_flight);
+    let core = client_core(mode, params);
     match transport {
         Transport::Zmq => {
             let mooncake = Arc::new(
@@ -303,5 +320,31 @@ mod tests {
             ]
         );
         assert!(master_figures(Some(&before), None).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod block_size_tests {
+    use super::*;
+
+    #[test]
+    fn replay_clients_count_in_the_vllm_block_size_not_the_traces() {
+        let params = ReplayParams::default();
+        assert_eq!(params.block_size, 16);
+        for mode in [Mode::Sync, Mode::Prefetch, Mode::PrefetchPlus] {
+            let core = client_core(mode, &params);
+            assert_eq!(core.block_size, 16, "{mode}");
+            // The server's and the direct transport's block size is the same one.
+            assert_eq!(core.block_size, params.block_size, "{mode}");
+            // Every other setting is the mode's.
+            let mut expected = mode.config(&params.lookup, params.max_in_flight);
+            expected.block_size = 16;
+            assert_eq!(core, expected, "{mode}");
+        }
+        let coarse = ReplayParams {
+            block_size: 32,
+            ..ReplayParams::default()
+        };
+        assert_eq!(client_core(Mode::Prefetch, &coarse).block_size, 32);
     }
 }

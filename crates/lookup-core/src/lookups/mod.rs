@@ -6,7 +6,7 @@ mod entry;
 mod queries;
 mod rpcs;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -18,6 +18,13 @@ use crate::{
     RequestId, ResetOutcome, RpcBody, RpcId, Stats, Ticket, WireEvent,
 };
 use entry::{FirstProbe, LookupState, RequestEntry, Rpc, RpcKind, ShareKey};
+
+/// A table of the core, keyed by an id or a [`ShareKey`]: foldhash, because SipHash
+/// was a third of a pending probe's cost (DESIGN.md, "caller cost"); griddle, so
+/// that growing never rehashes every entry in one input (the std map's doubling
+/// at 57,344 tracked requests took one arrival 4.7-8.4 ms; griddle moves a few
+/// entries per insert instead).
+pub(crate) type Table<K, V> = griddle::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// First wait before a failed request is looked up again (rule 11); doubles per failed
 /// lookup up to [`RETRY_BACKOFF_MAX`], back to this after a lookup succeeds.
@@ -48,9 +55,9 @@ pub struct Lookups<O: Observe = ()> {
     ttl: Duration,
     closed: bool,
     next_rpc: u64,
-    requests: HashMap<RequestId, RequestEntry>,
-    rpcs: HashMap<RpcId, Rpc>,
-    shared: HashMap<ShareKey, RpcId>,
+    requests: Table<RequestId, RequestEntry>,
+    rpcs: Table<RpcId, Rpc>,
+    shared: Table<ShareKey, RpcId>,
     slots_in_use: u32,
     /// RPCs handed to the driver whose ticket is still queued (`max_queued` backlog),
     /// kept by the tickets themselves.
@@ -89,9 +96,9 @@ impl<O: Observe> Lookups<O> {
             config,
             closed: false,
             next_rpc: 1,
-            requests: HashMap::new(),
-            rpcs: HashMap::new(),
-            shared: HashMap::new(),
+            requests: Table::default(),
+            rpcs: Table::default(),
+            shared: Table::default(),
             slots_in_use: 0,
             backlog: Arc::default(),
             retry_backoff: Backoff::new(RETRY_BACKOFF_MIN, RETRY_BACKOFF_MAX),

@@ -78,6 +78,13 @@ impl<O: Observe> Lookups<O> {
         self.requests.get(&request_id)?.last_answer
     }
 
+    /// The counters, the prefetch slots in use and the observer, at once: a driver
+    /// that publishes the counters through its observer after every call reads them
+    /// in place instead of copying [`Stats`] (the caller-cost path).
+    pub fn stats_and_observer(&mut self) -> (&Stats, u32, &mut O) {
+        (&self.stats, self.slots_in_use, &mut self.observer)
+    }
+
     /// Counters since construction.
     #[must_use]
     pub fn stats(&self) -> &Stats {

@@ -566,8 +566,8 @@ impl LookupClient {
                 break;
             }
         }
-        let (stats, slots) = (self.core.stats().clone(), self.core.slots_in_use());
-        self.core.observer_mut().metrics.sync(&stats, slots);
+        let (stats, slots, observer) = self.core.stats_and_observer();
+        observer.metrics.sync(stats, slots);
     }
 
     /// One RPC ended on the wire. After close the core has forgotten every RPC, so a
