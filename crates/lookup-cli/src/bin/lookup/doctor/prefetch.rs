@@ -119,6 +119,8 @@ async fn prefetch_once(
             let layout = args.master.layout().map_err(|f| f.message)?;
             let mut direct = DirectConfig::new(addr.clone(), layout);
             direct.master_config = args.master.config(timeout);
+            // The client's own connect-time check then agrees with the ttl line.
+            direct.lease_ttl = Duration::from_secs_f64(args.lease_ttl_s);
             ClientConfig::direct(direct, block_size)
         }
         None => {
