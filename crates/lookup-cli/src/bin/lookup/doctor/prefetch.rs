@@ -119,6 +119,9 @@ async fn prefetch_once(
             let layout = args.master.layout().map_err(|f| f.message)?;
             let mut direct = DirectConfig::parse(addr, layout).map_err(|e| e.to_string())?;
             direct.master_config = args.master.config(timeout);
+            // The client's own connect-time check then agrees with the ttl line.
+            direct.lease_ttl = lookup_core::duration_from_secs(args.lease_ttl_s)
+                .map_err(|e| format!("--lease-ttl-s: {e}"))?;
             ClientConfig::new(direct, block_size)
         }
         None => {
