@@ -60,7 +60,7 @@ pub(crate) fn growth_cost(
     count: usize,
 ) -> anyhow::Result<GrowthCost> {
     let runtime = super::peers::current_thread_runtime()?;
-    let mut config = ClientConfig::new(endpoint.clone(), payload.block_size);
+    let mut config = ClientConfig::zmq(endpoint.clone(), payload.block_size);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 64;
     config.core.lookup_share = false;
