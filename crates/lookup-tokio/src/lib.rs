@@ -59,6 +59,7 @@ mod error;
 mod io;
 pub mod metrics;
 mod transport;
+pub mod vllm;
 mod warn;
 
 pub use client::{
@@ -79,6 +80,9 @@ pub use lookup_core::{
 pub use mooncake_master;
 /// The master's address (`host:port` or `etcd://...`), checked when parsed.
 pub use mooncake_master::MasterAddr;
-/// How [`DirectConfig`] turns block hashes into store keys.
+/// How [`DirectConfig`] turns block hashes into store keys ([`vllm::key_layout`]
+/// makes the one a vLLM deployment uses).
 pub use mooncake_master::{KeyLayout, RankNamespace};
 pub use transport::{Transport, ZmqConfig};
+/// vLLM 0.33's block hashes and store keys, byte for byte ([`vllm`]).
+pub use vllm_block_hash;

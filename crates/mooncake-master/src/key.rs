@@ -43,6 +43,11 @@ impl RankNamespace {
     /// Every namespace of a deployment with `tp_size` tensor-parallel and `pp_size`
     /// pipeline-parallel ranks (context-parallel ranks and group 0), tp-major:
     /// `(tp 0, pp 0), (tp 0, pp 1), ..., (tp 1, pp 0), ...`. A size of 0 counts as 1.
+    ///
+    /// One namespace per TP rank is what vLLM asks only when every TP rank holds a
+    /// distinct KV shard. With MLA (one latent cache on every rank) at TP > 1, or GQA
+    /// at a TP size above the KV-head count, vLLM writes and asks fewer namespaces, so
+    /// a grid always misses; `lookup_tokio::vllm::key_layout` derives vLLM's own.
     #[must_use]
     pub fn grid(tp_size: u32, pp_size: u32) -> Vec<Self> {
         let mut out = Vec::new();
