@@ -37,23 +37,27 @@ use crate::{Error, KeyLayout, RankNamespace};
 /// `lookup-server` with a Mooncake index, with block size
 /// `keys.scheduler_block_size()`.
 ///
+/// When the blocks span several hashes (`hash_block_size` below the block size), a
+/// block is keyed by the last hash of its chunk, as vLLM's
+/// `chunk_hashes_for_block_size` does ([`KeyLayout::with_hashes_per_block`]).
+///
 /// # Errors
-/// [`Error::InvalidClientConfig`] with key `hash_block_size` when a group's block
-/// size is not the hash block size: vLLM then keys each chunk of several hashes by
-/// its last hash (`chunk_hashes_for_block_size`), which a [`KeyLayout`] (one key per
-/// hash) cannot express; ask with `StoreKeys::lookup_keys` instead.
+/// [`Error::InvalidClientConfig`] with key `hash_block_size` when the KV-cache groups
+/// have different block sizes: vLLM then keys each group's chunks separately, which
+/// one [`KeyLayout`] cannot express; ask with `StoreKeys::lookup_keys` instead.
 pub fn key_layout(keys: &StoreKeys) -> Result<KeyLayout, Error> {
+    let hash_block_size = keys.hash_block_size();
+    let block_size = keys.scheduler_block_size();
     let mut namespaces = Vec::new();
     for group in 0..keys.groups() {
-        let block_size = keys.group_block_size(group).unwrap_or_default();
-        if block_size != keys.hash_block_size() {
+        let group_block_size = keys.group_block_size(group).unwrap_or_default();
+        if group_block_size != block_size {
             return Err(Error::InvalidClientConfig {
                 key: "hash_block_size",
                 why: format!(
-                    "KV-cache group {group} has blocks of {block_size} tokens and block \
-                     hashes of {} tokens: its chunks are keyed by their last hash, which \
-                     a KeyLayout cannot express",
-                    keys.hash_block_size()
+                    "KV-cache group {group} has blocks of {group_block_size} tokens and the \
+                     scheduler blocks of {block_size}: groups of different block sizes are \
+                     keyed chunk by chunk per group, which a KeyLayout cannot express"
                 ),
             });
         }
@@ -68,12 +72,17 @@ pub fn key_layout(keys: &StoreKeys) -> Result<KeyLayout, Error> {
             });
         }
     }
+    let invalid = |e: mooncake_master::MasterError| Error::InvalidClientConfig {
+        key: "layout",
+        why: e.to_string(),
+    };
     let model = format!("{}{}", keys.model_name(), keys.namespace());
     KeyLayout::new(model)
         .with_cache_prefix(Some(keys.cache_prefix().to_owned()))
         .with_namespaces(namespaces)
-        .map_err(|e| Error::InvalidClientConfig {
-            key: "layout",
-            why: e.to_string(),
-        })
+        .map_err(invalid)?
+        // Blocks larger than the hash granularity: each is keyed by its last hash
+        // (`chunk_hashes_for_block_size`).
+        .with_hashes_per_block((block_size / hash_block_size.max(1)) as usize)
+        .map_err(invalid)
 }

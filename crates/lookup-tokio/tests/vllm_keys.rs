@@ -103,9 +103,10 @@ fn the_key_layout_asks_for_the_keys_vllm_looks_up() {
                 assert_eq!(name, "hash_block_size_chunks_two_groups", "{e}");
                 assert_eq!(
                     e.to_string(),
-                    "invalid client configuration `hash_block_size`: KV-cache group 0 has \
-                     blocks of 64 tokens and block hashes of 16 tokens: its chunks are keyed \
-                     by their last hash, which a KeyLayout cannot express"
+                    "invalid client configuration `hash_block_size`: KV-cache group 1 has \
+                     blocks of 32 tokens and the scheduler blocks of 64: groups of different \
+                     block sizes are keyed chunk by chunk per group, which a KeyLayout cannot \
+                     express"
                 );
                 continue;
             }
@@ -131,6 +132,38 @@ fn the_key_layout_asks_for_the_keys_vllm_looks_up() {
         namespaces_seen,
         BTreeSet::from([1, 2, 4, 8]),
         "1, 4 and 8 namespaces (and 2: GQA over 2 KV heads) covered"
+    );
+}
+
+/// Blocks of 64 tokens over 16-token hashes: each block is keyed by the last hash of
+/// its chunk, as `StoreKeys::lookup_keys` (itself checked against vLLM) asks.
+#[test]
+fn a_block_of_several_hashes_is_keyed_by_its_last_hash() {
+    let keys = StoreKeys::new(
+        &Deployment::new("m", 64)
+            .with_hash_block_size(16)
+            .with_parallelism(Parallelism::new(2, 1, 1, 1)),
+    )
+    .expect("deployment");
+    let layout = key_layout(&keys).expect("layout");
+    assert_eq!(layout.hashes_per_block(), 4);
+    let hashes: Vec<[u8; 1]> = (0..11u8).map(|i| [i]).collect();
+    let chain = BlockHashes::from_hashes(&hashes).expect("hashes");
+    // 11 hashes: two whole chunks (hashes 3 and 7); 200 tokens: 3 blocks of 64.
+    assert_eq!(layout.blocks_of(chain.len()), 2);
+    assert_eq!(
+        layout.chain_keys(&chain, 3),
+        keys.lookup_keys(200, &chain),
+        "the same keys in the same order"
+    );
+    assert_eq!(
+        layout.chain_keys(&chain, 3),
+        [
+            "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@03",
+            "m@tp_rank:1@pcp0@dcp0@pp_rank:0@group:0@03",
+            "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@07",
+            "m@tp_rank:1@pcp0@dcp0@pp_rank:0@group:0@07",
+        ]
     );
 }
 
@@ -171,4 +204,50 @@ fn mla_at_tp_4_asks_one_namespace_where_the_grid_asks_four() {
         4,
         "tp_rank 1-3 keys are never written"
     );
+}
+
+/// End to end through the reference server: blocks of 64 tokens over 16-token
+/// hashes, the store holding the first two chunks (keyed by hashes 3 and 7).
+#[tokio::test]
+async fn a_server_answers_chunked_blocks_by_their_last_hash() {
+    use std::sync::Arc;
+
+    use lookup_server::{InMemoryIndex, LookupServer, ServerConfig};
+    use lookup_tokio::{LookupClient, Probe, Request, RequestId};
+
+    let keys =
+        StoreKeys::new(&Deployment::new("m", 64).with_hash_block_size(16)).expect("deployment");
+    let layout = key_layout(&keys).expect("layout");
+    let hashes: Vec<[u8; 1]> = (0..12u8).map(|i| [i]).collect();
+    let chain = BlockHashes::from_hashes(&hashes).expect("hashes");
+    let index = Arc::new(InMemoryIndex::new());
+    assert_eq!(index.insert_chain(&layout, &chain, 2), 2);
+    let server = LookupServer::bind(
+        &"tcp://127.0.0.1:0".parse().expect("endpoint"),
+        ServerConfig::new(64, layout),
+        index,
+    )
+    .expect("bind");
+    let mut client = LookupClient::builder()
+        .zmq_endpoint(server.local_endpoint().clone())
+        .block_size(64)
+        .connect()
+        .await
+        .expect("connect");
+    let req = Request {
+        request_id: RequestId(1),
+        num_tokens: 200,
+        block_hashes: chain,
+        skip_reading_external_kv: false,
+    };
+    assert_eq!(
+        client.probe_step(&req, 0).await,
+        Probe::Ready {
+            external_tokens: 128,
+            load_async: true
+        }
+    );
+    client.on_finished(req.request_id);
+    client.shutdown().await;
+    server.shutdown().await;
 }
