@@ -383,7 +383,11 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
 /// one [`BlockIndex::leading_blocks`] call over every namespace key of the blocks in
 /// question (by default one batched existence call); any index failure is a miss.
 async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHashes) -> u32 {
-    let blocks = blocks_to_check(num_tokens, shared.block_size, block_hashes.len());
+    let blocks = blocks_to_check(
+        num_tokens,
+        shared.block_size,
+        shared.layout.blocks_of(block_hashes.len()),
+    );
     if blocks == 0 {
         tracing::debug!(
             num_tokens,

@@ -125,6 +125,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if step > 1_000 {
             return Err("the scheduler made no progress in 1,000 steps".into());
         }
+        // Idle: sleep until the front end hands over the next arrival.
+        if waiting.is_empty() && running.is_empty() {
+            match arrivals.recv().await {
+                Some(req) => waiting.push_back(req),
+                None => return Err("the front end stopped early".into()),
+            }
+        }
         while let Ok(req) = arrivals.try_recv() {
             waiting.push_back(req);
         }

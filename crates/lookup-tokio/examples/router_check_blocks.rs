@@ -12,9 +12,8 @@
 //! lookup-tokio --example router_check_blocks` runs it as a test).
 
 use lookup_tests::mooncake::{Master, Writer};
-use lookup_tokio::{
-    Answer, BlockHashes, KeyLayout, LookupClient, RankNamespace, Request, RequestId, Unavailable,
-};
+use lookup_tokio::vllm_block_hash::{Deployment, Parallelism, StoreKeys};
+use lookup_tokio::{Answer, BlockHashes, KeyLayout, LookupClient, Request, RequestId, Unavailable};
 
 /// Block size in tokens (vLLM's default).
 const BLOCK: u32 = 16;
@@ -68,9 +67,13 @@ async fn check_blocks(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let master = Master::start();
     let mut writer = Writer::start(&master);
-    // The engines' key layout: model name (the last path part of `--model`) and
-    // one namespace per tensor-parallel rank.
-    let layout = KeyLayout::new("Qwen3-8B").with_namespaces(RankNamespace::grid(2, 1))?;
+    // The engines' keys, as vLLM derives them: `vllm serve Qwen/Qwen3-8B
+    // --tensor-parallel-size 2` (8 KV heads: one namespace per TP rank), model name
+    // "Qwen3-8B" (the last path part of `--model`).
+    let engines = Deployment::new("Qwen/Qwen3-8B", BLOCK)
+        .with_parallelism(Parallelism::new(2, 1, 1, 1))
+        .with_num_kv_heads(8);
+    let layout = lookup_tokio::vllm::key_layout(&StoreKeys::new(&engines)?)?;
 
     // Three prompts of 8 blocks; the engines stored 8, 3 and 0 of their blocks.
     let chains: Vec<BlockHashes> = (1..=3u64)

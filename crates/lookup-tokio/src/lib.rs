@@ -23,13 +23,20 @@
 //!
 //! # The call-order contract
 //!
+//! 0. Build the client: [`LookupClient::builder`] (`.zmq(..)` or `.direct(..)`, vLLM's
+//!    `kv_connector_extra_config` through `.kv_connector_extra_config(..)`, then
+//!    `.connect().await`). Keys must be the engines' own: [`vllm::key_layout`] and
+//!    [`vllm_block_hash`] compute them as vLLM does.
 //! 1. Announce each request when it arrives: [`LookupClient::on_new_request`] (starts
-//!    a prefetch when `lookup_async` and `lookup_prefetch_limit > 0`).
-//! 2. Each scheduler step, for each waiting request: [`LookupClient::probe`] (async
-//!    mode: `Pending` means "not known yet, try next step") or
-//!    [`LookupClient::probe_wait`] / [`LookupClient::probe_blocking`] (sync mode:
-//!    always `Ready`). [`LookupClient::answer_of`] says whether a 0 was a miss or an
-//!    unavailable store.
+//!    a prefetch when `lookup_async` and `lookup_prefetch_limit > 0`), or
+//!    [`LookupClient::on_new_request_with_id`] to name it in spans; other tasks use a
+//!    cloned [`LookupHandle`].
+//! 2. Each scheduler step, for each waiting request: [`LookupClient::probe_step`]
+//!    (or [`LookupClient::probe_step_blocking`] on a thread). `lookup_async` is the
+//!    one switch: false (sync mode) waits and always answers `Ready`; true answers at
+//!    once or within [`ClientConfig::probe_budget`], `Pending` meaning "not known
+//!    yet, try next step". [`LookupClient::answer_of`] says whether a 0 was a miss or
+//!    an unavailable store.
 //! 3. When blocks are allocated: [`LookupClient::on_allocated`]; when the request
 //!    finishes or aborts: [`LookupClient::on_finished`]; when preempted:
 //!    [`LookupClient::on_preempted`]. A request never finished stays tracked.
@@ -59,6 +66,7 @@ mod error;
 mod io;
 pub mod metrics;
 mod transport;
+pub mod vllm;
 mod warn;
 
 pub use client::{
@@ -80,6 +88,9 @@ pub use lookup_core::{
 pub use mooncake_master;
 /// The master's address (`host:port` or `etcd://...`), checked when parsed.
 pub use mooncake_master::MasterAddr;
-/// How [`DirectConfig`] turns block hashes into store keys.
+/// How [`DirectConfig`] turns block hashes into store keys ([`vllm::key_layout`]
+/// makes the one a vLLM deployment uses), and how it batches them.
 pub use mooncake_master::{BatchConfig, BatchStats, KeyLayout, PresenceCacheConfig, RankNamespace};
 pub use transport::{Transport, ZmqConfig};
+/// vLLM 0.33's block hashes and store keys, byte for byte ([`vllm`]).
+pub use vllm_block_hash;

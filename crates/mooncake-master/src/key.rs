@@ -43,6 +43,11 @@ impl RankNamespace {
     /// Every namespace of a deployment with `tp_size` tensor-parallel and `pp_size`
     /// pipeline-parallel ranks (context-parallel ranks and group 0), tp-major:
     /// `(tp 0, pp 0), (tp 0, pp 1), ..., (tp 1, pp 0), ...`. A size of 0 counts as 1.
+    ///
+    /// One namespace per TP rank is what vLLM asks only when every TP rank holds a
+    /// distinct KV shard. With MLA (one latent cache on every rank) at TP > 1, or GQA
+    /// at a TP size above the KV-head count, vLLM writes and asks fewer namespaces, so
+    /// a grid always misses; `lookup_tokio::vllm::key_layout` derives vLLM's own.
     #[must_use]
     pub fn grid(tp_size: u32, pp_size: u32) -> Vec<Self> {
         let mut out = Vec::new();
@@ -137,6 +142,9 @@ pub struct KeyLayout {
     cache_prefix: Option<String>,
     model: String,
     namespaces: Vec<RankNamespace>,
+    /// Block hashes per block (vLLM's `block_size / hash_block_size`); a block is
+    /// keyed by its last hash. 1 for most deployments.
+    hashes_per_block: usize,
     /// The formatter of these keys (the part before the hash, built once).
     format: KeyFormat,
 }
@@ -147,6 +155,7 @@ impl fmt::Debug for KeyLayout {
             .field("cache_prefix", &self.cache_prefix)
             .field("model", &self.model)
             .field("namespaces", &self.namespaces)
+            .field("hashes_per_block", &self.hashes_per_block)
             .finish()
     }
 }
@@ -167,6 +176,7 @@ impl KeyLayout {
             cache_prefix: None,
             model: model.into(),
             namespaces: vec![RankNamespace::default()],
+            hashes_per_block: 1,
             format: KeyFormat::new(None, "", &[]),
         };
         layout.rebuild();
@@ -198,6 +208,37 @@ impl KeyLayout {
         self.namespaces = namespaces;
         self.rebuild();
         Ok(self)
+    }
+
+    /// Sets how many block hashes make one block: vLLM's `block_size /
+    /// hash_block_size` when the KV-cache group's blocks are larger than the hash
+    /// granularity (`chunk_hashes_for_block_size`). Block `b` is then keyed by hash
+    /// `b * n + n - 1`, the last of its chunk; the block size the lookup aligns to is
+    /// the group's.
+    ///
+    /// # Errors
+    /// [`MasterError::InvalidConfig`] (`hashes_per_block`) for 0.
+    pub fn with_hashes_per_block(mut self, hashes_per_block: usize) -> Result<Self, MasterError> {
+        if hashes_per_block == 0 {
+            return Err(MasterError::InvalidConfig {
+                what: "hashes_per_block",
+                why: "a block needs at least one hash".to_owned(),
+            });
+        }
+        self.hashes_per_block = hashes_per_block;
+        Ok(self)
+    }
+
+    /// Block hashes per block (see [`with_hashes_per_block`](Self::with_hashes_per_block)).
+    #[must_use]
+    pub fn hashes_per_block(&self) -> usize {
+        self.hashes_per_block
+    }
+
+    /// The whole blocks that `num_hashes` block hashes cover.
+    #[must_use]
+    pub fn blocks_of(&self, num_hashes: usize) -> usize {
+        num_hashes / self.hashes_per_block
     }
 
     fn rebuild(&mut self) {
@@ -242,7 +283,9 @@ impl KeyLayout {
     /// The keys of the first `blocks` blocks of `block_hashes` (fewer if the chain is
     /// shorter), block-major: block 0's key in every namespace, then block 1's, ...;
     /// `blocks * namespaces().len()` keys. `block_hashes` yields each block's hash
-    /// bytes in chain order (`&lookup_core::BlockHashes` does).
+    /// bytes in chain order (`&lookup_core::BlockHashes` does); with
+    /// [`hashes_per_block`](Self::hashes_per_block) `n > 1`, block `b` is keyed by
+    /// hash `b * n + n - 1` and a trailing partial chunk has no key.
     #[must_use]
     pub fn chain_keys<'h, I>(&self, block_hashes: I, blocks: usize) -> Vec<String>
     where
@@ -250,9 +293,10 @@ impl KeyLayout {
         I::IntoIter: ExactSizeIterator,
     {
         let block_hashes = block_hashes.into_iter();
-        let blocks = blocks.min(block_hashes.len());
+        let n = self.hashes_per_block;
+        let blocks = blocks.min(block_hashes.len() / n);
         let mut out = Vec::with_capacity(blocks * self.namespaces.len());
-        for hash in block_hashes.take(blocks) {
+        for hash in block_hashes.skip(n - 1).step_by(n).take(blocks) {
             self.format.push_block_keys(&mut out, hash);
         }
         out
@@ -380,5 +424,28 @@ mod tests {
         );
         assert_eq!(layout.chain_keys(&hashes(&[1, 2]), 1).len(), 2);
         assert!(layout.chain_keys(&BlockHashes::empty(), 3).is_empty());
+    }
+
+    #[test]
+    fn a_block_of_several_hashes_is_keyed_by_its_last_hash() {
+        let layout = KeyLayout::new("m").with_hashes_per_block(2).unwrap();
+        assert_eq!(layout.hashes_per_block(), 2);
+        assert_eq!(layout.blocks_of(5), 2);
+        // Five hashes: blocks (1, 2) and (3, 4); hash 5 is a partial chunk, no key.
+        assert_eq!(
+            layout.chain_keys(&hashes(&[1, 2, 3, 4, 5]), 9),
+            vec![
+                "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@0000000000000002",
+                "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@0000000000000004",
+            ]
+        );
+        assert_eq!(layout.chain_keys(&hashes(&[1, 2, 3]), 9).len(), 1);
+        assert_eq!(
+            KeyLayout::new("m")
+                .with_hashes_per_block(0)
+                .unwrap_err()
+                .to_string(),
+            "invalid master client configuration: hashes_per_block: a block needs at least one hash"
+        );
     }
 }

@@ -186,6 +186,8 @@ struct GroupKeys {
     block_size: u32,
     /// TP ranks holding byte-identical KV (`_spec_tp_replication_factor`).
     tp_replication: u32,
+    /// The ranks of [`lookup_prefixes`](Self::lookup_prefixes), in the same order.
+    lookup_ranks: Vec<Ranks>,
     /// The key prefixes every one of which must exist for a chunk to be a hit.
     lookup_prefixes: Vec<String>,
 }
@@ -290,20 +292,18 @@ impl StoreKeys {
                     group_id: g as u32,
                     ..base.clone()
                 };
-                let lookup_prefixes = match namespace.store_tp_size() {
+                let lookup_ranks: Vec<Ranks> = match namespace.store_tp_size() {
                     // TPShardedStoreLayout.lookup_key_prefixes: every shard, every pp rank.
                     Some(store_tp_size) => (0..store_tp_size)
                         .flat_map(|shard| (0..p.pp_size).map(move |pp| Ranks::new(shard, 0, 0, pp)))
-                        .map(|r| meta.prefix_for(r))
                         .collect(),
-                    None => lookup_namespaces(p, tp_replication)
-                        .into_iter()
-                        .map(|r| meta.prefix_for(r))
-                        .collect(),
+                    None => lookup_namespaces(p, tp_replication),
                 };
+                let lookup_prefixes = lookup_ranks.iter().map(|&r| meta.prefix_for(r)).collect();
                 GroupKeys {
                     block_size: group.block_size,
                     tp_replication,
+                    lookup_ranks,
                     lookup_prefixes,
                 }
             })
@@ -341,6 +341,33 @@ impl StoreKeys {
     #[must_use]
     pub fn scheduler_block_size(&self) -> u32 {
         self.scheduler_block_size
+    }
+
+    /// The cache prefix in the keys (`kv_connector_extra_config["cache_prefix"]`);
+    /// empty for none.
+    #[must_use]
+    pub fn cache_prefix(&self) -> &str {
+        &self.base.cache_prefix
+    }
+
+    /// The number of prefix-cacheable KV-cache groups (the keys' `group:{g}`).
+    #[must_use]
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Group `group`'s block size in tokens, or `None` past the last group.
+    #[must_use]
+    pub fn group_block_size(&self, group: usize) -> Option<u32> {
+        self.groups.get(group).map(|g| g.block_size)
+    }
+
+    /// The ranks of group `group`'s [`lookup_prefixes`](Self::lookup_prefixes), in
+    /// the same order (with a TP-shared store layout the `tp_rank` is the store
+    /// shard), or `None` past the last group.
+    #[must_use]
+    pub fn lookup_ranks(&self, group: usize) -> Option<&[Ranks]> {
+        self.groups.get(group).map(|g| g.lookup_ranks.as_slice())
     }
 
     /// The key prefixes of group `group` that must all exist for one of its chunks to

@@ -396,7 +396,11 @@ impl Wire for DirectWire {
             // rather than hold the lookup (rule 17).
             return Err(SendError::NotConnected);
         };
-        let blocks = blocks_to_check(num_tokens, self.block_size, block_hashes.len());
+        let blocks = blocks_to_check(
+            num_tokens,
+            self.block_size,
+            self.direct.layout.blocks_of(block_hashes.len()),
+        );
         let keys = self.direct.layout.chain_keys(&block_hashes, blocks);
         let ended_span = span.clone();
         let answer: Query = if keys.is_empty() {
