@@ -18,7 +18,9 @@ use lookup_tests::mooncake::Writer;
 use lookup_tests::mooncake::ha::HaCluster;
 use lookup_tests::server::{Req, hit, lookup as lookup_frames};
 use lookup_tokio::mooncake_master::MasterConfig;
-use lookup_tokio::{ClientConfig, DirectConfig, Endpoint, KeyLayout, LookupClient, RankNamespace};
+use lookup_tokio::{
+    ClientConfig, DirectConfig, Endpoint, KeyLayout, LookupClient, MasterAddr, RankNamespace,
+};
 use tempfile::TempDir;
 
 use super::master::lookup;
@@ -102,9 +104,11 @@ async fn mooncake_ha_programs_through_etcd_and_reset_by_opt_in_only() {
     let leader = cluster.masters[cluster.leader().expect("a leader")].addr();
 
     // The direct transport: the scheduler's process asks the leader itself.
-    let mut direct = DirectConfig::parse(&cluster.addr(), layout.clone()).expect("master address");
+    // The cluster id travels with the address (`MasterAddr`), as the programs' flag does.
+    let master =
+        MasterAddr::parse(&cluster.addr(), Some(&cluster.cluster_id)).expect("master address");
+    let mut direct = DirectConfig::new(master, layout.clone());
     direct.master_config = MasterConfig::default();
-    direct.master_config.cluster_id = Some(cluster.cluster_id.clone());
     let mut client = LookupClient::connect(ClientConfig::new(direct, B)).expect("client");
     let req = Request {
         request_id: RequestId(1),

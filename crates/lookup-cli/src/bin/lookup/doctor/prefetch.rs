@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lookup_core::answer::blocks_to_check;
 use lookup_core::{BlockHashes, Event, Probe, Request, RequestId};
-use lookup_tokio::{ClientConfig, DirectConfig, LookupClient, ZmqConfig};
+use lookup_tokio::{ClientConfig, DirectConfig, LookupClient, MasterAddr, ZmqConfig};
 
 use super::{DoctorArgs, Report, ms};
 
@@ -117,7 +117,9 @@ async fn prefetch_once(
     let mut config = match &args.master.mooncake_master {
         Some(addr) => {
             let layout = args.master.layout().map_err(|f| f.message)?;
-            let mut direct = DirectConfig::parse(addr, layout).map_err(|e| e.to_string())?;
+            let master = MasterAddr::parse(addr, args.master.mooncake_cluster_id.as_deref())
+                .map_err(|e| format!("--mooncake-master: {e}"))?;
+            let mut direct = DirectConfig::new(master, layout);
             direct.master_config = args.master.config(timeout);
             // The client's own connect-time check then agrees with the ttl line.
             direct.lease_ttl = lookup_core::duration_from_secs(args.lease_ttl_s)
