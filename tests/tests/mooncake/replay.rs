@@ -87,8 +87,10 @@ fn replay_of_200_requests_mooncake_master() {
                 .copied()
                 .unwrap_or_else(|| panic!("{label}: {series} not scraped"))
         };
+        // The writer puts in batches: each key is one PutStart or one batch item.
         assert_eq!(
-            master("master_put_start_requests_total"),
+            master("master_put_start_requests_total")
+                + master("master_batch_put_start_items_total"),
             run.keys_written as f64,
             "{label}"
         );

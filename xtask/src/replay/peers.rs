@@ -25,12 +25,14 @@ const WRITER_ANSWER: Duration = Duration::from_secs(60);
 const KEYS_PER_LINE: usize = 500;
 /// The master counters and gauges a replay reports (`GET /metrics` of
 /// `mooncake_master`, PyPI 0.3.13.post1).
-pub const MASTER_SERIES: [&str; 8] = [
+pub const MASTER_SERIES: [&str; 10] = [
     "master_batch_exist_key_requests_total",
     "master_batch_exist_key_items_total",
     "master_batch_exist_key_failures_total",
     "master_put_start_requests_total",
     "master_put_start_failures_total",
+    "master_batch_put_start_items_total",
+    "master_batch_put_start_failed_items_total",
     "master_key_count",
     "master_evicted_key_count",
     "master_allocated_bytes",

@@ -123,6 +123,18 @@ fn master_cell(s: &RunSummary, series: &str) -> String {
         .map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
 }
 
+/// Keys put through single and batched PutStart: `single` requests (one key each) plus
+/// `batched` items.
+fn master_sum(s: &RunSummary, single: &str, batched: &str) -> String {
+    match (s.master.get(single), s.master.get(batched)) {
+        (None, None) => "-".to_owned(),
+        (a, b) => format!(
+            "{:.0}",
+            a.copied().unwrap_or(0.0) + b.copied().unwrap_or(0.0)
+        ),
+    }
+}
+
 /// The side-by-side table: one row per figure, one column per run.
 #[must_use]
 pub fn table(runs: &[RunSummary]) -> String {
@@ -193,11 +205,19 @@ pub fn table(runs: &[RunSummary]) -> String {
         ("master: BatchExistKey failures", |s| {
             master_cell(s, "master_batch_exist_key_failures_total")
         }),
-        ("master: PutStart requests / failures", |s| {
+        ("master: PutStart keys / failures", |s| {
             format!(
                 "{} / {}",
-                master_cell(s, "master_put_start_requests_total"),
-                master_cell(s, "master_put_start_failures_total")
+                master_sum(
+                    s,
+                    "master_put_start_requests_total",
+                    "master_batch_put_start_items_total"
+                ),
+                master_sum(
+                    s,
+                    "master_put_start_failures_total",
+                    "master_batch_put_start_failed_items_total"
+                )
             )
         }),
         ("master: keys / evicted (end)", |s| {
