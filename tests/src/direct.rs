@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lookup_core::{BlockHashes, Event, LookupOutcome, Request, RequestId};
 use lookup_tokio::LookupClient;
-use mooncake_master::codec::{self, ExistResult, FunctionId, REQUEST_HEADER_LEN};
+use mooncake_master::codec::{self, ExistResult, FunctionId, REQUEST_HEADER_LEN, ReplicaList};
 use mooncake_master::{StoreErrorCode, TypeLiteral};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -50,6 +50,11 @@ pub struct FakeMaster {
     max_outstanding: AtomicUsize,
     behaviour: Behaviour,
     gate: watch::Sender<bool>,
+    /// What `GetReplicaList` reports as the read lease; `None` refuses the call as
+    /// an unregistered function (`err_code` 11), as a master without it would.
+    lease: Mutex<Option<Duration>>,
+    /// `GetReplicaList` calls received.
+    lease_calls: AtomicUsize,
 }
 
 impl FakeMaster {
@@ -76,6 +81,8 @@ impl FakeMaster {
             max_outstanding: AtomicUsize::new(0),
             behaviour,
             gate: watch::channel(false).0,
+            lease: Mutex::new(None),
+            lease_calls: AtomicUsize::new(0),
         });
         let served = Arc::clone(&fake);
         tokio::spawn(async move {
@@ -118,6 +125,16 @@ impl FakeMaster {
         self.gate.send_replace(true);
     }
 
+    /// Makes `GetReplicaList` report `lease` as the master's read lease.
+    pub fn report_lease(&self, lease: Duration) {
+        *self.lease.lock().unwrap() = Some(lease);
+    }
+
+    /// `GetReplicaList` calls received so far.
+    pub fn lease_calls(&self) -> usize {
+        self.lease_calls.load(Ordering::SeqCst)
+    }
+
     fn answer(&self, key: &str) -> ExistResult {
         if self.errors.lock().unwrap().contains(key) {
             Err(StoreErrorCode::OBJECT_NOT_FOUND)
@@ -138,6 +155,32 @@ impl FakeMaster {
             let mut body = vec![0; header.body_length as usize];
             if reader.read_exact(&mut body).await.is_err() {
                 return;
+            }
+            if header.function_id == FunctionId::GET_REPLICA_LIST {
+                self.lease_calls.fetch_add(1, Ordering::SeqCst);
+                let mut out = Vec::new();
+                let lease = *self.lease.lock().unwrap();
+                match lease {
+                    Some(lease) => codec::encode_get_replica_list_reply(
+                        &mut out,
+                        header.seq_num,
+                        &Ok(ReplicaList {
+                            replicas: Vec::new(),
+                            lease_ttl_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                            object_checksum: None,
+                        }),
+                        TypeLiteral::Include,
+                    ),
+                    None => codec::encode_error_reply(
+                        &mut out,
+                        header.seq_num,
+                        11,
+                        "the rpc function not registered",
+                        TypeLiteral::Include,
+                    ),
+                }
+                let _ = writer.lock().await.write_all(&out).await;
+                continue;
             }
             assert_eq!(header.function_id, FunctionId::BATCH_EXIST_KEY);
             let keys = codec::decode_batch_exist_key_args(&body)

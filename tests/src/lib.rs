@@ -12,6 +12,7 @@
 //! - [`fuzz`]: bounded input strategies and reference decoders (the fuzz tests);
 //! - [`mooncake`]: a real Mooncake master and a real Python store client;
 //! - [`metrics`]: scraping a Prometheus exposition, one raw exchange with a server;
+//! - [`logs`]: the log lines a user reads, captured for exact assertions;
 //! - [`KilledOnDrop`]: a child process that never outlives its test.
 //!
 //! Test binaries are grouped by area (`client`, `direct`, `fuzz`, `mooncake`,
@@ -26,6 +27,7 @@ pub mod client;
 pub mod direct;
 pub mod fault;
 pub mod fuzz;
+pub mod logs;
 pub mod metrics;
 pub mod mooncake;
 pub mod server;

@@ -1,11 +1,13 @@
 //! Against a real Mooncake master and the real Python store client: the master
-//! client, the Mooncake index behind the server, the trace replay, and two latency
+//! client, the Mooncake index behind the server, the master's read lease, the trace replay, and two latency
 //! measurements (ignored by default).
 
 #[path = "mooncake/index_latency.rs"]
 mod index_latency;
 #[path = "mooncake/index_master.rs"]
 mod index_master;
+#[path = "mooncake/lease.rs"]
+mod lease;
 #[path = "mooncake/master.rs"]
 mod master;
 #[path = "mooncake/master_latency.rs"]

@@ -14,6 +14,7 @@
 //! | `lookup_server_index_latency_seconds` | histogram | seconds | — | per index call, failed ones included |
 //! | `lookup_server_decode_errors_total` | counter | requests | `format` | malformed lookups, answered with hit 0 (`spec/wire.md`) |
 //! | `lookup_server_mooncake_leader_changes_total` | counter | changes | — | moves of a [`MooncakeIndex`](crate::MooncakeIndex) on an `etcd://` address to a newer Mooncake master leader (`spec/mooncake-master-rpc.md`, "High availability") |
+//! | `lookup_server_mooncake_lease_seconds` | gauge | seconds | — | the read lease a [`MooncakeIndex`](crate::MooncakeIndex) goes by: the configured one, then the master's own from its first hit (`spec/mooncake-master-rpc.md`, "Where the lease can be read"); clients' `lookup_prefetch_ttl_s` must stay below it |
 //!
 //!
 //! The client's metrics (`lookup_*` without `server`) are `lookup_tokio::metrics`';
@@ -22,7 +23,7 @@
 use std::time::Duration;
 
 use lookup_core::wire::{Format, ServerRequest};
-use metrics::{Counter, Histogram, Unit};
+use metrics::{Counter, Gauge, Histogram, Unit};
 
 pub use lookup_metrics::LATENCY_BUCKETS_SECONDS;
 #[cfg(feature = "prometheus")]
@@ -33,7 +34,7 @@ pub use lookup_metrics::{MetricsError, PrometheusHandle};
 /// calls it; call it after installing another recorder. Harmless without one, or
 /// twice.
 pub fn describe() {
-    use metrics::{describe_counter, describe_histogram};
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         "lookup_server_requests_total",
         Unit::Count,
@@ -59,6 +60,17 @@ pub fn describe() {
         Unit::Count,
         "Moves of the Mooncake index to a newer master leader (HA through etcd)"
     );
+    describe_gauge!(
+        "lookup_server_mooncake_lease_seconds",
+        Unit::Seconds,
+        "The Mooncake master's read lease the index goes by (reported by the master once read)"
+    );
+}
+
+/// The handle of `lookup_server_mooncake_lease_seconds`, from the recorder installed
+/// now (a no-op without one).
+pub(crate) fn mooncake_lease() -> Gauge {
+    metrics::gauge!("lookup_server_mooncake_lease_seconds")
 }
 
 /// The handle of `lookup_server_mooncake_leader_changes_total`, from the recorder

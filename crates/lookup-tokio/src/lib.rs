@@ -90,6 +90,7 @@ pub use mooncake_master;
 pub use mooncake_master::MasterAddr;
 /// How [`DirectConfig`] turns block hashes into store keys ([`vllm::key_layout`]
 /// makes the one a vLLM deployment uses), and how it batches them.
+pub use mooncake_master::batch::{LeaseSource, LeaseTtl};
 pub use mooncake_master::{BatchConfig, BatchStats, KeyLayout, PresenceCacheConfig, RankNamespace};
 pub use transport::{Transport, ZmqConfig};
 /// vLLM 0.33's block hashes and store keys, byte for byte ([`vllm`]).

@@ -110,6 +110,13 @@ pub struct ZmqConfig {
     /// First wait before trying again when opening the socket fails; it doubles per
     /// failure up to 1 s. Default 10 ms.
     pub reopen_backoff: Duration,
+    /// The read lease of the store behind the server (for `lookup-server
+    /// --mooncake-master`, the master's `-default_kv_lease_ttl`, which that server logs
+    /// and exports as `lookup_server_mooncake_lease_seconds`). vLLM's wire carries no
+    /// lease, so the client cannot learn it: when set, a `lookup_prefetch_ttl_s` at or
+    /// above it is warned about at connect (a cached result could outlive the lease
+    /// that keeps its blocks). Default `None`: no check.
+    pub store_lease_ttl: Option<Duration>,
 }
 
 impl ZmqConfig {
@@ -122,6 +129,29 @@ impl ZmqConfig {
             format: Format::TaggedBlob,
             reopen_after_timeouts: 3,
             reopen_backoff: Duration::from_millis(10),
+            store_lease_ttl: None,
+        }
+    }
+}
+
+impl ZmqConfig {
+    /// Warns when `ttl` (`lookup_prefetch_ttl_s`) is not below
+    /// [`store_lease_ttl`](Self::store_lease_ttl), when set.
+    pub(crate) fn check_lease(&self, ttl: Duration) {
+        let Some(lease) = self.store_lease_ttl else {
+            return;
+        };
+        if ttl >= lease {
+            tracing::warn!(
+                endpoint = %self.endpoint.url(),
+                ttl_s = ttl.as_secs_f64(),
+                lease_ttl_s = lease.as_secs_f64(),
+                "lookup_prefetch_ttl_s of {} s is not below the store's read lease ({} s, \
+                 ZmqConfig::store_lease_ttl): a cached result may name blocks evicted since; \
+                 set it below the lease",
+                ttl.as_secs_f64(),
+                lease.as_secs_f64()
+            );
         }
     }
 }

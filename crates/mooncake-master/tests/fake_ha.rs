@@ -99,6 +99,13 @@ impl Master {
                     }
                     _ => codec::encode_error_reply(&mut out, seq, 4, "invalid rpc arg", lit),
                 },
+                FunctionId::GET_REPLICA_LIST => codec::encode_error_reply(
+                    &mut out,
+                    seq,
+                    11,
+                    "the rpc function not registered",
+                    lit,
+                ),
                 other => panic!("unexpected function {other}"),
             }
             if stream.write_all(&out).await.is_err() {

@@ -125,6 +125,26 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(1..=3_600_000)
     )]
     mooncake_timeout_ms: u64,
+    /// The master's read lease (its -default_kv_lease_ttl), in seconds, used until
+    /// the master reports its own (read once per leader at the first hit) and when it
+    /// cannot.
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 10.0,
+        requires = "mooncake_master"
+    )]
+    mooncake_lease_ttl_s: f64,
+    /// The lookup_prefetch_ttl_s of the clients in front of this server, in seconds
+    /// (vLLM's default 2): warned about when it is not below the master's read lease,
+    /// which vLLM's wire cannot carry to them.
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 2.0,
+        requires = "mooncake_master"
+    )]
+    client_ttl_s: f64,
     /// The tenant_id argument of the master's existence calls (masters >= 0.3.12;
     /// older ones are detected and called without it).
     #[arg(long, default_value = "default", requires = "mooncake_master")]
@@ -252,6 +272,11 @@ fn in_memory(
     Ok(memory)
 }
 
+/// A duration flag in seconds (vLLM's float seconds, huge values saturate).
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    lookup_core::duration_from_secs(value).map_err(|e| format!("{flag}: {e}"))
+}
+
 /// Connects the Mooncake index and asks the master whether it serves (`ServiceReady`),
 /// logging its version.
 async fn connect_mooncake(args: &Args, addr: &str) -> Result<MooncakeIndex, String> {
@@ -270,7 +295,12 @@ async fn connect_mooncake(args: &Args, addr: &str) -> Result<MooncakeIndex, Stri
     let index = MooncakeIndex::connect(addr, config)
         .await
         .map_err(|e| format!("--mooncake-master {addr}: {e}"))?
-        .with_reset(reset);
+        .with_reset(reset)
+        .with_lease_ttl(seconds(
+            "--mooncake-lease-ttl-s",
+            args.mooncake_lease_ttl_s,
+        )?)
+        .check_client_ttl(seconds("--client-ttl-s", args.client_ttl_s)?);
     if let Some(leader) = index.master().leader() {
         tracing::info!(%addr, leader = %leader.leader, view = leader.version, "Mooncake leader found in etcd");
     }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use lookup_core::{
     Command, Dispatcher, Event, Lookups, Probe, Request, RequestId, RpcId, WireEvent,
 };
+use mooncake_master::batch::LeaseTtl;
 use mooncake_master::{BatchStats, Coalescer, MasterClient};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
@@ -151,10 +152,13 @@ impl LookupClient {
     /// connects to the master in the background too: lookups wait for the first
     /// attempt, and fail open while the master cannot be reached.
     ///
-    /// With the direct transport, a `lookup_prefetch_ttl_s` that is not below
-    /// [`DirectConfig::lease_ttl`](crate::DirectConfig::lease_ttl) is logged as a
-    /// warning: a cached result could then outlive the read lease that keeps its
-    /// blocks in the store.
+    /// A `lookup_prefetch_ttl_s` that is not below the store's read lease is logged
+    /// as a warning (a cached result could then outlive the lease that keeps its
+    /// blocks in the store): with the direct transport against
+    /// [`DirectConfig::lease_ttl`](crate::DirectConfig::lease_ttl) when the master
+    /// connects, then against the lease the master reports at the first hit
+    /// ([`master_lease`](Self::master_lease)); with ZeroMQ against
+    /// [`ZmqConfig::store_lease_ttl`](crate::ZmqConfig::store_lease_ttl) when set.
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a tokio runtime (use
@@ -197,6 +201,7 @@ impl LookupClient {
                     label: config.label(),
                 };
                 let context = tmq::Context::new();
+                zmq.check_lease(config.core.lookup_prefetch_ttl);
                 let socket = open_dealer(&context, &zmq.endpoint.url())?;
                 let wire = ZmqWire::new(
                     zmq.endpoint.clone(),
@@ -210,14 +215,6 @@ impl LookupClient {
             }
             Transport::Direct(direct) => {
                 direct.validate()?;
-                if direct.ttl_outlives_lease(config.core.lookup_prefetch_ttl) {
-                    tracing::warn!(
-                        lookup_prefetch_ttl_s = config.core.lookup_prefetch_ttl.as_secs_f64(),
-                        lease_ttl_s = direct.lease_ttl.as_secs_f64(),
-                        "lookup_prefetch_ttl_s is not below the Mooncake master's read lease: \
-                         a cached result may name blocks evicted since"
-                    );
-                }
                 let io = IoConfig {
                     backoff: direct.connect_backoff,
                     // The master answers pipelined calls concurrently, and its client
@@ -333,6 +330,16 @@ impl LookupClient {
     #[must_use]
     pub fn batch_stats(&self) -> Option<BatchStats> {
         self.batch.get().map(Coalescer::stats)
+    }
+
+    /// [`Transport::Direct`] only, once connected: the Mooncake master's read lease
+    /// in use, the master's own once read (one `GetReplicaList` at the first hit per
+    /// leader), [`DirectConfig::lease_ttl`](crate::DirectConfig::lease_ttl) before
+    /// that or when the master cannot report it (`spec/mooncake-master-rpc.md`, "Where
+    /// the lease can be read"). `None` for ZeroMQ or before the first connect.
+    #[must_use]
+    pub fn master_lease(&self) -> Option<LeaseTtl> {
+        self.batch.get().map(Coalescer::lease)
     }
 
     /// A request arrived (vLLM's `on_new_request`): prefetch its lookup when prefetch

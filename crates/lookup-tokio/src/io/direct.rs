@@ -467,6 +467,7 @@ impl Wire for DirectWire {
                                 self.direct.lease_ttl,
                                 self.result_ttl,
                             );
+                            coalescer.check_ttl(self.result_ttl, "lookup_prefetch_ttl_s");
                             let _ = self.batch.set(coalescer.clone());
                             self.coalescer = Some(coalescer);
                             self.link = Link::Up;

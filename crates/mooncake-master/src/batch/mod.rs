@@ -1,6 +1,7 @@
 //! Batching across lookups: several leading-run queries answered by shared
 //! `BatchExistKey` calls ([`Coalescer`]), planned by the pure [`LeadingRuns`], with an
-//! optional lease-backed [`PresenceCache`].
+//! optional lease-backed [`PresenceCache`], going by the master's own read lease once
+//! it is read ([`LeaseTtl`]).
 //!
 //! # When lookups are batched (no added delay on an idle link)
 //!
@@ -24,6 +25,7 @@
 //! of its keys. Dropping a lookup's [`Pending`] before its batch starts takes its keys
 //! out of the batch (cancellation stays its own); timeouts are the caller's.
 
+mod lease;
 mod plan;
 mod presence;
 
@@ -36,11 +38,13 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+pub use lease::{LeaseSource, LeaseTtl};
 pub use plan::LeadingRuns;
 pub use presence::{PresenceCache, PresenceCacheConfig};
 
 use crate::client::lock;
 use crate::{MasterClient, MasterError};
+use lease::Lease;
 
 /// The master's default read lease (`default_kv_lease_ttl`, 10 s), granted to every key
 /// an existence query answers `true` (`spec/mooncake-master-rpc.md`, "The call").
@@ -65,6 +69,12 @@ pub struct BatchConfig {
     pub max_batches_in_flight: usize,
     /// The lease-backed presence cache (off by default).
     pub presence: PresenceCacheConfig,
+    /// Whether the master's read lease is read (one `GetReplicaList` per leader, for
+    /// the first key a batch finds present; it leases that key again, which its
+    /// existence answer just did). Default `true`. The lease then bounds the presence
+    /// cache and the TTL checks ([`Coalescer::check_ttl`]) instead of the configured
+    /// one (`spec/mooncake-master-rpc.md`, "Where the lease can be read").
+    pub read_lease: bool,
 }
 
 impl Default for BatchConfig {
@@ -75,6 +85,7 @@ impl Default for BatchConfig {
             max_wait: Duration::from_millis(1),
             max_batches_in_flight: 1,
             presence: PresenceCacheConfig::default(),
+            read_lease: true,
         }
     }
 }
@@ -132,6 +143,8 @@ pub struct BatchStats {
     pub keys_from_cache: u64,
     /// Times the presence cache was dropped (reset, leader change, failed call).
     pub cache_drops: u64,
+    /// Successful reads of the master's read lease (`GetReplicaList` calls answered).
+    pub lease_reads: u64,
 }
 
 #[derive(Debug, Default)]
@@ -165,13 +178,20 @@ struct State {
     cache: PresenceCache,
     /// The master client's leader changes when the cache was last checked.
     leader_changes: u64,
+    /// The read lease in use, and its reading.
+    lease: Lease,
+}
+
+impl State {
+    /// How long a cache entry stays: the earlier of the lease and `max_age`.
+    fn keep(&self, config: &BatchConfig) -> Duration {
+        self.lease.current().ttl.min(config.presence.max_age)
+    }
 }
 
 struct Shared {
     master: MasterClient,
     config: BatchConfig,
-    /// How long an entry stays: the earlier of the lease and `presence.max_age`.
-    keep: Duration,
     /// How long past a lookup a cached key must stay valid.
     margin: Duration,
     state: Mutex<State>,
@@ -198,9 +218,11 @@ impl std::fmt::Debug for Coalescer {
 
 impl Coalescer {
     /// A coalescer over `master`. `lease_ttl` is the master's `default_kv_lease_ttl`
-    /// (10 s by default); a cached key is used only while it stays valid for `margin`
-    /// more (the life of a result computed from it, e.g. `lookup_prefetch_ttl_s`).
-    /// Settings are taken as given; check them with [`BatchConfig::validate`].
+    /// as configured (10 s by default), used until the master reports its own
+    /// ([`BatchConfig::read_lease`]); a cached key is used only while it stays valid for
+    /// `margin` more (the life of a result computed from it, e.g.
+    /// `lookup_prefetch_ttl_s`). Settings are taken as given; check them with
+    /// [`BatchConfig::validate`].
     #[must_use]
     pub fn new(
         master: MasterClient,
@@ -208,7 +230,6 @@ impl Coalescer {
         lease_ttl: Duration,
         margin: Duration,
     ) -> Self {
-        let keep = lease_ttl.min(config.presence.max_age);
         let leader_changes = master.leader_changes();
         let cache = PresenceCache::new(if config.presence.enabled {
             config.presence.max_keys
@@ -218,13 +239,13 @@ impl Coalescer {
         Self {
             shared: Arc::new(Shared {
                 master,
-                keep,
                 margin,
                 state: Mutex::new(State {
                     queue: VecDeque::new(),
                     drivers: 0,
                     cache,
                     leader_changes,
+                    lease: Lease::new(lease_ttl, config.read_lease, leader_changes),
                 }),
                 config,
                 counters: Counters::default(),
@@ -236,6 +257,23 @@ impl Coalescer {
     #[must_use]
     pub fn config(&self) -> &BatchConfig {
         &self.shared.config
+    }
+
+    /// Holds `ttl` (the life of results computed from the answers, e.g. a client's
+    /// `lookup_prefetch_ttl_s`, named by `setting` in the warning) below the read lease:
+    /// a warning now if it is not below the lease in use, and again if the lease the
+    /// master reports later is not above it.
+    pub fn check_ttl(&self, ttl: Duration, setting: &'static str) {
+        lock(&self.shared.state)
+            .lease
+            .check_ttl(ttl, setting, self.shared.master.addr());
+    }
+
+    /// The read lease in use: the master's once read from the current leader, the
+    /// configured one before that or when it cannot be read.
+    #[must_use]
+    pub fn lease(&self) -> LeaseTtl {
+        lock(&self.shared.state).lease.current()
     }
 
     /// Queues one lookup: `keys` block-major, `keys_per_block` per block (as
@@ -297,6 +335,7 @@ impl Coalescer {
     pub fn stats(&self) -> BatchStats {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let state = lock(&self.shared.state);
         BatchStats {
             batches: get(&c.batches),
             lookups: get(&c.lookups),
@@ -304,7 +343,8 @@ impl Coalescer {
             keys_wanted: get(&c.keys_wanted),
             keys_asked: get(&c.keys_asked),
             keys_from_cache: get(&c.keys_from_cache),
-            cache_drops: lock(&self.shared.state).cache.drops(),
+            cache_drops: state.cache.drops(),
+            lease_reads: state.lease.reads(),
         }
     }
 }
@@ -352,6 +392,19 @@ impl Pending {
                 rx.await.unwrap_or_else(|_| Err(stopped(&shared)))
             }
         }
+    }
+}
+
+/// Reads the master's lease for `key` (just answered present), then shortens the
+/// presence cache's entries when the lease is shorter than the one they were kept for.
+async fn read_lease(shared: Arc<Shared>, key: String, epoch: u64) {
+    let result = shared.master.read_lease(&key).await;
+    let mut state = lock(&shared.state);
+    let keep_before = state.keep(&shared.config);
+    state.lease.finish_read(epoch, result, shared.master.addr());
+    let shorter = keep_before.saturating_sub(state.keep(&shared.config));
+    if !shorter.is_zero() {
+        state.cache.shorten(shorter);
     }
 }
 
@@ -407,7 +460,7 @@ async fn drive(shared: Arc<Shared>) {
 }
 
 /// Answers every lookup of `batch` from shared calls and the presence cache.
-async fn run_batch(shared: &Shared, batch: Vec<Waiting>) {
+async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
     let started = Instant::now();
     let now = started.into_std();
     let use_cache = shared.config.presence.enabled;
@@ -461,10 +514,15 @@ async fn run_batch(shared: &Shared, batch: Vec<Waiting>) {
             // longer holds what the cache says.
             state.cache.clear();
         } else {
-            let until = now + shared.keep;
+            let until = now + state.keep(&shared.config);
             for key in plan.present_keys() {
                 state.cache.insert(key, until, now);
             }
+        }
+    }
+    if let Some(key) = plan.present_keys().next() {
+        if lock(&shared.state).lease.start_read(changes) {
+            tokio::spawn(read_lease(shared.clone(), key.to_owned(), changes));
         }
     }
     let c = &shared.counters;

@@ -88,6 +88,18 @@ impl PresenceCache {
         self.until.insert(key.to_owned(), until);
     }
 
+    /// Ends every entry `by` earlier (the lease they were kept for turned out
+    /// shorter).
+    pub fn shorten(&mut self, by: Duration) {
+        self.until.retain(|_, until| match until.checked_sub(by) {
+            Some(earlier) => {
+                *until = earlier;
+                true
+            }
+            None => false,
+        });
+    }
+
     /// Forgets every key (a reset, a leader change, an unavailable outcome).
     pub fn clear(&mut self) {
         if !self.until.is_empty() {
@@ -139,6 +151,20 @@ mod tests {
         assert_eq!(cache.drops(), 1);
         cache.clear();
         assert_eq!(cache.drops(), 1);
+    }
+
+    #[test]
+    fn a_shorter_lease_ends_every_entry_that_much_earlier() {
+        let t0 = Instant::now();
+        let mut cache = PresenceCache::new(4);
+        cache.insert("a", t0 + Duration::from_secs(10), t0);
+        cache.insert("b", t0 + Duration::from_secs(12), t0);
+        cache.shorten(Duration::from_secs(5));
+        assert!(cache.is_present("a", t0 + Duration::from_millis(4_999), Duration::ZERO));
+        assert!(!cache.is_present("a", t0 + Duration::from_secs(5), Duration::ZERO));
+        assert!(cache.is_present("b", t0 + Duration::from_millis(6_999), Duration::ZERO));
+        assert!(!cache.is_present("b", t0 + Duration::from_secs(7), Duration::ZERO));
+        assert_eq!(cache.len(), 2);
     }
 
     #[test]

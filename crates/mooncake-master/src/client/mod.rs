@@ -24,6 +24,7 @@ mod stats;
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -450,6 +451,43 @@ impl MasterClient {
             .await?;
         codec::decode_remove_all_reply(&reply)
             .map_err(|source| MasterError::MalformedReply { function, source })
+    }
+
+    /// `GetReplicaList`: one key's replicas and the master's read lease
+    /// (`spec/mooncake-master-rpc.md`, "Where the lease can be read"). Like a positive
+    /// existence answer, the call grants the object a read lease.
+    ///
+    /// # Errors
+    /// Connection errors and RPC refusals as [`exist`](Self::exist);
+    /// [`MasterError::Store`] with `-704` (`OBJECT_NOT_FOUND`) for a key without a
+    /// complete replica; [`MasterError::MalformedReply`] for a reply that is not
+    /// 0.3.13's layout, including a replica kind the decoder does not read.
+    pub async fn get_replica_list(&self, key: &str) -> Result<codec::ReplicaList, MasterError> {
+        let function = FunctionId::GET_REPLICA_LIST;
+        let tenant = self.inner.config.tenant_id.as_str();
+        let literal = self.inner.config.type_literal;
+        let reply = self
+            .call_with_fallback(function, |out, seq, legacy| {
+                codec::encode_get_replica_list(out, seq, key, (!legacy).then_some(tenant), literal)
+            })
+            .await?;
+        codec::decode_get_replica_list_reply(&reply)
+            .map_err(|source| MasterError::MalformedReply { function, source })?
+            .map_err(|code| MasterError::Store {
+                code,
+                key_index: Some(0),
+            })
+    }
+
+    /// The master's read lease (`-default_kv_lease_ttl`) as its `GetReplicaList` reply
+    /// for `key` reports it. `key` must exist: the master reports the lease only
+    /// beside a key's replicas.
+    ///
+    /// # Errors
+    /// As [`get_replica_list`](Self::get_replica_list).
+    pub async fn read_lease(&self, key: &str) -> Result<Duration, MasterError> {
+        let list = self.get_replica_list(key).await?;
+        Ok(Duration::from_millis(list.lease_ttl_ms))
     }
 
     /// Sends `body` (already struct_pack-encoded arguments) to function `function`

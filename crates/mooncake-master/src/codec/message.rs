@@ -34,7 +34,7 @@ pub struct RpcError {
 
 /// Appends a request frame (header and body) built by `body`, patching the header's
 /// body length once the body is written.
-fn frame(
+pub(super) fn frame(
     out: &mut Vec<u8>,
     seq_num: u32,
     function_id: FunctionId,
@@ -381,7 +381,12 @@ fn hash_matches(body: &[u8], ty: PackType) -> bool {
 }
 
 /// Appends a reply frame with `err_code` and the body built by `body`.
-fn reply_frame(out: &mut Vec<u8>, seq_num: u32, err_code: u8, body: impl FnOnce(&mut Vec<u8>)) {
+pub(super) fn reply_frame(
+    out: &mut Vec<u8>,
+    seq_num: u32,
+    err_code: u8,
+    body: impl FnOnce(&mut Vec<u8>),
+) {
     let start = out.len();
     out.extend_from_slice(&[0; REPLY_HEADER_LEN]);
     body(out);

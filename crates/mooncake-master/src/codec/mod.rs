@@ -1,4 +1,4 @@
-//! The master's existence RPC (and `RemoveAll`) on the wire, without I/O (`spec/mooncake-master-rpc.md`).
+//! The master's existence RPC (and `RemoveAll`, `GetReplicaList`) on the wire, without I/O (`spec/mooncake-master-rpc.md`).
 //!
 //! A call is a coro_rpc frame: a 20-byte [`RequestHeader`] (sequence number, function
 //! id, body length) and a struct_pack body holding the arguments; the answer is a
@@ -6,15 +6,16 @@
 //! holding the return value, or an error message when `err_code != 0`.
 //!
 //! - Client side: [`encode_batch_exist_key`], [`encode_exist_key`],
-//!   [`encode_service_ready`], [`encode_remove_all`], [`encode_raw`];
+//!   [`encode_service_ready`], [`encode_remove_all`], [`encode_get_replica_list`],
+//!   [`encode_raw`];
 //!   [`decode_batch_exist_key_reply`], [`decode_exist_key_reply`],
 //!   [`decode_service_ready_reply`], [`decode_remove_all_reply`],
-//!   [`decode_error_reply`].
+//!   [`decode_get_replica_list_reply`] (the read lease), [`decode_error_reply`].
 //! - Server side (fake masters in tests): [`decode_batch_exist_key_args`],
 //!   [`decode_exist_key_args`], [`decode_remove_all_args`],
 //!   [`encode_batch_exist_key_reply`], [`encode_exist_key_reply`],
 //!   [`encode_service_ready_reply`], [`encode_remove_all_reply`],
-//!   [`encode_error_reply`].
+//!   [`encode_get_replica_list_reply`], [`encode_error_reply`].
 //!
 //! Decoders accept both the debug form (type literal included) and the release form,
 //! compare type hashes on bits 1-31 only, and answer malformed or truncated input with
@@ -42,6 +43,7 @@
 mod header;
 mod message;
 mod pack;
+mod replica;
 
 pub use header::{
     MAGIC, REPLY_HEADER_LEN, REQUEST_HEADER_LEN, ReplyHeader, RequestHeader, SERIALIZE_STRUCT_PACK,
@@ -49,6 +51,7 @@ pub use header::{
 };
 pub use message::*;
 pub use pack::TypeLiteral;
+pub use replica::*;
 
 use pack::PackType;
 
@@ -70,6 +73,8 @@ impl FunctionId {
     pub const PING: Self = Self(0xd6c2_dae5);
     /// `mooncake::WrappedMasterService::RemoveAll`.
     pub const REMOVE_ALL: Self = Self(0xd978_ceb0);
+    /// `mooncake::WrappedMasterService::GetReplicaList` (the read lease, in its reply).
+    pub const GET_REPLICA_LIST: Self = Self(0x1f7e_f174);
 
     /// The function's short name when it is one of the constants above.
     #[must_use]
@@ -80,6 +85,7 @@ impl FunctionId {
             Self::SERVICE_READY => Some("ServiceReady"),
             Self::PING => Some("Ping"),
             Self::REMOVE_ALL => Some("RemoveAll"),
+            Self::GET_REPLICA_LIST => Some("GetReplicaList"),
             _ => None,
         }
     }
@@ -150,6 +156,21 @@ pub(crate) mod types {
         literal: &[0x03],
         hash: 0x8666_6834,
     };
+    /// `expected<GetReplicaListResponse, ErrorCode>`: the `GetReplicaList` reply of
+    /// 0.3.13 (`{ vector<Replica::Descriptor> replicas, uint64 lease_ttl_ms,
+    /// optional<uint64> object_checksum }`; a descriptor is `{ uint64 id,
+    /// variant<memory, NoF, disk, local disk, DFS descriptor>, ReplicaStatus }`),
+    /// captured from the real master.
+    pub(crate) const GET_REPLICA_LIST_REPLY: PackType = PackType {
+        literal: &[
+            0x87, 0xfd, 0x84, 0xfd, 0x04, 0x86, 0xfd, 0xfd, 0x04, 0x04, 0x80, 0x0c, 0x80, 0x0c,
+            0xff, 0xff, 0xfd, 0xfd, 0x04, 0x04, 0x80, 0x0c, 0x80, 0x0c, 0xff, 0xff, 0xfd, 0x80,
+            0x0c, 0x04, 0xff, 0xfd, 0xfd, 0x04, 0x04, 0x89, 0x89, 0xff, 0x04, 0x80, 0x0c, 0xff,
+            0xfd, 0x80, 0x0c, 0x04, 0x04, 0x04, 0x01, 0xff, 0xff, 0x01, 0xff, 0x04, 0x85, 0x04,
+            0xff, 0x01,
+        ],
+        hash: 0x88c6_276c,
+    };
     /// `pair<uint16_t, string_view>`: coro_rpc's body for `err_code` 255. Its literal
     /// is inferred from struct_pack's type codes (uint16 = 0x08), not captured, so
     /// receivers here do not check it.
@@ -160,7 +181,7 @@ pub(crate) mod types {
 
     /// Every type above, for the test that recomputes the hashes.
     #[cfg(test)]
-    pub(crate) const ALL: [PackType; 11] = [
+    pub(crate) const ALL: [PackType; 12] = [
         BATCH_EXIST_ARGS,
         BATCH_EXIST_ARGS_LEGACY,
         EXIST_ARGS,
@@ -172,6 +193,7 @@ pub(crate) mod types {
         BOOL,
         INT64,
         ERROR_PAIR,
+        GET_REPLICA_LIST_REPLY,
     ];
 }
 
@@ -232,6 +254,10 @@ pub enum CodecError {
         /// Bytes left over.
         count: usize,
     },
+    /// Peer: a replica descriptor of a kind this decoder does not read (3 local disk,
+    /// 4 distributed file system, or a later one), so nothing behind it can be placed.
+    #[error("replica descriptor of kind {0} (only memory 0, NoF 1 and disk 2 are decoded)")]
+    UnsupportedReplicaKind(u8),
     /// Caller: a request body longer than the header's u32 length field can say.
     #[error("request body of {bytes} bytes exceeds coro_rpc's 4 GiB limit")]
     BodyTooLarge {

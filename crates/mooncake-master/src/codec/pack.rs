@@ -164,6 +164,16 @@ impl<'a> PackWriter<'a> {
     pub(crate) fn u16(&mut self, v: u16) {
         self.out.extend_from_slice(&v.to_le_bytes());
     }
+
+    /// A `u8` (a variant's index).
+    pub(crate) fn u8(&mut self, v: u8) {
+        self.out.push(v);
+    }
+
+    /// A `u64`, little-endian.
+    pub(crate) fn u64(&mut self, v: u64) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
 }
 
 /// Reads one struct_pack message. Every read is bounded by the bytes that remain, so
@@ -299,6 +309,16 @@ impl<'a> PackReader<'a> {
     /// A `u16`, little-endian.
     pub(crate) fn u16(&mut self) -> Result<u16, CodecError> {
         Ok(u16::from_le_bytes(self.array::<2>()?))
+    }
+
+    /// A `u8` (a variant's index).
+    pub(crate) fn u8(&mut self) -> Result<u8, CodecError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    /// A `u64`, little-endian.
+    pub(crate) fn u64(&mut self) -> Result<u64, CodecError> {
+        Ok(u64::from_le_bytes(self.array::<8>()?))
     }
 
     /// Ends the message: every byte must have been read.

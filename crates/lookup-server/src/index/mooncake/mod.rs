@@ -11,10 +11,19 @@
 //! (`etcd://h1:p1;h2:p2`), whose leader the client follows across failovers
 //! (`spec/mooncake-master-rpc.md`, "High availability"); leader changes are counted in
 //! `lookup_server_mooncake_leader_changes_total`.
+//!
+//! The master's read lease is read once per leader (the batcher's
+//! [`LeaseTtl`]), logged, exported as `lookup_server_mooncake_lease_seconds`, and
+//! checked against the clients' `lookup_prefetch_ttl_s`
+//! ([`check_client_ttl`](MooncakeIndex::check_client_ttl)): vLLM's wire cannot carry it
+//! to them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use metrics::Counter;
+use std::time::Duration;
+
+use metrics::{Counter, Gauge};
+use mooncake_master::batch::LeaseTtl;
 use mooncake_master::{
     BatchConfig, BatchStats, Coalescer, LeaderState, MasterAddr, MasterClient, MasterConfig,
     MasterError, MasterStats,
@@ -112,6 +121,13 @@ pub enum ResetPolicy {
 pub struct MooncakeIndex {
     master: MasterClient,
     batch: Coalescer,
+    batch_config: BatchConfig,
+    /// The configured read lease (until the master reports its own).
+    lease_ttl: Duration,
+    /// The clients' `lookup_prefetch_ttl_s`, when given, checked against the lease.
+    client_ttl: Option<Duration>,
+    /// `lookup_server_mooncake_lease_seconds`.
+    lease_gauge: Gauge,
     reset: ResetPolicy,
     counters: IndexCounters,
 }
@@ -166,16 +182,25 @@ struct IndexCounters {
     reset_errors: AtomicU64,
 }
 
-/// The index's batcher over `master`. The index's answers are not kept past the reply,
-/// so a cached key only needs to be valid now.
-fn batcher(master: &MasterClient, batch: BatchConfig) -> Coalescer {
-    Coalescer::new(
-        master.clone(),
-        batch,
-        mooncake_master::batch::DEFAULT_LEASE_TTL,
-        std::time::Duration::ZERO,
-    )
+/// The index's batcher over `master`, going by the configured `lease_ttl` until the
+/// master reports its own. The index's answers are not kept past the reply, so a
+/// cached key only needs to be valid now (margin 0); the clients' TTL is checked
+/// against the lease (`client_ttl`).
+fn batcher(
+    master: &MasterClient,
+    batch: BatchConfig,
+    lease_ttl: Duration,
+    client_ttl: Option<Duration>,
+) -> Coalescer {
+    let coalescer = Coalescer::new(master.clone(), batch, lease_ttl, Duration::ZERO);
+    if let Some(ttl) = client_ttl {
+        coalescer.check_ttl(ttl, CLIENT_TTL_SETTING);
+    }
+    coalescer
 }
+
+/// How the lease warning names the clients' TTL.
+const CLIENT_TTL_SETTING: &str = "the clients' lookup_prefetch_ttl_s (--client-ttl-s)";
 
 /// Adds `n` and returns the new value.
 fn bump(counter: &AtomicU64, n: u64) -> u64 {
@@ -231,10 +256,17 @@ impl MooncakeIndex {
                 ));
             }
         }
-        let batch = batcher(&master, BatchConfig::default());
+        let lease_ttl = mooncake_master::batch::DEFAULT_LEASE_TTL;
+        let batch = batcher(&master, BatchConfig::default(), lease_ttl, None);
+        let lease_gauge = crate::metrics::mooncake_lease();
+        lease_gauge.set(lease_ttl.as_secs_f64());
         Self {
             master,
             batch,
+            batch_config: BatchConfig::default(),
+            lease_ttl,
+            client_ttl: None,
+            lease_gauge,
             reset: ResetPolicy::Refuse,
             counters: IndexCounters::default(),
         }
@@ -258,8 +290,48 @@ impl MooncakeIndex {
     /// [`MasterError::InvalidConfig`] naming the field `batch` sets to 0.
     pub fn with_batching(mut self, batch: BatchConfig) -> Result<Self, MasterError> {
         batch.validate()?;
-        self.batch = batcher(&self.master, batch);
+        self.batch_config = batch;
+        self.rebuild_batcher();
         Ok(self)
+    }
+
+    /// The index going by a read lease of `lease_ttl` (the master's
+    /// `-default_kv_lease_ttl`; default 10 s) until the master reports its own, and
+    /// when it cannot (`spec/mooncake-master-rpc.md`, "Where the lease can be read").
+    #[must_use]
+    pub fn with_lease_ttl(mut self, lease_ttl: Duration) -> Self {
+        self.lease_ttl = lease_ttl;
+        self.lease_gauge.set(lease_ttl.as_secs_f64());
+        self.rebuild_batcher();
+        self
+    }
+
+    /// Warns when `ttl`, the `lookup_prefetch_ttl_s` of the clients in front of this
+    /// server, is not below the read lease: now against the lease in use, and again
+    /// when the master reports a lease that is not above it. vLLM's wire carries no
+    /// lease, so this server is where the check can use the master's own figure.
+    #[must_use]
+    pub fn check_client_ttl(mut self, ttl: Duration) -> Self {
+        self.client_ttl = Some(ttl);
+        self.batch.check_ttl(ttl, CLIENT_TTL_SETTING);
+        self
+    }
+
+    /// The read lease in use: the master's own once read (at the first present key
+    /// per leader), the configured one before that or when the master cannot report
+    /// it.
+    #[must_use]
+    pub fn lease(&self) -> LeaseTtl {
+        self.batch.lease()
+    }
+
+    fn rebuild_batcher(&mut self) {
+        self.batch = batcher(
+            &self.master,
+            self.batch_config.clone(),
+            self.lease_ttl,
+            self.client_ttl,
+        );
     }
 
     /// The reset policy.
@@ -342,6 +414,9 @@ impl MooncakeIndex {
             }
             Err(e) => return Err(self.failed(&e)),
         };
+        if run > 0 {
+            self.lease_gauge.set(self.batch.lease().ttl.as_secs_f64());
+        }
         bump(&self.counters.blocks_found, count(run));
         let keys_asked = keys_needed(
             keys.len() / keys_per_block,

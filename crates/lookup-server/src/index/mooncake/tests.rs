@@ -74,6 +74,18 @@ impl Fake {
                 stream.write_all(&out).await.unwrap();
                 continue;
             }
+            if header.function_id == FunctionId::GET_REPLICA_LIST {
+                // As a master without the call: the index keeps its configured lease.
+                codec::encode_error_reply(
+                    &mut out,
+                    seq,
+                    11,
+                    "the rpc function not registered",
+                    lit,
+                );
+                stream.write_all(&out).await.unwrap();
+                continue;
+            }
             assert_eq!(header.function_id, FunctionId::BATCH_EXIST_KEY);
             let keys = codec::decode_batch_exist_key_args(&body).unwrap().keys;
             self.calls.lock().unwrap().push(keys.len());
