@@ -188,7 +188,50 @@ async fn mooncake_master_doctor_names_a_model_that_differs_from_the_writers() {
         ),
         "{stdout}"
     );
+    assert!(
+        lines.contains(
+            &"ok ttl: lookup_prefetch_ttl_s 2 s is below the store's read lease 10 s (reported \
+              by the master)"
+        ),
+        "{stdout}"
+    );
     assert_eq!(lines.last(), Some(&"doctor: 5 ok, 0 warn, 0 fail"));
+}
+
+/// `lookup doctor` against a master started with a 5 s lease and told the default
+/// 10 s (`--lease-ttl-s`): the master's own lease decides, so a 6 s TTL is a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_master_doctor_checks_the_ttl_against_the_masters_own_lease() {
+    let mut master = Master::spawn(
+        lookup_tests::mooncake::free_port(),
+        &["-default_kv_lease_ttl=5000".to_owned()],
+    );
+    master.wait_ready(20);
+    let mut writer = Writer::start(&master);
+    let ids = [941, 942, 943];
+    writer.put(&writers_layout().chain_keys(&BlockHashes::from_u64s(&ids), 3));
+    let mut words = args(&["doctor", "--mooncake-master", &master.addr()]);
+    words.extend(layout_flags("Qwen3-8B"));
+    words.extend(args(&["--num-tokens", "49", "--hashes", &hex_of(&ids)]));
+    words.extend(args(&[
+        "--lookup-prefetch-ttl-s",
+        "6",
+        "--lease-ttl-s",
+        "10",
+    ]));
+    let out = lookup(words).await;
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let stdout = text(&out.stdout);
+    let ttl: Vec<&str> = stdout.lines().filter(|l| l.contains(" ttl: ")).collect();
+    assert_eq!(
+        ttl,
+        [
+            "warn ttl: lookup_prefetch_ttl_s 6 s is at or above the store's read lease 5 s \
+             (reported by the master): a cached hit may name blocks evicted since; fix: keep \
+             lookup_prefetch_ttl_s below the lease (--lookup-prefetch-ttl-s)"
+        ]
+    );
+    assert_eq!(stdout.lines().last(), Some("doctor: 4 ok, 1 warn, 0 fail"));
 }
 
 /// `lookup doctor` with a rank layout that differs from the writers': the first

@@ -12,7 +12,9 @@
 //!   one `BatchExistKey` query answered (a master), with its round trip;
 //! - `prefetch`: whether the settings start lookups at arrival, and whether one that
 //!   did answered before the first probe (a real `LookupClient`);
-//! - `ttl`: `lookup_prefetch_ttl_s` against the store's read lease;
+//! - `ttl`: `lookup_prefetch_ttl_s` against the store's read lease: the master's
+//!   own when it reports it (`GetReplicaList` of the first block's first key, when
+//!   that key exists), else `--lease-ttl-s`;
 //! - `keys` (a master only): whether the first block's keys exist under the
 //!   configured layout, else under which common alternative (model name forms, cache
 //!   prefix, rank layouts) they do: see [`keys`].
@@ -61,7 +63,8 @@ pub(crate) struct DoctorArgs {
     #[arg(long, default_value_t = 2.0)]
     lookup_prefetch_ttl_s: f64,
     /// The store's read lease in seconds (the master's `-default_kv_lease_ttl`, in
-    /// ms there), granted to every key a lookup finds.
+    /// ms there), granted to every key a lookup finds. With --mooncake-master the
+    /// master's own lease replaces it when the first block's first key exists.
     #[arg(long, default_value_t = DEFAULT_LEASE_S)]
     lease_ttl_s: f64,
 }
@@ -134,11 +137,17 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
         return Err(Failure::usage("--lease-ttl-s must be above 0"));
     }
     let mut report = Report::default();
+    let mut reported_lease = None;
     let reachable = match &args.master.mooncake_master {
         Some(addr) => {
             let master = check_master(&mut report, addr, &args, &block_hashes, timeout).await;
             if let Some(master) = &master {
                 keys::check(&mut report, master, &layout, &block_hashes).await;
+                if let Some(first) = block_hashes.get(0) {
+                    if let Some(key) = layout.block_keys(first).first() {
+                        reported_lease = master.read_lease(key).await.ok();
+                    }
+                }
             }
             master.is_some()
         }
@@ -148,7 +157,7 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
         }
     };
     prefetch::check(&mut report, &args, &block_hashes, reachable, timeout).await;
-    check_ttl(&mut report, &args);
+    check_ttl(&mut report, &args, reported_lease);
     println!(
         "doctor: {} ok, {} warn, {} fail",
         report.oks, report.warns, report.fails
@@ -298,21 +307,29 @@ async fn check_master(
 
 /// `ttl`: a cached result must not outlive the read lease that keeps its blocks
 /// (issue "never a silent miss", section 3; `spec/mooncake-master-rpc.md`).
-fn check_ttl(report: &mut Report, args: &DoctorArgs) {
-    let (ttl, lease) = (args.lookup_prefetch_ttl_s, args.lease_ttl_s);
+/// `reported` is the lease the master reported, which takes the place of
+/// `--lease-ttl-s`.
+fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Option<Duration>) {
+    let ttl = args.lookup_prefetch_ttl_s;
+    let (lease, source) = match reported {
+        Some(lease) => (lease.as_secs_f64(), " (reported by the master)"),
+        None => (args.lease_ttl_s, ""),
+    };
     if ttl >= lease {
         report.warn(
             "ttl",
             &format!(
-                "lookup_prefetch_ttl_s {ttl} s is at or above the store's read lease {lease} s: \
-                 a cached hit may name blocks evicted since"
+                "lookup_prefetch_ttl_s {ttl} s is at or above the store's read lease {lease} \
+                 s{source}: a cached hit may name blocks evicted since"
             ),
             "keep lookup_prefetch_ttl_s below the lease (--lookup-prefetch-ttl-s)",
         );
     } else {
         report.ok(
             "ttl",
-            &format!("lookup_prefetch_ttl_s {ttl} s is below the store's read lease {lease} s"),
+            &format!(
+                "lookup_prefetch_ttl_s {ttl} s is below the store's read lease {lease} s{source}"
+            ),
         );
     }
 }
