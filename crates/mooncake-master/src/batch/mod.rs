@@ -324,6 +324,15 @@ impl Coalescer {
         lock(&self.shared.state).cache.clear();
     }
 
+    /// Batches asking the master now (at most
+    /// [`max_batches_in_flight`](BatchConfig::max_batches_in_flight) unless some
+    /// lookup waited [`max_wait`](BatchConfig::max_wait)). A batch task that ended its
+    /// batch counts until it found nothing more queued.
+    #[must_use]
+    pub fn batches_in_flight(&self) -> usize {
+        lock(&self.shared.state).drivers
+    }
+
     /// Keys in the presence cache now.
     #[must_use]
     pub fn cached_keys(&self) -> usize {
