@@ -1,7 +1,8 @@
 //! The `lookup-server` program as an operator runs it: its `--metrics-addr` exporter
 //! over HTTP, and `--mooncake-master` answering from the real Mooncake master (PyPI
 //! 0.3.13.post1, blocks written by the real Python store client; needs
-//! `scripts/mooncake/install.sh`).
+//! `scripts/mooncake/install.sh`), with its clients' TTL checked against the master's
+//! own read lease.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -142,5 +143,98 @@ async fn mooncake_master_lookup_server_program_answers_from_the_master() {
     writer.put(&keys_of(&layout, &ids[2..]));
     // All 4 blocks of a 64-token prompt: the last one is recomputed.
     assert_eq!(hit(TB, &req.call(&lookup(TB, 64, B, &ids)).await), 48);
+    drop(child);
+}
+
+/// `lookup-server --mooncake-master --client-ttl-s 6` in front of a master started with
+/// a 5 s lease (told 10 s with `--mooncake-lease-ttl-s`): no warning at start, then,
+/// at the first hit, the master's own lease is read, exported and warned about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_master_lookup_server_program_checks_its_clients_ttl_against_the_lease() {
+    let mut master = Master::spawn(
+        lookup_tests::mooncake::free_port(),
+        &["-default_kv_lease_ttl=5000".to_owned()],
+    );
+    master.wait_ready(20);
+    let mut writer = Writer::start(&master);
+    let layout = layout(2);
+    let ids = chain(901, 4);
+    writer.put(&keys_of(&layout, &ids));
+
+    let dir = TempDir::new().expect("temp dir");
+    let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
+    let metrics_addr = free_addr();
+    let bin = env!("CARGO_BIN_EXE_lookup-server");
+    let mut child = lookup_tests::KilledOnDrop(
+        Command::new(bin)
+            .args(["--bind", &endpoint.url()])
+            .args(["--mooncake-master", &master.addr()])
+            .args(["--mooncake-lease-ttl-s", "10", "--client-ttl-s", "6"])
+            .args(["--model", MODEL, "--cache-prefix", "vllm", "--tp-size", "2"])
+            .args(["--block-size", &B.to_string()])
+            .args(["--metrics-addr", &metrics_addr.to_string()])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run lookup-server"),
+    );
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(Duration::from_secs(30), line)
+        .await
+        .expect("lookup-server printed no endpoint within 30 s")
+        .expect("join")
+        .expect("read stdout");
+    assert_eq!(line.trim_end(), endpoint.url());
+    // Every stderr line, read on a thread of its own until the program exits.
+    let stderr = child.0.stderr.take().expect("piped stderr");
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let gauge = "lookup_server_mooncake_lease_seconds";
+    expect(&scrape(metrics_addr).await, &[(gauge, 10.0)]);
+
+    let ctx = tmq::Context::new();
+    let mut req = Req::connect(&ctx, &endpoint);
+    assert_eq!(hit(TB, &req.call(&lookup(TB, 65, B, &ids)).await), 64);
+    let warning = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut seen = Vec::new();
+        while let Some(line) = lines.recv().await {
+            if line.contains("is not below") {
+                return (line, seen);
+            }
+            seen.push(line);
+        }
+        panic!("lookup-server exited without the lease warning: {seen:#?}");
+    })
+    .await
+    .expect("no lease warning within 20 s");
+    assert!(
+        warning.0.contains(
+            "WARN mooncake_master::batch::lease: the clients' lookup_prefetch_ttl_s \
+             (--client-ttl-s) of 6 s is not below the Mooncake master's read lease (5 s, \
+             reported by the master)"
+        ),
+        "{}",
+        warning.0
+    );
+    assert!(
+        warning.1.iter().all(|l| !l.contains("WARN")),
+        "no warning before the lease was read: {:#?}",
+        warning.1
+    );
+    // The gauge follows at the next hit.
+    assert_eq!(hit(TB, &req.call(&lookup(TB, 65, B, &ids)).await), 64);
+    expect(&scrape(metrics_addr).await, &[(gauge, 5.0)]);
     drop(child);
 }
