@@ -9,8 +9,8 @@
 //! lookup-server --bind ipc:///tmp/lookup.sock --block-size 16 --preload hashes.txt
 //! lookup-server --lookup-rpc-port 0 --hostname node1 --dp-rank 0   # vLLM's ipc path
 //! lookup-server --bind ipc:///tmp/lookup.sock --mooncake-master 127.0.0.1:50051 \
-//!     --model Qwen/Qwen3-8B --tp-size 2
-//! lookup-server --bind ipc:///tmp/lookup.sock --model Qwen/Qwen3-8B \
+//!     --model Qwen3-8B --tp-size 2
+//! lookup-server --bind ipc:///tmp/lookup.sock --model Qwen3-8B \
 //!     --mooncake-master 'etcd://10.0.0.1:2379;10.0.0.2:2379' --mooncake-cluster-id prod
 //! ```
 //!
@@ -70,7 +70,9 @@ struct Args {
     /// Block size in tokens: the lookup alignment.
     #[arg(long, default_value_t = 16)]
     block_size: u32,
-    /// Model name in the store keys.
+    /// Model name in the store keys, verbatim. vLLM's worker keys by the last path
+    /// component of its --model (Qwen3-8B for --model Qwen/Qwen3-8B); a name with a
+    /// `/` is warned about at start.
     #[arg(long, default_value = "model")]
     model: String,
     /// Optional cache prefix in front of every store key.
@@ -272,6 +274,20 @@ fn in_memory(
     Ok(memory)
 }
 
+/// A `--model` that vLLM's worker would not put in its keys (it keys by the last path
+/// component, `vllm_block_hash::model_name`): every lookup would miss in silence.
+fn warn_if_not_vllms_key_name(model: &str) {
+    let key_name = lookup_tokio::vllm_block_hash::model_name(model);
+    if key_name != model {
+        tracing::warn!(
+            model,
+            "store keys carry --model verbatim ({model}), while vLLM's worker keys by the last \
+             path component of its --model ({key_name}): give --model {key_name} if the \
+             writers are vLLM engines"
+        );
+    }
+}
+
 /// A duration flag in seconds (vLLM's float seconds, huge values saturate).
 fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
     lookup_core::duration_from_secs(value).map_err(|e| format!("{flag}: {e}"))
@@ -334,6 +350,7 @@ async fn run(args: Args) -> Result<(), String> {
         ),
         (None, None) => return Err("give --bind URL or --hostname (vLLM's ipc path)".to_owned()),
     };
+    warn_if_not_vllms_key_name(&args.model);
     let layout = KeyLayout::new(args.model)
         .with_cache_prefix(args.cache_prefix)
         .with_namespaces(RankNamespace::grid(args.tp_size, args.pp_size))

@@ -19,7 +19,8 @@ use tempfile::TempDir;
 
 /// Block size in tokens (vLLM's default).
 const B: u32 = 16;
-const MODEL: &str = "Qwen/Qwen3-8B";
+/// As vLLM keys it (the last path component of `--model Qwen/Qwen3-8B`).
+const MODEL: &str = "Qwen3-8B";
 const TB: Format = Format::TaggedBlob;
 const MP: Format = Format::MsgpackHex;
 
@@ -236,5 +237,42 @@ async fn mooncake_master_lookup_server_program_checks_its_clients_ttl_against_th
     // The gauge follows at the next hit.
     assert_eq!(hit(TB, &req.call(&lookup(TB, 65, B, &ids)).await), 64);
     expect(&scrape(metrics_addr).await, &[(gauge, 5.0)]);
+    drop(child);
+}
+
+/// `lookup-server --model Qwen/Qwen3-8B`: vLLM's worker would key such a deployment by
+/// `Qwen3-8B`, so the verbatim name is warned about at start, with the fix.
+#[tokio::test]
+async fn lookup_server_program_warns_about_a_model_name_vllm_does_not_key_by() {
+    let bin = env!("CARGO_BIN_EXE_lookup-server");
+    let mut child = lookup_tests::KilledOnDrop(
+        Command::new(bin)
+            .args(["--bind", "tcp://127.0.0.1:0", "--model", "Qwen/Qwen3-8B"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run lookup-server"),
+    );
+    let stderr = child.0.stderr.take().expect("piped stderr");
+    let warning = tokio::task::spawn_blocking(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.contains("WARN"))
+    });
+    let warning = tokio::time::timeout(Duration::from_secs(30), warning)
+        .await
+        .expect("no warning within 30 s")
+        .expect("join")
+        .expect("a warning before exit");
+    assert!(
+        warning.ends_with(
+            "store keys carry --model verbatim (Qwen/Qwen3-8B), while vLLM's worker keys by \
+             the last path component of its --model (Qwen3-8B): give --model Qwen3-8B if the \
+             writers are vLLM engines model=\"Qwen/Qwen3-8B\""
+        ),
+        "{warning}"
+    );
     drop(child);
 }
