@@ -95,13 +95,15 @@ pub struct DirectConfig {
     pub layout: KeyLayout,
     /// The master client's settings: `chunk_keys` (keys per `BatchExistKey` call,
     /// default 1,024), `call_timeout`, `connect_timeout`, `tenant_id`, backoff. Its
-    /// `cluster_id` plays no part here: [`master`](Self::master) carries it.
+    /// `cluster_id` plays no part here: [`master`](Self::master) carries it, and a
+    /// different one is refused by [`validate`](Self::validate).
     pub master_config: MasterConfig,
-    /// The master's `default_kv_lease_ttl` (read lease per positive answer). Default
-    /// 10 s, the master's default. Only checked against `lookup_prefetch_ttl_s`: a
-    /// cached result older than the lease may name blocks evicted since, so
-    /// [`LookupClient::connect`](crate::LookupClient::connect) warns when the TTL is
-    /// not below it.
+    /// The master's `default_kv_lease_ttl` (read lease per positive answer) until the
+    /// master reports its own (read once per leader at the first hit,
+    /// [`LookupClient::master_lease`](crate::LookupClient::master_lease)), and when it
+    /// cannot. Default 10 s, the master's default. It bounds the presence cache, and a
+    /// `lookup_prefetch_ttl_s` not below it is warned about: a cached result older
+    /// than the lease may name blocks evicted since.
     pub lease_ttl: Duration,
     /// First wait before trying again when connecting to the master fails, before
     /// the first success; it doubles per failure up to 1 s. Default 10 ms.
@@ -153,7 +155,9 @@ impl DirectConfig {
     /// `chunk_keys` 0, a zero `call_timeout` or `connect_timeout`, or a
     /// `backoff_min` that is zero or above `backoff_max`; a `batch` with
     /// `max_lookups` or `max_batches_in_flight` 0, or an enabled presence cache with
-    /// `max_age` 0. (The address was checked when it was parsed.)
+    /// `max_age` 0; a `master_config.cluster_id` that differs from the cluster id of
+    /// an `etcd://` [`master`](Self::master) (the address's is the one used). (The
+    /// address was checked when it was parsed.)
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &'static str, why: &str| {
             Err(Error::InvalidClientConfig {
@@ -176,6 +180,18 @@ impl DirectConfig {
                 "master_config.backoff_min",
                 "must be positive and at most backoff_max",
             );
+        }
+        if let (Some(id), MasterAddr::Etcd(cluster)) = (&m.cluster_id, &self.master) {
+            if id != cluster.cluster_id() {
+                return bad(
+                    "master_config.cluster_id",
+                    &format!(
+                        "{id} differs from the address's cluster id {}: give it with the \
+                         address (MasterAddr::parse(addr, Some(id)))",
+                        cluster.cluster_id()
+                    ),
+                );
+            }
         }
         if let Err(MasterError::InvalidConfig { what, why }) = self.batch.validate() {
             return bad(what, &why);
@@ -586,6 +602,20 @@ mod tests {
             why_of(Ok(config)),
             "invalid client configuration `master_config.connect_timeout`: must be positive"
         );
+        let mut config = direct("etcd://127.0.0.1:2379").unwrap();
+        config.master = MasterAddr::parse("etcd://127.0.0.1:2379", Some("prod")).unwrap();
+        config.master_config.cluster_id = Some("staging".to_owned());
+        assert_eq!(
+            why_of(Ok(config.clone())),
+            "invalid client configuration `master_config.cluster_id`: staging differs from the \
+             address's cluster id prod: give it with the address (MasterAddr::parse(addr, \
+             Some(id)))"
+        );
+        config.master_config.cluster_id = Some("prod".to_owned());
+        assert!(config.validate().is_ok());
+        let mut fixed = base();
+        fixed.master_config.cluster_id = Some("staging".to_owned());
+        assert!(fixed.validate().is_ok(), "no cluster for a fixed address");
         let mut config = base();
         config.master_config.backoff_min = config.master_config.backoff_max * 2;
         assert_eq!(
