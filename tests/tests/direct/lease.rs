@@ -113,6 +113,33 @@ async fn a_reported_lease_below_the_ttl_is_warned_about() {
     assert_eq!(fake.lease_calls(), 1);
 }
 
+/// A TTL at or above the configured lease is warned about as soon as the master
+/// connects, before any lease was read.
+#[tokio::test]
+async fn a_ttl_not_below_the_configured_lease_is_warned_about_at_connect() {
+    let logs = Logs::capture();
+    let fake = FakeMaster::start(Behaviour::Answer).await;
+    let direct = DirectConfig::parse(&fake.addr, layout()).expect("master address");
+    let mut config = ClientConfig::new(direct, B);
+    config.core.lookup_prefetch_ttl = Duration::from_secs(10);
+    let mut client = LookupClient::connect(config).expect("connect");
+    assert_eq!(
+        client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
+        hit(0)
+    );
+    let warnings = logs.containing("is not below");
+    assert_eq!(warnings.len(), 1, "{:#?}", logs.lines());
+    assert!(
+        warnings[0].contains(
+            "lookup_prefetch_ttl_s of 10 s is not below the Mooncake master's read lease (10 \
+             s, configured)"
+        ),
+        "{}",
+        warnings[0]
+    );
+    assert_eq!(fake.lease_calls(), 0, "a miss reads no lease");
+}
+
 #[tokio::test]
 async fn the_zeromq_client_checks_the_store_lease_it_is_given() {
     let logs = Logs::capture();
