@@ -13,8 +13,9 @@ use futures::{SinkExt, StreamExt};
 use lookup_core::wire::{self, Format, LookupReply, ServerRequest};
 use lookup_core::{BlockHashes, Request, RequestId};
 use lookup_tokio::Endpoint;
+
+use crate::served::Served;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// A directory of its own under the temp dir, removed on drop.
@@ -156,10 +157,8 @@ struct State {
 /// A scriptable lookup server: a ROUTER bound to an endpoint, answering each lookup
 /// as its handler says, optionally holding replies and releasing them in reverse.
 pub struct FakeServer {
-    endpoint: Endpoint,
+    served: Served,
     state: Arc<State>,
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
 }
 
 impl FakeServer {
@@ -168,13 +167,6 @@ impl FakeServer {
         endpoint: &Endpoint,
         handler: impl Fn(Format, u32, &BlockHashes) -> Answer + Send + Sync + 'static,
     ) -> Self {
-        if let Some(path) = endpoint.ipc_path() {
-            let _ = std::fs::remove_file(path);
-        }
-        let socket = tmq::router(&tmq::Context::new())
-            .set_linger(0)
-            .bind(&endpoint.url())
-            .expect("bind the fake server");
         let state = Arc::new(State {
             handler: Box::new(handler),
             seen: Mutex::new(Vec::new()),
@@ -184,14 +176,11 @@ impl FakeServer {
             reverse: AtomicBool::new(false),
             release: Notify::new(),
         });
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(serve(socket, Arc::clone(&state), cancel.clone()));
-        Self {
-            endpoint: endpoint.clone(),
-            state,
-            cancel,
-            task: Some(task),
-        }
+        let serving = Arc::clone(&state);
+        let served = Served::bind(endpoint, "fake server", move |socket, cancel| {
+            serve(socket, serving, cancel)
+        });
+        Self { served, state }
     }
 
     /// Serves the reference semantics with block size `block_size` over a set of
@@ -241,24 +230,12 @@ impl FakeServer {
 
     /// Where the fake server listens.
     pub fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
+        self.served.endpoint()
     }
 
     /// Stops serving, closes the socket and removes the ipc file.
-    pub async fn stop(mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            task.await.expect("fake server task");
-        }
-        if let Some(path) = self.endpoint.ipc_path() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-impl Drop for FakeServer {
-    fn drop(&mut self) {
-        self.cancel.cancel();
+    pub async fn stop(self) {
+        self.served.stop().await;
     }
 }
 

@@ -13,6 +13,7 @@
 //! - [`mooncake`]: a real Mooncake master and a real Python store client;
 //! - [`metrics`]: scraping a Prometheus exposition, one raw exchange with a server;
 //! - [`logs`]: the log lines a user reads, captured for exact assertions;
+//! - [`served`]: the bound ROUTER and serving task every in-test server shares;
 //! - [`KilledOnDrop`]: a child process that never outlives its test.
 //!
 //! Test binaries are grouped by area (`client`, `direct`, `fuzz`, `mooncake`,
@@ -30,6 +31,7 @@ pub mod fuzz;
 pub mod logs;
 pub mod metrics;
 pub mod mooncake;
+pub mod served;
 pub mod server;
 
 /// A child process killed (and reaped) on drop, so a failing test leaves none behind.

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::served::Served;
 
 /// One lookup as the fault server received it.
 #[derive(Clone, Debug)]
@@ -89,10 +90,8 @@ struct FaultState {
 /// A ROUTER that answers workload lookups as its planner says: at once, late,
 /// several times, never, or held until released. Resets are answered at once (ok).
 pub struct FaultServer {
-    endpoint: Endpoint,
+    served: Served,
     state: Arc<FaultState>,
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
 }
 
 impl FaultServer {
@@ -101,13 +100,6 @@ impl FaultServer {
         endpoint: &Endpoint,
         planner: impl Fn(&SeenLookup) -> Vec<Copy> + Send + Sync + 'static,
     ) -> Self {
-        if let Some(path) = endpoint.ipc_path() {
-            let _ = std::fs::remove_file(path);
-        }
-        let socket = tmq::router(&tmq::Context::new())
-            .set_linger(0)
-            .bind(&endpoint.url())
-            .expect("bind the fault server");
         let state = Arc::new(FaultState {
             planner: Box::new(planner),
             hold_all: AtomicBool::new(false),
@@ -118,14 +110,11 @@ impl FaultServer {
             received: Mutex::new(Vec::new()),
             replied: Mutex::new(Vec::new()),
         });
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(fault_serve(socket, Arc::clone(&state), cancel.clone()));
-        Self {
-            endpoint: endpoint.clone(),
-            state,
-            cancel,
-            task: Some(task),
-        }
+        let serving = Arc::clone(&state);
+        let served = Served::bind(endpoint, "fault server", move |socket, cancel| {
+            fault_serve(socket, serving, cancel)
+        });
+        Self { served, state }
     }
 
     /// Answers every lookup at once with the reference hit.
@@ -166,24 +155,12 @@ impl FaultServer {
 
     /// Where the server listens.
     pub fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
+        self.served.endpoint()
     }
 
     /// Stops serving, closes the socket and removes the ipc file.
-    pub async fn stop(mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            task.await.expect("fault server task");
-        }
-        if let Some(path) = self.endpoint.ipc_path() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-impl Drop for FaultServer {
-    fn drop(&mut self) {
-        self.cancel.cancel();
+    pub async fn stop(self) {
+        self.served.stop().await;
     }
 }
 
