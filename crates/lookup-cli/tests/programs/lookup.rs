@@ -22,6 +22,13 @@ async fn lookup(args: &[&str]) -> Output {
         .expect("run lookup")
 }
 
+/// `lookup probe --endpoint ENDPOINT --num-tokens NUM_TOKENS`, then `extra`.
+async fn probe(endpoint: &str, num_tokens: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["probe", "--endpoint", endpoint, "--num-tokens", num_tokens];
+    args.extend_from_slice(extra);
+    lookup(&args).await
+}
+
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -69,33 +76,18 @@ async fn probe_and_reset_against_our_server() {
     let url = endpoint.url();
     let hashes = [1, 2, 3].map(hash_hex).join(",");
 
-    let out = lookup(&[
-        "probe",
-        "--endpoint",
-        &url,
-        "--num-tokens",
-        "60",
-        "--hashes",
-        &hashes,
-    ])
-    .await;
+    let out = probe(&url, "60", &["--hashes", &hashes]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         without_round_trip(&out),
         vec!["hit_tokens: 48", "boundaries: none"]
     );
 
-    let out = lookup(&[
-        "probe",
-        "--endpoint",
+    let out = probe(
         &url,
-        "--num-tokens",
         "60",
-        "--hashes",
-        &hashes,
-        "--format",
-        "msgpack-hex",
-    ])
+        &["--hashes", &hashes, "--format", "msgpack-hex"],
+    )
     .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
@@ -114,15 +106,11 @@ async fn probe_and_reset_against_our_server() {
         ),
     )
     .expect("write");
-    let out = lookup(&[
-        "probe",
-        "--endpoint",
+    let out = probe(
         &url,
-        "--num-tokens",
         "48",
-        "--hashes-file",
-        file.to_str().expect("utf-8"),
-    ])
+        &["--hashes-file", file.to_str().expect("utf-8")],
+    )
     .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
@@ -181,16 +169,7 @@ async fn boundaries_timeout_malformed_and_usage() {
             0, 0, 0, 32, 0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 0, 2, 0, 0, 0, 48,
         ])])
     });
-    let out = lookup(&[
-        "probe",
-        "--endpoint",
-        &url,
-        "--num-tokens",
-        "60",
-        "--hashes",
-        &hashes,
-    ])
-    .await;
+    let out = probe(&url, "60", &["--hashes", &hashes]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         without_round_trip(&out),
@@ -202,18 +181,7 @@ async fn boundaries_timeout_malformed_and_usage() {
     with_boundaries.stop().await;
 
     let silent = FakeServer::silent(&endpoint);
-    let out = lookup(&[
-        "probe",
-        "--endpoint",
-        &url,
-        "--num-tokens",
-        "60",
-        "--hashes",
-        &hashes,
-        "--timeout-s",
-        "0.2",
-    ])
-    .await;
+    let out = probe(&url, "60", &["--hashes", &hashes, "--timeout-s", "0.2"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(stdout(&out), "");
     assert!(
@@ -238,16 +206,7 @@ async fn boundaries_timeout_malformed_and_usage() {
         ),
     ] {
         let bad = FakeServer::start(&endpoint, move |_, _, _| Answer::Raw(vec![reply.clone()]));
-        let out = lookup(&[
-            "probe",
-            "--endpoint",
-            &url,
-            "--num-tokens",
-            "60",
-            "--hashes",
-            &hashes,
-        ])
-        .await;
+        let out = probe(&url, "60", &["--hashes", &hashes]).await;
         assert_eq!(out.status.code(), Some(3), "{why}");
         assert!(
             stderr(&out).contains(&format!("error: malformed reply from {url}: {why}")),
@@ -257,23 +216,14 @@ async fn boundaries_timeout_malformed_and_usage() {
         bad.stop().await;
     }
 
-    let out = lookup(&["probe", "--endpoint", "udp://x", "--num-tokens", "1"]).await;
+    let out = probe("udp://x", "1", &[]).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("bad endpoint `udp://x`"),
         "{}",
         stderr(&out)
     );
-    let out = lookup(&[
-        "probe",
-        "--endpoint",
-        &url,
-        "--num-tokens",
-        "32",
-        "--hashes",
-        "abc",
-    ])
-    .await;
+    let out = probe(&url, "32", &["--hashes", "abc"]).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("hash 0 `abc` is not hex of even length"),
@@ -295,18 +245,7 @@ async fn boundaries_timeout_malformed_and_usage() {
 async fn probe_unreachable(url: &str) -> (Output, std::time::Duration) {
     let hashes = [1, 2].map(hash_hex).join(",");
     let started = std::time::Instant::now();
-    let out = lookup(&[
-        "probe",
-        "--endpoint",
-        url,
-        "--num-tokens",
-        "40",
-        "--hashes",
-        &hashes,
-        "--timeout-s",
-        "30",
-    ])
-    .await;
+    let out = probe(url, "40", &["--hashes", &hashes, "--timeout-s", "30"]).await;
     let wall = started.elapsed();
     assert!(
         wall < std::time::Duration::from_secs(30),
