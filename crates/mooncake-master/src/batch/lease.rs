@@ -11,6 +11,8 @@
 
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use crate::MasterError;
 
 /// Reads that fail with the master reachable, or three in a row unreachable, end the
@@ -65,11 +67,18 @@ pub(crate) struct Lease {
     enabled: bool,
     checks: Vec<Check>,
     reads: u64,
+    /// The lease in use, for those who export it.
+    watch: watch::Sender<LeaseTtl>,
 }
 
 impl Lease {
     pub(crate) fn new(configured: Duration, enabled: bool, epoch: u64) -> Self {
+        let (watch, _) = watch::channel(LeaseTtl {
+            ttl: configured,
+            source: LeaseSource::Configured,
+        });
         Self {
+            watch,
             configured,
             reported: None,
             epoch,
@@ -99,6 +108,15 @@ impl Lease {
         self.reads
     }
 
+    /// The lease in use now and at every change.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseTtl> {
+        self.watch.subscribe()
+    }
+
+    fn publish(&self) {
+        self.watch.send_replace(self.current());
+    }
+
     /// Adds a result TTL to hold below the lease, warning at once when it is not.
     pub(crate) fn check_ttl(&mut self, ttl: Duration, setting: &'static str, addr: &str) {
         let check = Check { ttl, setting };
@@ -114,6 +132,7 @@ impl Lease {
             self.reported = None;
             self.failures = 0;
             self.gave_up = false;
+            self.publish();
         }
         if !self.enabled || self.reading || self.reported.is_some() || self.gave_up {
             return false;
@@ -137,6 +156,7 @@ impl Lease {
             Ok(ttl) => {
                 self.reads += 1;
                 self.reported = Some(ttl);
+                self.publish();
                 let now = self.current();
                 tracing::info!(
                     master = addr,
@@ -196,9 +216,12 @@ mod tests {
     fn the_reported_lease_replaces_the_configured_one_until_the_leader_changes() {
         let mut lease = Lease::new(Duration::from_secs(10), true, 0);
         assert_eq!(lease.current().source, LeaseSource::Configured);
+        let mut published = lease.subscribe();
         assert!(lease.start_read(0));
         assert!(!lease.start_read(0), "one read at a time");
         lease.finish_read(0, Ok(Duration::from_secs(5)), "m");
+        assert!(published.has_changed().unwrap());
+        assert_eq!(published.borrow_and_update().ttl, Duration::from_secs(5));
         assert_eq!(
             lease.current(),
             LeaseTtl {

@@ -324,6 +324,13 @@ impl Coalescer {
         lock(&self.shared.state).cache.clear();
     }
 
+    /// The read lease in use ([`lease`](Self::lease)) now and at every change: when
+    /// the master reports its own, and back to the configured one on a leader change.
+    #[must_use]
+    pub fn subscribe_lease(&self) -> tokio::sync::watch::Receiver<LeaseTtl> {
+        lock(&self.shared.state).lease.subscribe()
+    }
+
     /// Batches asking the master now (at most
     /// [`max_batches_in_flight`](BatchConfig::max_batches_in_flight) unless some
     /// lookup waited [`max_wait`](BatchConfig::max_wait)). A batch task that ended its

@@ -259,7 +259,7 @@ impl MooncakeIndex {
         let lease_ttl = mooncake_master::batch::DEFAULT_LEASE_TTL;
         let batch = batcher(&master, BatchConfig::default(), lease_ttl, None);
         let lease_gauge = crate::metrics::mooncake_lease();
-        lease_gauge.set(lease_ttl.as_secs_f64());
+        export_lease(&batch, &lease_gauge);
         Self {
             master,
             batch,
@@ -301,7 +301,6 @@ impl MooncakeIndex {
     #[must_use]
     pub fn with_lease_ttl(mut self, lease_ttl: Duration) -> Self {
         self.lease_ttl = lease_ttl;
-        self.lease_gauge.set(lease_ttl.as_secs_f64());
         self.rebuild_batcher();
         self
     }
@@ -332,6 +331,7 @@ impl MooncakeIndex {
             self.lease_ttl,
             self.client_ttl,
         );
+        export_lease(&self.batch, &self.lease_gauge);
     }
 
     /// The reset policy.
@@ -414,9 +414,6 @@ impl MooncakeIndex {
             }
             Err(e) => return Err(self.failed(&e)),
         };
-        if run > 0 {
-            self.lease_gauge.set(self.batch.lease().ttl.as_secs_f64());
-        }
         bump(&self.counters.blocks_found, count(run));
         let keys_asked = keys_needed(
             keys.len() / keys_per_block,
@@ -513,6 +510,21 @@ impl MooncakeIndex {
                 Err(index_error(&e))
             }
         }
+    }
+}
+
+/// Sets `gauge` to the lease `batch` goes by now and, inside a tokio runtime, at every
+/// change, until that batcher is gone.
+fn export_lease(batch: &Coalescer, gauge: &Gauge) {
+    let mut lease = batch.subscribe_lease();
+    gauge.set(lease.borrow_and_update().ttl.as_secs_f64());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let gauge = gauge.clone();
+        runtime.spawn(async move {
+            while lease.changed().await.is_ok() {
+                gauge.set(lease.borrow_and_update().ttl.as_secs_f64());
+            }
+        });
     }
 }
 
