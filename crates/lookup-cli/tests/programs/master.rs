@@ -174,6 +174,14 @@ async fn mooncake_master_doctor_names_a_model_that_differs_from_the_writers() {
                 && l.ends_with(": hit_tokens 0 of 49 (miss)")),
         "{stdout}"
     );
+    assert!(
+        lines.contains(
+            &"ok ttl: lookup_prefetch_ttl_s 2 s is below the store's read lease 10 s (from \
+              --lease-ttl-s; the master reports its lease only for a key that exists, and the \
+              first block's is not stored)"
+        ),
+        "{stdout}"
+    );
     assert_eq!(lines.last(), Some(&"doctor: 4 ok, 0 warn, 1 fail"));
     assert_eq!(text(&out.stderr), "error: 1 check(s) failed\n");
 
@@ -301,7 +309,9 @@ async fn doctor_through_a_lookup_server() {
     );
     assert_eq!(
         lines[3],
-        "ok ttl: lookup_prefetch_ttl_s 2 s is below the store's read lease 10 s"
+        "ok ttl: lookup_prefetch_ttl_s 2 s is below the store's read lease 10 s (from \
+         --lease-ttl-s; through a lookup server the master's own lease is not known here: the \
+         server logs it and exports lookup_server_mooncake_lease_seconds)"
     );
     assert_eq!(lines[4], "doctor: 4 ok, 0 warn, 0 fail");
 
@@ -324,10 +334,29 @@ async fn doctor_through_a_lookup_server() {
         [
             "warn prefetch: configured but inactive: lookup_prefetch_limit 8 with lookup_async \
              false starts no lookup at arrival; fix: --lookup-async true, or --lookup-prefetch-limit 0",
-            "warn ttl: lookup_prefetch_ttl_s 12 s is at or above the store's read lease 10 s: a \
+            "warn ttl: lookup_prefetch_ttl_s 12 s is at or above the store's read lease 10 s \
+             (from --lease-ttl-s; through a lookup server the master's own lease is not known \
+             here: the server logs it and exports lookup_server_mooncake_lease_seconds): a \
              cached hit may name blocks evicted since; fix: keep lookup_prefetch_ttl_s below the \
              lease (--lookup-prefetch-ttl-s)",
             "doctor: 2 ok, 2 warn, 0 fail",
+        ]
+    );
+
+    // A prompt the store does not hold: the 0 is flagged, with where to look next.
+    let mut cold = args(&["doctor", "--endpoint", &url, "--num-tokens", "60"]);
+    cold.extend(args(&["--hashes", &hex_of(&[7, 8, 9])]));
+    let out = lookup(cold).await;
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let stdout = text(&out.stdout);
+    let keys: Vec<&str> = stdout.lines().filter(|l| l.contains(" keys: ")).collect();
+    assert_eq!(
+        keys,
+        [
+            "warn keys: the server answered 0 hit tokens: a cold cache, or a key layout (model, \
+             cache prefix, ranks) that differs from the writers'; through a lookup server the \
+             store's keys are not checked; fix: run lookup doctor --mooncake-master ADDR with \
+             the server's --model, --cache-prefix, --tp-size and --pp-size"
         ]
     );
     server.shutdown().await;

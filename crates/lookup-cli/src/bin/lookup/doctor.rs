@@ -137,15 +137,24 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
         return Err(Failure::usage("--lease-ttl-s must be above 0"));
     }
     let mut report = Report::default();
-    let mut reported_lease = None;
+    let mut reported_lease: Result<Duration, &str> = Err(
+        "--lease-ttl-s; through a lookup server the master's own lease is not known here: \
+         the server logs it and exports lookup_server_mooncake_lease_seconds",
+    );
     let reachable = match &args.master.mooncake_master {
         Some(addr) => {
             let master = check_master(&mut report, addr, &args, &block_hashes, timeout).await;
             if let Some(master) = &master {
                 keys::check(&mut report, master, &layout, &block_hashes).await;
+                reported_lease = Err(
+                    "--lease-ttl-s; the master reports its lease only for a key \
+                     that exists, and the first block's is not stored",
+                );
                 if let Some(first) = block_hashes.get(0) {
                     if let Some(key) = layout.block_keys(first).first() {
-                        reported_lease = master.read_lease(key).await.ok();
+                        if let Ok(lease) = master.read_lease(key).await {
+                            reported_lease = Ok(lease);
+                        }
                     }
                 }
             }
@@ -219,6 +228,16 @@ async fn check_server(
                         reply.hit_tokens
                     ),
                 );
+                if reply.hit_tokens == 0 && num_tokens > block_size {
+                    report.warn(
+                        "keys",
+                        "the server answered 0 hit tokens: a cold cache, or a key layout \
+                         (model, cache prefix, ranks) that differs from the writers'; through a \
+                         lookup server the store's keys are not checked",
+                        "run lookup doctor --mooncake-master ADDR with the server's --model, \
+                         --cache-prefix, --tp-size and --pp-size",
+                    );
+                }
             }
             Ok(reply) => report.fail(
                 "wire",
@@ -308,12 +327,12 @@ async fn check_master(
 /// `ttl`: a cached result must not outlive the read lease that keeps its blocks
 /// (issue "never a silent miss", section 3; `spec/mooncake-master-rpc.md`).
 /// `reported` is the lease the master reported, which takes the place of
-/// `--lease-ttl-s`.
-fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Option<Duration>) {
+/// `--lease-ttl-s`, or why there is none.
+fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Result<Duration, &str>) {
     let ttl = args.lookup_prefetch_ttl_s;
     let (lease, source) = match reported {
-        Some(lease) => (lease.as_secs_f64(), " (reported by the master)"),
-        None => (args.lease_ttl_s, ""),
+        Ok(lease) => (lease.as_secs_f64(), " (reported by the master)".to_owned()),
+        Err(why) => (args.lease_ttl_s, format!(" (from {why})")),
     };
     if ttl >= lease {
         report.warn(
