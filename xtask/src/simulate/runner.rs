@@ -85,7 +85,7 @@ pub fn run_jobs(
                         .and_then(|trace| {
                             simulate(trace, job.mode, &job.params, &|r| on_finished(i, r))
                         })
-                        .with_context(|| format!("{} mode", job.mode));
+                        .with_context(|| format!("{}: {} mode", source.describe(), job.mode));
                     let failed = out.is_err();
                     results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(out);
                     if failed {
