@@ -43,6 +43,20 @@ fn chain(first: u64, n: u64) -> Vec<u64> {
     (first..first + n).collect()
 }
 
+/// The program's first stdout line: the endpoint it bound, printed once bound.
+async fn first_line(child: &mut lookup_tests::KilledOnDrop) -> String {
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    });
+    tokio::time::timeout(Duration::from_secs(30), line)
+        .await
+        .expect("lookup-server printed no endpoint within 30 s")
+        .expect("join")
+        .expect("read stdout")
+}
+
 /// `lookup-server --metrics-addr`: the program serves its server metrics over HTTP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookup_server_program_serves_metrics() {
@@ -58,15 +72,8 @@ async fn lookup_server_program_serves_metrics() {
             .spawn()
             .expect("run lookup-server"),
     );
-    let stdout = child.0.stdout.take().expect("piped stdout");
     // The first line is the bound endpoint; the exporter is installed before it.
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("join")
-    .expect("read stdout");
+    let line = first_line(&mut child).await;
     let endpoint: Endpoint = line.trim_end().parse().expect("an endpoint");
 
     let hashes = BlockHashes::from_u64s(&[1, 2, 3]);
@@ -122,17 +129,7 @@ async fn mooncake_master_lookup_server_program_answers_from_the_master() {
             .spawn()
             .expect("run lookup-server"),
     );
-    let stdout = child.0.stdout.take().expect("piped stdout");
-    // The first line is the bound endpoint, printed once the socket is bound.
-    let first_line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    let line = tokio::time::timeout(Duration::from_secs(30), first_line)
-        .await
-        .expect("lookup-server printed no endpoint within 30 s")
-        .expect("join")
-        .expect("read stdout");
+    let line = first_line(&mut child).await;
     assert_eq!(line.trim_end(), endpoint.url());
 
     let ctx = tmq::Context::new();
@@ -181,16 +178,7 @@ async fn mooncake_master_lookup_server_program_checks_its_clients_ttl_against_th
             .spawn()
             .expect("run lookup-server"),
     );
-    let stdout = child.0.stdout.take().expect("piped stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    });
-    let line = tokio::time::timeout(Duration::from_secs(30), line)
-        .await
-        .expect("lookup-server printed no endpoint within 30 s")
-        .expect("join")
-        .expect("read stdout");
+    let line = first_line(&mut child).await;
     assert_eq!(line.trim_end(), endpoint.url());
     // Every stderr line, read on a thread of its own until the program exits.
     let stderr = child.0.stderr.take().expect("piped stderr");

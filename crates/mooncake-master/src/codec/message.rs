@@ -34,7 +34,7 @@ pub struct RpcError {
 
 /// Appends a request frame (header and body) built by `body`, patching the header's
 /// body length once the body is written.
-pub(super) fn frame(
+fn frame(
     out: &mut Vec<u8>,
     seq_num: u32,
     function_id: FunctionId,
@@ -107,13 +107,27 @@ pub fn encode_exist_key(
     tenant_id: Option<&str>,
     literal: TypeLiteral,
 ) -> Result<(), CodecError> {
+    encode_key_call(out, seq_num, FunctionId::EXIST_KEY, key, tenant_id, literal)
+}
+
+/// Appends a request frame for `function` with `ExistKey`'s arguments: `(key,
+/// tenant_id)`, or the bare `key` when `tenant_id` is `None` (`GetReplicaList` takes the
+/// same).
+pub(super) fn encode_key_call(
+    out: &mut Vec<u8>,
+    seq_num: u32,
+    function: FunctionId,
+    key: &str,
+    tenant_id: Option<&str>,
+    literal: TypeLiteral,
+) -> Result<(), CodecError> {
     let max_len = key.len().max(tenant_id.map_or(0, str::len));
     let ty = if tenant_id.is_some() {
         types::EXIST_ARGS
     } else {
         types::STRING
     };
-    frame(out, seq_num, FunctionId::EXIST_KEY, |out| {
+    frame(out, seq_num, function, |out| {
         let mut w = PackWriter::begin(out, ty, literal, max_len);
         w.str(key);
         if let Some(tenant_id) = tenant_id {

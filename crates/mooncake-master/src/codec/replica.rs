@@ -12,7 +12,7 @@
 use super::pack::{PackReader, PackWriter, TypeLiteral};
 use super::{CodecError, FunctionId, types};
 use crate::StoreErrorCode;
-use crate::codec::message::{frame, reply_frame};
+use crate::codec::message::{encode_key_call, reply_frame};
 
 /// Where and how one replica's bytes are held (`Replica::Descriptor::descriptor_variant`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,19 +86,14 @@ pub fn encode_get_replica_list(
     tenant_id: Option<&str>,
     literal: TypeLiteral,
 ) -> Result<(), CodecError> {
-    let max_len = key.len().max(tenant_id.map_or(0, str::len));
-    let ty = if tenant_id.is_some() {
-        types::EXIST_ARGS
-    } else {
-        types::STRING
-    };
-    frame(out, seq_num, FunctionId::GET_REPLICA_LIST, |out| {
-        let mut w = PackWriter::begin(out, ty, literal, max_len);
-        w.str(key);
-        if let Some(tenant_id) = tenant_id {
-            w.str(tenant_id);
-        }
-    })
+    encode_key_call(
+        out,
+        seq_num,
+        FunctionId::GET_REPLICA_LIST,
+        key,
+        tenant_id,
+        literal,
+    )
 }
 
 /// Decodes a successful (`err_code` 0) `GetReplicaList` reply body.
