@@ -73,7 +73,12 @@ pub struct DispatcherStats {
 /// `lookup_priority = false` one FIFO, vLLM's single worker). A lookup's class follows
 /// the probes currently waiting for it: [`Command::Promote`] and [`Command::Demote`].
 /// At most `max_in_flight` RPCs are on the wire; a reset bypasses that limit so that it
-/// is never stuck behind a hung lookup. Cancelled RPCs are skipped at the latest
+/// is never stuck behind a hung lookup. A reset is a barrier (rule 13): while one is on
+/// the wire no lookup is released, whatever `max_in_flight` is, so that every lookup
+/// submitted after [`Lookups::reset`](crate::Lookups::reset) reaches the server after
+/// the reset was served (the lookups submitted before it were cancelled, or are on the
+/// wire with their replies ignored); the barrier lifts when the reset ends (reply,
+/// timeout or transport failure). Cancelled RPCs are skipped at the latest
 /// when their turn comes (their [`Ticket`] decides), so a dead request's lookup never
 /// occupies the wire (rule 8).
 ///
@@ -249,7 +254,8 @@ impl<T> Dispatcher<T> {
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
         let rpc_id = if let Some(id) = self.pop(Queue::Resets) {
             id
-        } else if self.in_flight() >= self.max_in_flight {
+        } else if self.resets_on_wire() > 0 || self.in_flight() >= self.max_in_flight {
+            // Rule 13's barrier, then `max_in_flight`.
             return None;
         } else {
             self.pop(Queue::Awaited)
@@ -469,6 +475,12 @@ impl<T> Dispatcher<T> {
         self.lookups_on_wire
     }
 
+    /// Reset RPCs on the wire: while there is one, no lookup is released (rule 13).
+    #[must_use]
+    pub fn resets_on_wire(&self) -> usize {
+        self.in_flight() - self.lookups_on_wire
+    }
+
     /// RPCs waiting for the wire (including cancelled ones not skipped yet).
     #[must_use]
     pub fn queued(&self) -> usize {
@@ -485,7 +497,10 @@ impl<T> Dispatcher<T> {
     /// True when an RPC is queued and the wire has room for it.
     #[must_use]
     pub fn can_send(&self) -> bool {
-        !self.resets.is_empty() || (self.in_flight() < self.max_in_flight && self.queued > 0)
+        !self.resets.is_empty()
+            || (self.resets_on_wire() == 0
+                && self.in_flight() < self.max_in_flight
+                && self.queued > 0)
     }
 }
 

@@ -28,13 +28,18 @@
 //!   before its write; a fake server that answers the RPCs on the wire in any order,
 //!   late, twice, after their request was discarded, with right, too high, unaligned or
 //!   undecodable values, or fails or loses them; replies for dead or never-created
-//!   ids; reopens.
+//!   ids; reopens; connections that drop without the driver seeing it (what was
+//!   written is lost) and connections replaced because the server behind the address
+//!   was (a fresh store; a reset may be kept for the new connection).
 //!
 //! After every step the harness checks the core against the model exactly: probe
 //! answers, events, the RPCs written and not yet written, prefetch slots, open RPCs,
 //! waiting and tracked requests, each request's first-probe mark and last answer
 //! (`answer_of`), the next deadline, and every counter of `Stats` and
-//! `DispatcherStats`.
+//! `DispatcherStats`. Beside the model, `model/watch.rs` checks two properties from
+//! what the driver and the server saw: no lookup submitted after a reset is answered
+//! from the store before the server served that reset (the store is versioned by the
+//! resets it served), and no RPC outlives its timeout.
 //!
 //! Layout: the model is `model/reference.rs` (the lifecycle's state and RPC
 //! bookkeeping), `model/probe.rs` (arrivals and probes), `model/dispatcher.rs`
@@ -42,7 +47,9 @@
 //! (configuration, clock) and `model/counters.rs`; `model/sut.rs` is the harness,
 //! `model/transitions.rs` and `model/strategies.rs` what is generated,
 //! `model/server.rs` the fake server and the prompts, `model/scenarios.rs` minimal
-//! sequences (found failing, or too rare to trust to chance) replayed as named tests.
+//! sequences (found failing, or too rare to trust to chance) replayed as named tests,
+//! and `model/moving.rs` those of a moving store and connection (reset barrier, retry
+//! backoff across a prompt change, dropped and replaced connections).
 
 #[path = "model/counters.rs"]
 mod counters;
@@ -50,6 +57,8 @@ mod counters;
 mod dispatcher;
 #[path = "model/machine.rs"]
 mod machine;
+#[path = "model/moving.rs"]
+mod moving;
 #[path = "model/probe.rs"]
 mod probe;
 #[path = "model/reference.rs"]
@@ -66,6 +75,8 @@ mod strategies;
 mod sut;
 #[path = "model/transitions.rs"]
 mod transitions;
+#[path = "model/watch.rs"]
+mod watch;
 
 use proptest::prelude::ProptestConfig;
 use proptest::test_runner::{FileFailurePersistence, RngAlgorithm, RngSeed};

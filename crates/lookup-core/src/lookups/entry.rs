@@ -93,6 +93,10 @@ pub(super) struct RequestEntry {
     pub(super) last_answer: Option<Answer>,
     /// The last arrival or probe of it ([`Lookups::end_idle`]).
     pub(super) last_seen: Instant,
+    /// Its last lookup failed (rule 11), and it was not allocated, preempted or reset
+    /// since: its next lookup is a retry, under the failure backoff, whatever its
+    /// prompt is by then.
+    pub(super) failed: bool,
 }
 
 #[derive(Debug)]

@@ -143,8 +143,10 @@ impl<O: Observe> Lookups<O> {
             lookup: None,
             last_answer: None,
             last_seen: now,
+            failed: false,
         });
-        if entry.lookup.is_some() {
+        // A failed request is looked up again by a probe, under the backoff (rule 11).
+        if entry.lookup.is_some() || entry.failed {
             return;
         }
         if !eligible {
@@ -251,6 +253,7 @@ impl<O: Observe> Lookups<O> {
                         lookup: None,
                         last_answer: Some(Answer::NotNeeded),
                         last_seen: now,
+                        failed: false,
                     },
                 );
             }
@@ -262,7 +265,9 @@ impl<O: Observe> Lookups<O> {
             lookup: None,
             last_answer: None,
             last_seen: now,
+            failed: false,
         });
+        let failed = entry.failed;
         let mut refresh = None;
         let mut retry = false;
         match &mut entry.lookup {
@@ -320,6 +325,25 @@ impl<O: Observe> Lookups<O> {
             }
             None => {}
         }
+        if failed && !retry {
+            // Rule 11 whatever the prompt is now: the stale lookup goes (rule 7), and a
+            // new one is a retry, under the backoff like any other.
+            if refresh == Some(false) {
+                refresh = None;
+                self.stats.chain_refreshes += 1;
+                self.discard_lookup(req.request_id);
+            }
+            if self.retrying.is_some() || self.retry_at.is_some_and(|t| now < t) {
+                if let Some(entry) = self.requests.get_mut(&req.request_id) {
+                    Self::note_first_probe(&mut self.stats, entry, true);
+                }
+                return (ready(0, false), Answer::Unavailable(Unavailable::Retrying));
+            }
+            retry = true;
+        }
+        let Some(entry) = self.requests.get_mut(&req.request_id) else {
+            unreachable!("inserted above; discarding a lookup keeps the request");
+        };
         Self::note_first_probe(&mut self.stats, entry, false);
         match refresh {
             Some(true) => self.stats.ttl_refreshes += 1,
@@ -365,6 +389,15 @@ impl<O: Observe> Lookups<O> {
     /// again. Unknown requests: no-op.
     pub fn on_allocated(&mut self, request_id: RequestId) {
         self.discard_lookup(request_id);
+        self.forget_failure(request_id);
+    }
+
+    /// A discard point (rule 8) ends a failed request's retry: its next lookup is a
+    /// first one.
+    fn forget_failure(&mut self, request_id: RequestId) {
+        if let Some(entry) = self.requests.get_mut(&request_id) {
+            entry.failed = false;
+        }
     }
 
     /// Rule 8: the request finished or was aborted: everything about it is dropped at
@@ -397,6 +430,7 @@ impl<O: Observe> Lookups<O> {
     /// when rescheduled). Unknown requests: no-op.
     pub fn on_preempted(&mut self, request_id: RequestId) {
         self.discard_lookup(request_id);
+        self.forget_failure(request_id);
     }
 
     /// Rule 13: drops every request's lookup (queued ones cancelled, in-flight replies
@@ -414,6 +448,7 @@ impl<O: Observe> Lookups<O> {
         for id in ids {
             // Every lookup goes: no demotion is worth sending (rule 13).
             self.detach(id, false);
+            self.forget_failure(id);
         }
         self.shared.clear();
         if !self.config.enable_lookup {

@@ -234,6 +234,7 @@ impl<O: Observe> Lookups<O> {
                 continue;
             };
             debug_assert_eq!(waiting_on, rpc_id);
+            entry.failed = answer.is_unavailable();
             entry.lookup = Some(LookupState::Done {
                 num_tokens,
                 block_hashes,

@@ -58,7 +58,8 @@ impl RefState {
 
     /// The driver's dispatcher releases what it may: resets at once, then lookups a
     /// probe awaits, then prefetches (rule 15; one FIFO without priority), while fewer
-    /// than `max_in_flight` RPCs are on the wire. Each deadline runs from its release.
+    /// than `max_in_flight` RPCs are on the wire and no reset is (rule 13's barrier).
+    /// Each deadline runs from its release.
     fn pump(&mut self) {
         if self.closed {
             return;
@@ -68,7 +69,14 @@ impl RefState {
             let reset = queued()
                 .find(|(_, r)| r.asks == Asks::Reset)
                 .map(|(id, _)| *id);
-            let room = self.dispatcher_in_flight.len() < self.settings.max_in_flight as usize;
+            // Rule 13: no lookup goes on the wire beside a reset, whatever
+            // `max_in_flight` is.
+            let barrier = self
+                .rpcs
+                .values()
+                .any(|r| r.asks == Asks::Reset && r.sent.is_some());
+            let room =
+                !barrier && self.dispatcher_in_flight.len() < self.settings.max_in_flight as usize;
             let lookup = || {
                 let lookups = queued().filter(|(_, r)| r.asks != Asks::Reset);
                 if self.settings.priority {
@@ -149,14 +157,29 @@ impl RefState {
         self.deliver(rpc.rpc_id.0, value, Some(&rpc.body));
     }
 
-    /// The driver reopens its socket (`fail_on_wire`): every RPC on the wire fails
-    /// (transport), in id order; what it had not written goes with the old socket.
-    pub(crate) fn reopen(&mut self) {
-        self.wire.clear();
-        self.unwritten.clear();
+    /// The driver reopens its socket (`fail_on_wire(keep)`): every RPC on the wire but
+    /// `keep` fails (transport), in id order; what it had not written goes with the old
+    /// socket. `keep` (a reset) stays where it was, written or not: the driver writes it
+    /// to the new connection.
+    pub(crate) fn reopen(&mut self, keep: Option<u64>) {
+        let kept = |v: &mut Vec<WireRpc>| v.retain(|w| Some(w.rpc_id.0) == keep);
+        kept(&mut self.wire);
+        kept(&mut self.unwritten);
         for id in std::mem::take(&mut self.dispatcher_in_flight) {
+            if Some(id) == keep {
+                self.dispatcher_in_flight.insert(id);
+                continue;
+            }
             self.counters.rpcs_failed_transport += 1;
             self.end_rpc(id, End::Failure(RpcFailure::Transport));
         }
+    }
+
+    /// The oldest reset released to the wire and not ended.
+    pub(crate) fn oldest_reset_released(&self) -> Option<u64> {
+        self.dispatcher_in_flight
+            .iter()
+            .copied()
+            .find(|id| self.rpcs.get(id).is_some_and(|r| r.asks == Asks::Reset))
     }
 }

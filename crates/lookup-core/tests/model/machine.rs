@@ -43,7 +43,9 @@ impl RefState {
                 });
                 self.probe(slot, prompt, local);
             }
-            Transition::Allocated { slot } | Transition::Preempted { slot } => self.discard(slot),
+            Transition::Allocated { slot } | Transition::Preempted { slot } => {
+                self.discard_point(slot);
+            }
             Transition::Finished { slot } => self.finish(slot),
             Transition::Reset => self.reset(),
             Transition::Close => self.close(),
@@ -82,7 +84,12 @@ impl RefState {
                     None => self.send_failed(id, RpcFailure::Transport),
                 }
             }
-            Transition::Reopen => self.reopen(),
+            Transition::Reopen => self.reopen(None),
+            Transition::DropConnection => self.wire.clear(),
+            Transition::ReplaceConnection { keep_reset } => {
+                let keep = keep_reset.then(|| self.oldest_reset_released()).flatten();
+                self.reopen(keep);
+            }
         }
         self.settle();
     }

@@ -40,8 +40,10 @@ impl RefState {
             first_probe: None,
             last_answer: None,
             lookup: None,
+            failed: false,
         });
-        if record.lookup.is_some() {
+        // Rule 11: a failed request is looked up again by a probe, under the backoff.
+        if record.lookup.is_some() || record.failed {
             return;
         }
         if !eligible {
@@ -76,6 +78,7 @@ impl RefState {
                 first_probe: None,
                 last_answer: None,
                 lookup: None,
+                failed: false,
             });
         }
         let (answer, basis) = self.probe_answer(slot, prompt, num_computed_tokens, cap);
@@ -128,6 +131,7 @@ impl RefState {
         }
         let question = prompt.question(self.settings.shape);
         let lookup = self.record(slot).and_then(|r| r.lookup.clone());
+        let failed = self.record(slot).is_some_and(|r| r.failed);
         if prompt.skip || question.num_hashes == 0 || cap <= num_computed_tokens {
             // Nothing to load whatever the store holds: no RPC. Rule 7 still drops a
             // lookup of another question: its answer can never be used.
@@ -191,6 +195,17 @@ impl RefState {
                 return pending;
             }
             None => {}
+        }
+        if failed {
+            // Rule 11 whatever the prompt is now (it changed, or a probe that needed
+            // nothing dropped the failed lookup): the next lookup is a retry.
+            if self.retrying.is_some() || self.retry_at_ns.is_some_and(|t| self.now_ns < t) {
+                return (ready(0, false), Answer::Unavailable(Unavailable::Retrying));
+            }
+            self.counters.retries_after_failure += 1;
+            let rpc = self.submit(slot, question, false);
+            self.retrying = Some(rpc);
+            return pending;
         }
         self.submit(slot, question, false);
         pending

@@ -72,6 +72,9 @@ pub(crate) struct Record {
     /// What its last `Ready` answer rested on (`Lookups::answer_of`).
     pub(crate) last_answer: Option<Answer>,
     pub(crate) lookup: Option<Lookup>,
+    /// Rule 11: its last lookup failed and it was not allocated, preempted or reset
+    /// since, so its next lookup, whatever its prompt, waits out the failure backoff.
+    pub(crate) failed: bool,
 }
 
 /// A request the scheduler has and has not finished.
@@ -392,6 +395,19 @@ impl RefState {
         }
     }
 
+    /// `on_allocated` and `on_preempted` (rule 8): the lookup goes, and with it a
+    /// failed request's retry (its next lookup is a first one).
+    pub(crate) fn discard_point(&mut self, slot: Slot) {
+        self.discard(slot);
+        self.forget_failure(slot);
+    }
+
+    fn forget_failure(&mut self, slot: Slot) {
+        if let Some(record) = self.record_mut(slot) {
+            record.failed = false;
+        }
+    }
+
     /// `on_finished`: the request and its record are gone.
     pub(crate) fn finish(&mut self, slot: Slot) {
         self.discard(slot);
@@ -407,6 +423,7 @@ impl RefState {
         for slot in 0..self.settings.pool {
             // Every lookup goes at once: nothing is demoted on the way.
             self.detach(slot, false);
+            self.forget_failure(slot);
         }
         for r in self.rpcs.values_mut() {
             r.shareable = false;
@@ -537,6 +554,7 @@ impl RefState {
                     panic!("model bug: subscriber {slot} of rpc {rpc} has lookup {other:?}")
                 }
             }
+            record.failed = answer.is_unavailable();
             record.lookup = Some(Lookup::Done {
                 question,
                 answer,

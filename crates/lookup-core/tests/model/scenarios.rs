@@ -20,7 +20,7 @@ use crate::transitions::{LocalHit, PromptChange, ReplyValue, Transition, WriteFa
 
 /// Async lookup, no prefetch, sharing and priority on, one RPC on the wire at a time,
 /// the spec's TTL and timeout, block size 16 with 8-byte hashes, writes at once.
-fn settings() -> Settings {
+pub(crate) fn settings() -> Settings {
     Settings {
         enable_lookup: true,
         lookup_async: true,
@@ -41,7 +41,7 @@ fn settings() -> Settings {
     }
 }
 
-fn prompt(num_tokens: u32, chain: u8) -> Prompt {
+pub(crate) fn prompt(num_tokens: u32, chain: u8) -> Prompt {
     Prompt {
         num_tokens,
         chain,
@@ -53,7 +53,7 @@ fn prompt(num_tokens: u32, chain: u8) -> Prompt {
 
 /// Runs `transitions` from a fresh state, checking after each step as the property
 /// test does; returns the model's final state.
-fn replay(settings: Settings, transitions: Vec<Transition>) -> RefState {
+pub(crate) fn replay(settings: Settings, transitions: Vec<Transition>) -> RefState {
     let initial = RefState::new(settings);
     let mut state = initial.clone();
     for t in &transitions {
@@ -173,7 +173,7 @@ fn no_reset_rpc_with_lookup_disabled() {
     replay(settings, vec![Transition::Reset]);
 }
 
-fn probe_new(slot: usize, prompt: Prompt) -> Transition {
+pub(crate) fn probe_new(slot: usize, prompt: Prompt) -> Transition {
     Transition::ProbeUnarrived {
         slot,
         prompt,
@@ -181,7 +181,7 @@ fn probe_new(slot: usize, prompt: Prompt) -> Transition {
     }
 }
 
-fn probe_again(slot: usize, local: LocalHit) -> Transition {
+pub(crate) fn probe_again(slot: usize, local: LocalHit) -> Transition {
     Transition::Probe {
         slot,
         change: PromptChange::Same,
@@ -189,7 +189,7 @@ fn probe_again(slot: usize, local: LocalHit) -> Transition {
     }
 }
 
-fn answer_first(value: ReplyValue) -> Transition {
+pub(crate) fn answer_first(value: ReplyValue) -> Transition {
     Transition::Answer {
         wire_index: 0,
         value,
@@ -197,14 +197,14 @@ fn answer_first(value: ReplyValue) -> Transition {
     }
 }
 
-fn ready(external_tokens: u32) -> Option<Probe> {
+pub(crate) fn ready(external_tokens: u32) -> Option<Probe> {
     Some(Probe::Ready {
         external_tokens,
         load_async: external_tokens > 0,
     })
 }
 
-fn wire_ids(state: &RefState) -> Vec<RpcId> {
+pub(crate) fn wire_ids(state: &RefState) -> Vec<RpcId> {
     state.wire.iter().map(|w| w.rpc_id).collect()
 }
 

@@ -273,5 +273,12 @@ pub(crate) fn transition(state: &RefState) -> BoxedStrategy<Transition> {
         .prop_map(|(target, value)| Transition::DeadReply { target, value });
     arms.push((6, s.boxed()));
     arms.push((3, Just(Transition::Reopen).boxed()));
+    arms.push((3, Just(Transition::DropConnection).boxed()));
+    arms.push((
+        3,
+        any::<bool>()
+            .prop_map(|keep_reset| Transition::ReplaceConnection { keep_reset })
+            .boxed(),
+    ));
     Union::new_weighted(arms).boxed()
 }

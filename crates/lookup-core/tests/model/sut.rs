@@ -20,6 +20,7 @@ use crate::reference::{NEVER_ID, RefState};
 use crate::server::{self, Prompt, Shape};
 use crate::settings::Clock;
 use crate::transitions::{DeadTarget, LocalHit, Slot, Transition};
+use crate::watch::Watch;
 
 /// Who may be the subject of a `Command::Send` drained after an input.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +49,8 @@ pub(crate) struct Harness {
     /// Every id released to the wire: an id goes out at most once.
     released: HashSet<RpcId>,
     events: Vec<Event>,
+    /// The reset barrier and the deadlines, checked from what was seen.
+    watch: Watch,
 }
 
 fn request_id(slot: Slot) -> RequestId {
@@ -70,6 +73,7 @@ impl Harness {
             cancelled: HashSet::new(),
             released: HashSet::new(),
             events: Vec::new(),
+            watch: Watch::new(config.timeout()),
         }
     }
 
@@ -97,6 +101,7 @@ impl Harness {
                 match &command {
                     Command::Send { rpc_id, body, .. } => {
                         sends += 1;
+                        self.watch.created(*rpc_id, body);
                         assert_eq!(sends, 1, "one input created more than one RPC");
                         assert!(!self.lookups.is_closed(), "rule 14: a Send after close");
                         match (asker, body) {
@@ -123,6 +128,7 @@ impl Harness {
             }
             while let Some((event, ())) = self.dispatcher.poll_event() {
                 progressed = true;
+                self.watch.ended(&event);
                 self.lookups.handle_wire_event(event);
             }
             while let Some(event) = self.lookups.poll_event() {
@@ -146,6 +152,7 @@ impl Harness {
                     "{} released twice",
                     out.rpc_id
                 );
+                self.watch.released(out.rpc_id, &out.body, self.now());
                 if self.deferred_writes {
                     self.unwritten.push(out);
                 } else {
@@ -166,8 +173,15 @@ impl Harness {
         }
     }
 
-    fn deliver_reply(&mut self, rpc_id: RpcId, reply: Reply) {
-        let _applied = self.dispatcher.handle_reply(rpc_id, reply, self.now());
+    /// A reply reaches the dispatcher; `body` is what the server was asked (`None`
+    /// for a reply to an id it was never sent).
+    fn deliver_reply(&mut self, rpc_id: RpcId, body: Option<&RpcBody>, reply: Reply) {
+        let applied = self
+            .dispatcher
+            .handle_reply(rpc_id, reply.clone(), self.now());
+        if let Some(body) = body {
+            self.watch.answered(rpc_id, body, &reply, applied);
+        }
     }
 
     fn send_failed(&mut self, rpc_id: RpcId, failure: RpcFailure) {
@@ -265,6 +279,7 @@ impl Harness {
                 self.lookups.close();
                 // The I/O task ends with the client (rule 14), and its unwritten RPCs.
                 self.dispatcher.close();
+                self.watch.closed();
                 self.unwritten.clear();
                 Asker::Nobody
             }
@@ -291,9 +306,9 @@ impl Harness {
                 Asker::Nobody
             }
             Transition::EarlyReply { index, value } => {
-                let out = &self.unwritten[index];
-                let (rpc_id, reply) = (out.rpc_id, server::reply(shape, value, Some(&out.body)));
-                self.deliver_reply(rpc_id, reply);
+                let out = self.unwritten[index].clone();
+                let reply = server::reply(shape, value, Some(&out.body));
+                self.deliver_reply(out.rpc_id, Some(&out.body), reply);
                 Asker::Nobody
             }
             Transition::Answer {
@@ -307,7 +322,7 @@ impl Harness {
                     self.wire.remove(wire_index)
                 };
                 let reply = server::reply(shape, value, Some(&out.body));
-                self.deliver_reply(out.rpc_id, reply);
+                self.deliver_reply(out.rpc_id, Some(&out.body), reply);
                 Asker::Nobody
             }
             Transition::TransportError { wire_index } => {
@@ -322,20 +337,42 @@ impl Harness {
             Transition::DeadReply { target, value } => {
                 let rpc_id = Self::dead_id(state, target);
                 match value {
-                    Some(v) => self.deliver_reply(rpc_id, server::reply(shape, v, None)),
+                    Some(v) => self.deliver_reply(rpc_id, None, server::reply(shape, v, None)),
                     None => self.send_failed(rpc_id, RpcFailure::Transport),
                 }
                 Asker::Nobody
             }
             Transition::Reopen => {
+                self.replace_connection(None);
+                Asker::Nobody
+            }
+            Transition::DropConnection => {
                 self.wire.clear();
-                self.unwritten.clear();
-                let _failed = self.dispatcher.fail_on_wire(None, self.now());
+                Asker::Nobody
+            }
+            Transition::ReplaceConnection { keep_reset } => {
+                self.watch.server_replaced();
+                let keep = if keep_reset {
+                    self.watch.oldest_open_reset()
+                } else {
+                    None
+                };
+                self.replace_connection(keep);
                 Asker::Nobody
             }
         };
         self.settle(asker);
         assert_eq!(self.events, state.expected.events, "events");
+        self.watch.events(&self.events);
+        self.watch.check_deadlines(self.now());
+    }
+
+    /// The driver drops its connection and opens a new one: what it wrote and had not
+    /// written goes with the old one, except `keep` (a reset it writes again).
+    fn replace_connection(&mut self, keep: Option<RpcId>) {
+        self.wire.retain(|o| Some(o.rpc_id) == keep);
+        self.unwritten.retain(|o| Some(o.rpc_id) == keep);
+        let _failed = self.dispatcher.fail_on_wire(keep, self.now());
     }
 
     fn check(&self, state: &RefState) {

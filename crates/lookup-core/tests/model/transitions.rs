@@ -77,6 +77,17 @@ pub(crate) enum Transition {
     /// The driver reopens its socket: every RPC on the wire fails (transport) and none
     /// of their replies will come (rule 17); unwritten ones are dropped with it.
     Reopen,
+    /// The connection drops without the driver seeing it (the peer vanished and
+    /// ZeroMQ reconnects on its own): every RPC written on it is lost, and only its
+    /// timeout ends it (rule 17); RPCs released and not yet written go out on the new
+    /// connection.
+    DropConnection,
+    /// The server behind the address was replaced by a fresh one (a restart), and the
+    /// driver replaced its connection: every RPC on the old one fails (transport), as
+    /// at [`Reopen`](Self::Reopen), except, with `keep_reset`, the oldest reset on it,
+    /// which goes on the new connection (the I/O task's reopen for a reset,
+    /// `fail_on_wire(Some(reset))`). The new server's store starts empty.
+    ReplaceConnection { keep_reset: bool },
 }
 
 /// How a probe's (or a repeated arrival's) prompt relates to the request's current one.
