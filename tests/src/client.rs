@@ -152,6 +152,11 @@ struct State {
     paused: AtomicBool,
     reverse: AtomicBool,
     release: Notify,
+    /// While true, reset replies are held until `release_resets`.
+    resets_paused: AtomicBool,
+    release_resets: Notify,
+    /// Lookups received while a reset's reply was held (rule 13: none).
+    lookups_beside_reset: AtomicU64,
 }
 
 /// A scriptable lookup server: a ROUTER bound to an endpoint, answering each lookup
@@ -175,6 +180,9 @@ impl FakeServer {
             paused: AtomicBool::new(false),
             reverse: AtomicBool::new(false),
             release: Notify::new(),
+            resets_paused: AtomicBool::new(false),
+            release_resets: Notify::new(),
+            lookups_beside_reset: AtomicU64::new(0),
         });
         let serving = Arc::clone(&state);
         let served = Served::bind(endpoint, "fake server", move |socket, cancel| {
@@ -213,6 +221,23 @@ impl FakeServer {
         self.state.release.notify_one();
     }
 
+    /// Holds reset replies from now on, until [`release_resets`](Self::release_resets).
+    pub fn pause_resets(&self) {
+        self.state.resets_paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Sends the held reset replies and stops holding them.
+    pub fn release_resets(&self) {
+        self.state.resets_paused.store(false, Ordering::SeqCst);
+        self.state.release_resets.notify_one();
+    }
+
+    /// Lookups received while a reset's reply was held: a client whose reset is a
+    /// barrier (`spec/behaviour.md` rule 13) sends none.
+    pub fn lookups_beside_reset(&self) -> u64 {
+        self.state.lookups_beside_reset.load(Ordering::SeqCst)
+    }
+
     /// Lookups received so far.
     pub fn lookups(&self) -> u64 {
         self.state.lookups.load(Ordering::SeqCst)
@@ -241,10 +266,16 @@ impl FakeServer {
 
 async fn serve(mut socket: tmq::router::Router, state: Arc<State>, cancel: CancellationToken) {
     let mut held: Vec<Vec<Bytes>> = Vec::new();
+    let mut held_resets: Vec<Vec<Bytes>> = Vec::new();
     loop {
         tokio::select! {
             biased;
             () = cancel.cancelled() => break,
+            () = state.release_resets.notified() => {
+                for reply in held_resets.drain(..) {
+                    send(&mut socket, reply).await;
+                }
+            }
             () = state.release.notified() => {
                 if state.reverse.load(Ordering::SeqCst) {
                     held.reverse();
@@ -262,6 +293,9 @@ async fn serve(mut socket: tmq::router::Router, state: Arc<State>, cancel: Cance
                 let answer = match wire::decode_request(body) {
                     ServerRequest::Lookup { format, num_tokens, block_hashes } => {
                         state.lookups.fetch_add(1, Ordering::SeqCst);
+                        if !held_resets.is_empty() {
+                            state.lookups_beside_reset.fetch_add(1, Ordering::SeqCst);
+                        }
                         state.seen.lock().expect("lock").push(Seen::Lookup { format, num_tokens, block_hashes: block_hashes.clone() });
                         match (state.handler)(format, num_tokens, &block_hashes) {
                             Answer::Hit(hit_tokens) => Some(vec![wire::encode_lookup_reply(format, &LookupReply { hit_tokens, boundaries: vec![] })]),
@@ -280,7 +314,11 @@ async fn serve(mut socket: tmq::router::Router, state: Arc<State>, cancel: Cance
                         state.resets.fetch_add(1, Ordering::SeqCst);
                         state.seen.lock().expect("lock").push(Seen::Reset);
                         let reply: Vec<Bytes> = envelope.iter().cloned().chain([wire::encode_reset_reply(true)]).collect();
-                        send(&mut socket, reply).await;
+                        if state.resets_paused.load(Ordering::SeqCst) {
+                            held_resets.push(reply);
+                        } else {
+                            send(&mut socket, reply).await;
+                        }
                         continue;
                     }
                     _ => {

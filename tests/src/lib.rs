@@ -10,6 +10,8 @@
 //!   call-timing harness, a server in a child process, process readers (the fault,
 //!   load and server-fuzz tests);
 //! - [`fuzz`]: bounded input strategies and reference decoders (the fuzz tests);
+//! - [`flood`]: a hostile-input flood of a server over real ZeroMQ (the memory test
+//!   of the `lookup-server` program);
 //! - [`mooncake`]: a real Mooncake master and a real Python store client;
 //! - [`metrics`]: scraping a Prometheus exposition, one raw exchange with a server;
 //! - [`logs`]: the log lines a user reads, captured for exact assertions;
@@ -27,6 +29,7 @@ use std::process::Child;
 pub mod client;
 pub mod direct;
 pub mod fault;
+pub mod flood;
 pub mod fuzz;
 pub mod logs;
 pub mod metrics;

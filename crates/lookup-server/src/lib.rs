@@ -41,7 +41,10 @@ pub mod metrics;
 mod serve;
 mod stats;
 
-pub use config::{DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, ServerConfig};
+pub use config::{
+    DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_HASHES,
+    DEFAULT_MAX_PENDING_BYTES, DEFAULT_RECV_HWM, ServerConfig,
+};
 pub use error::Error;
 pub use index::{
     BlockIndex, DelayedIndex, InMemoryIndex, IndexError, IndexFuture, IndexStats, LeadingRun,

@@ -1,11 +1,15 @@
 //! [`LookupServer`]: the bound ROUTER socket, its task, and the answer to each
-//! message (`spec/wire.md`, "What the server computes").
+//! message (`spec/wire.md`, "What the server computes"). The task bounds what it
+//! holds: `max_concurrency` requests and `max_pending_bytes` of them, after which it
+//! stops reading and ZeroMQ (`recv_hwm` messages per peer, `max_frame_bytes` a
+//! frame) and then TCP hold the rest in the peers (RELIABILITY.md, "Security").
 
 use std::fs;
 use std::io;
 use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -115,6 +119,7 @@ impl LookupServer {
             tmq::router(&context)
                 .set_linger(0)
                 .set_maxmsgsize(max_frame_bytes)
+                .set_rcvhwm(i32::try_from(config.recv_hwm).unwrap_or(i32::MAX))
                 .set_ipv6(ipv6)
                 .bind(&bind_url)?
         };
@@ -145,13 +150,11 @@ impl LookupServer {
             metrics: crate::metrics::ServerMetrics::new(),
         });
         let (stop, stopped) = oneshot::channel();
-        let task = runtime.spawn(serve(
-            socket,
-            shared,
-            config.max_concurrency,
-            stopped,
-            ipc_file,
-        ));
+        let limits = Limits {
+            max_concurrency: config.max_concurrency,
+            max_pending_bytes: config.max_pending_bytes,
+        };
+        let task = runtime.spawn(serve(socket, shared, limits, stopped, ipc_file));
         tracing::info!(local = %local, block_size = config.block_size, "lookup server bound");
         Ok(Self {
             local,
@@ -198,31 +201,53 @@ impl Drop for LookupServer {
     }
 }
 
+/// What the socket task holds at most before it stops reading
+/// ([`ServerConfig::max_concurrency`], [`ServerConfig::max_pending_bytes`]).
+struct Limits {
+    max_concurrency: usize,
+    max_pending_bytes: usize,
+}
+
+/// A request's reply, once computed, with the bytes its request held meanwhile.
+type Pending = BoxFuture<'static, (Multipart, usize)>;
+
 /// The socket task: reads requests, answers cheap ones at once, keeps index calls in
-/// flight up to `max_concurrency`, and writes replies as they complete.
+/// flight up to `max_concurrency` and `max_pending_bytes`, and writes replies as they
+/// complete.
 async fn serve(
     mut socket: tmq::router::Router,
     shared: Arc<Shared>,
-    max_concurrency: usize,
+    limits: Limits,
     mut stopped: oneshot::Receiver<()>,
     ipc_file: Option<IpcFile>,
 ) {
-    let mut pending: FuturesUnordered<BoxFuture<'static, Multipart>> = FuturesUnordered::new();
+    let mut pending: FuturesUnordered<Pending> = FuturesUnordered::new();
+    let mut held = 0usize;
     loop {
+        let room = pending.len() < limits.max_concurrency && held < limits.max_pending_bytes;
         tokio::select! {
             biased;
             _ = &mut stopped => break,
-            Some(reply) = pending.next(), if !pending.is_empty() => {
+            Some((reply, bytes)) = pending.next(), if !pending.is_empty() => {
+                held -= bytes;
                 send(&mut socket, &shared.counters, reply).await;
             }
-            received = socket.next(), if pending.len() < max_concurrency => match received {
+            received = socket.next(), if room => match received {
                 Some(Ok(message)) => {
-                    if let Some(mut answer) = handle(&shared, message) {
+                    if let Some((mut answer, bytes)) = handle(&shared, message) {
                         // An index that answers without waiting (the in-memory one)
                         // is answered on the spot, without a trip through the queue.
                         match (&mut answer).now_or_never() {
                             Some(reply) => send(&mut socket, &shared.counters, reply).await,
-                            None => pending.push(answer),
+                            None => {
+                                held += bytes;
+                                let peak = &shared.counters.pending_bytes_peak;
+                                peak.fetch_max(held as u64, Ordering::Relaxed);
+                                if held >= limits.max_pending_bytes {
+                                    bump(&shared.counters.input_pauses, 1);
+                                }
+                                pending.push(answer.map(move |reply| (reply, bytes)).boxed());
+                            }
                         }
                     }
                 }
@@ -270,12 +295,17 @@ impl AsRef<[u8]> for Frame {
     }
 }
 
-/// Classifies one received message; returns the future of its reply, or `None` when
-/// it is dropped.
-fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static, Multipart>> {
+/// Classifies one received message; returns the future of its reply with the bytes
+/// it holds until answered (its frames, and for a lookup the store keys it builds),
+/// or `None` when it is dropped.
+fn handle(
+    shared: &Arc<Shared>,
+    message: Multipart,
+) -> Option<(BoxFuture<'static, Multipart>, usize)> {
     let counters = &shared.counters;
     bump(&counters.requests, 1);
     let mut frames = message.0;
+    let frame_bytes: usize = frames.iter().map(|f| f.len()).sum();
     // [identity, envelope..., "", body...]: the delimiter is the first empty frame
     // after the identity ROUTER prepends. Envelope frames are never empty.
     let Some(delimiter) = frames
@@ -310,8 +340,9 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
             block_hashes,
         } => {
             bump(&counters.lookups, 1);
+            let held = frame_bytes + key_bytes(shared, num_tokens, &block_hashes);
             let shared = Arc::clone(shared);
-            Some(
+            Some((
                 async move {
                     let hit = answer_lookup(&shared, num_tokens, &block_hashes).await;
                     let reply = LookupReply {
@@ -324,12 +355,13 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
                     routing
                 }
                 .boxed(),
-            )
+                held,
+            ))
         }
         ServerRequest::Reset => {
             bump(&counters.resets, 1);
             let shared = Arc::clone(shared);
-            Some(
+            Some((
                 async move {
                     let ok = match AssertUnwindSafe(async { shared.index.clear().await })
                         .catch_unwind()
@@ -353,7 +385,8 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
                     routing
                 }
                 .boxed(),
-            )
+                frame_bytes,
+            ))
         }
         ServerRequest::Malformed { format, error } => {
             let n = bump(&counters.decode_errors, 1);
@@ -362,7 +395,7 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
             }
             let reply = wire::encode_lookup_reply(format, &LookupReply::default());
             routing.push_back(Message::from(reply.as_ref()));
-            Some(std::future::ready(routing).boxed())
+            Some((std::future::ready(routing).boxed(), frame_bytes))
         }
         ServerRequest::Unknown => {
             let n = bump(&counters.unknown_tags, 1);
@@ -374,9 +407,29 @@ fn handle(shared: &Arc<Shared>, message: Multipart) -> Option<BoxFuture<'static,
                 );
             }
             routing.push_back(Message::from(wire::unknown_tag_reply().as_ref()));
-            Some(std::future::ready(routing).boxed())
+            Some((std::future::ready(routing).boxed(), frame_bytes))
         }
     }
+}
+
+/// The bytes of the store keys [`answer_lookup`] builds for a lookup: one `String`
+/// per block in question and namespace.
+fn key_bytes(shared: &Shared, num_tokens: u32, block_hashes: &BlockHashes) -> usize {
+    let blocks = blocks_to_check(
+        num_tokens,
+        shared.block_size,
+        shared.layout.blocks_of(block_hashes.len()),
+    );
+    let Some(hash) = block_hashes.iter().next() else {
+        return 0;
+    };
+    let per_block: usize = shared
+        .layout
+        .block_keys(hash)
+        .iter()
+        .map(|k| k.len() + size_of::<String>())
+        .sum();
+    blocks.saturating_mul(per_block)
 }
 
 /// Hit tokens of one well-formed lookup (`spec/wire.md`, "What the server computes"):

@@ -36,6 +36,14 @@ pub struct ServerStats {
     pub replies: u64,
     /// Receive or send errors of the socket.
     pub socket_errors: u64,
+    /// Times the server stopped reading its socket because the bytes held for
+    /// unanswered requests reached
+    /// [`ServerConfig::max_pending_bytes`](crate::ServerConfig::max_pending_bytes).
+    pub input_pauses: u64,
+    /// The most bytes held for unanswered requests at once (frames and store keys,
+    /// as [`ServerConfig::max_pending_bytes`](crate::ServerConfig::max_pending_bytes)
+    /// counts them).
+    pub pending_bytes_peak: u64,
 }
 
 /// The live counters behind [`ServerStats`], one atomic per field of the same name,
@@ -55,6 +63,8 @@ pub(crate) struct ServerCounters {
     pub(crate) reset_failures: AtomicU64,
     pub(crate) replies: AtomicU64,
     pub(crate) socket_errors: AtomicU64,
+    pub(crate) input_pauses: AtomicU64,
+    pub(crate) pending_bytes_peak: AtomicU64,
 }
 
 /// Adds `n` and returns the new value.
@@ -84,6 +94,8 @@ impl ServerCounters {
             reset_failures: get(&self.reset_failures),
             replies: get(&self.replies),
             socket_errors: get(&self.socket_errors),
+            input_pauses: get(&self.input_pauses),
+            pending_bytes_peak: get(&self.pending_bytes_peak),
         }
     }
 }

@@ -238,6 +238,43 @@ async fn finish_while_queued_and_in_flight() {
     server.stop().await;
 }
 
+/// Rule 13: with 4 lookups allowed on the wire, a lookup submitted right after
+/// `reset()` does not go out beside the reset: the server sees it only after it
+/// answered the reset (the window of 100 ms while the reset's reply is held is where a
+/// lookup beside it would arrive; before the barrier it came within a millisecond).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_after_reset_waits_for_the_reset_with_4_in_flight() {
+    let dir = TempDir::new("barrier");
+    let endpoint = dir.ipc("lookup.sock");
+    let server = FakeServer::reference(&endpoint, B, &[1, 2]);
+    server.pause_resets();
+    let mut client = LookupClient::connect(async_config(&endpoint, 0, 4)).expect("connect");
+    let reset = client.reset().expect("open");
+    let req = request(1, 48, &[1, 2, 3]);
+    assert_eq!(client.probe(&req, 0), Probe::Pending);
+    until(LIMIT, "the reset reached the server", || {
+        server.resets() == 1
+    })
+    .await;
+    client.wait_progress(Duration::from_millis(100)).await;
+    assert_eq!(server.lookups(), 0, "a lookup went out beside the reset");
+    server.release_resets();
+    assert_eq!(probe_ready(&mut client, &req, 0).await, ready(32));
+    let events: Vec<Event> = std::iter::from_fn(|| client.poll_event()).collect();
+    assert!(
+        events.contains(&Event::ResetDone {
+            rpc_id: reset,
+            outcome: ResetOutcome::Ok
+        }),
+        "{events:?}"
+    );
+    assert_eq!(server.lookups_beside_reset(), 0);
+    assert_eq!(server.seen().len(), 2);
+    assert_eq!(server.seen()[0], Seen::Reset);
+    client.close();
+    server.stop().await;
+}
+
 /// Scenario 8: preempt drops the lookup; reset drops everything and sends exactly one
 /// reset RPC, which reports ok; afterwards lookups work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

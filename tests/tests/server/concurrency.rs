@@ -127,6 +127,45 @@ async fn max_concurrency_one_answers_in_turn() {
     server.shutdown().await;
 }
 
+/// `max_pending_bytes`: once the requests held unanswered reach the cap, the server
+/// reads nothing more until one is answered (like `max_concurrency`); a request held
+/// counts its frames as received (ZeroMQ's 5-byte routing id, the envelope, the
+/// delimiter, the body) and the store keys it builds.
+#[tokio::test]
+async fn max_pending_bytes_stops_reading_until_a_reply_goes_out() {
+    let layout = KeyLayout::new("m");
+    let index = Arc::new(GateIndex::new(key(&layout, 0, 666)));
+    store(&index.inner, &layout, &[1, 2, 666]);
+    let mut config = ServerConfig::new(B, layout.clone());
+    config.max_pending_bytes = 1;
+    let (server, _dir) = start_with(Transport::Ipc, config, index.clone());
+    let mut dealer = DealerClient::connect(&tmq::Context::new(), server.local_endpoint());
+
+    let held = lookup(TB, 33, B, &[666, 9]);
+    dealer.send_id(1, &held).await;
+    index.gated_arrived.notified().await;
+    dealer.send_id(2, &lookup(TB, 33, B, &[1, 2])).await;
+    // Not an assertion on time: request 2 must never be read while 1 is held; the
+    // wait only bounds how long the test looks for a wrong reply.
+    assert_eq!(dealer.recv_within(Duration::from_millis(200)).await, None);
+    let stats = server.stats();
+    assert_eq!((stats.requests, stats.input_pauses), (1, 1));
+    let body: usize = held.iter().map(|f| f.len()).sum();
+    let key_len = key(&layout, 0, 666).len() + size_of::<String>();
+    assert_eq!(
+        stats.pending_bytes_peak,
+        (5 + 8 + body + 2 * key_len) as u64
+    );
+
+    index.open();
+    let (first, reply) = dealer.recv_id().await;
+    assert_eq!((first, hit(TB, &reply)), (1, 16));
+    let (second, reply) = dealer.recv_id().await;
+    assert_eq!((second, hit(TB, &reply)), (2, 32));
+    assert_eq!(server.stats().requests, 2);
+    server.shutdown().await;
+}
+
 /// A 50 ms index and 64 DEALER requests in flight: every one is answered once, with
 /// the right hit, and the index was asked once per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

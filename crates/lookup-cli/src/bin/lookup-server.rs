@@ -43,8 +43,9 @@ use std::time::Duration;
 use clap::Parser;
 use lookup_server::mooncake_master::MasterConfig;
 use lookup_server::{
-    BlockIndex, DEFAULT_MAX_CONCURRENCY, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout,
-    LookupServer, MooncakeIndex, RankNamespace, ResetPolicy, ServerConfig,
+    BlockIndex, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_RECV_HWM, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout, LookupServer,
+    MooncakeIndex, RankNamespace, ResetPolicy, ServerConfig,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -157,6 +158,24 @@ struct Args {
     /// Requests answered at once.
     #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENCY)]
     max_concurrency: usize,
+    /// Largest frame accepted, in bytes (ZeroMQ's ZMQ_MAXMSGSIZE): a peer that sends
+    /// a bigger one is disconnected at its header. The default holds 16,384 sha256
+    /// block hashes in msgpack-hex (262,144 tokens at block size 16); raise it for
+    /// longer prompts.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_FRAME_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_frame_bytes: usize,
+    /// Bytes held for requests read and not yet answered, across all peers (their
+    /// frames and the store keys built from them): at the cap the server stops
+    /// reading until replies go out.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_PENDING_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_pending_bytes: usize,
+    /// Complete messages ZeroMQ queues per peer before the server reads them
+    /// (ZMQ_RCVHWM; ZeroMQ's own default is 1000).
+    #[arg(long, value_name = "MESSAGES", default_value_t = DEFAULT_RECV_HWM,
+          value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+    recv_hwm: u32,
     /// Allow a TCP bind to a non-loopback address (the channel has no authentication).
     #[arg(long)]
     allow_remote: bool,
@@ -371,6 +390,9 @@ async fn run(args: Args) -> Result<(), String> {
 
     let mut config = ServerConfig::new(args.block_size, layout);
     config.max_concurrency = args.max_concurrency;
+    config.max_frame_bytes = args.max_frame_bytes;
+    config.max_pending_bytes = args.max_pending_bytes;
+    config.recv_hwm = args.recv_hwm;
     config.allow_remote = args.allow_remote;
     config.take_over = args.take_over;
     let server = LookupServer::bind(&endpoint, config, index).map_err(|e| e.to_string())?;

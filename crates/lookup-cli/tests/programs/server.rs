@@ -44,7 +44,7 @@ fn chain(first: u64, n: u64) -> Vec<u64> {
 }
 
 /// The program's first stdout line: the endpoint it bound, printed once bound.
-async fn first_line(child: &mut lookup_tests::KilledOnDrop) -> String {
+pub(crate) async fn first_line(child: &mut lookup_tests::KilledOnDrop) -> String {
     let stdout = child.0.stdout.take().expect("piped stdout");
     let line = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
