@@ -133,13 +133,40 @@ impl CacheUse {
     }
 }
 
+/// The plan's counts already added to the coalescer's counters.
+#[derive(Default)]
+struct Tally {
+    wanted: u64,
+    asked: u64,
+    assumed: u64,
+}
+
+impl Tally {
+    /// Adds what the plan counted since the last call, so that the counters are
+    /// current before an answer is handed out.
+    fn publish(&mut self, shared: &Shared, plan: &LeadingRuns) {
+        let c = &shared.counters;
+        let (wanted, asked, assumed) = (
+            plan.keys_wanted() + plan.keys_assumed(),
+            plan.keys_asked(),
+            plan.keys_assumed(),
+        );
+        add(&c.keys_wanted, wanted - self.wanted);
+        add(&c.keys_asked, asked - self.asked);
+        add(&c.keys_from_cache, assumed - self.assumed);
+        (self.wanted, self.asked, self.assumed) = (wanted, asked, assumed);
+    }
+}
+
 /// Hands out every answer the plan knows now.
 fn answer_finished(
     shared: &Shared,
     plan: &mut LeadingRuns,
     answers: &mut [Option<oneshot::Sender<Answer>>],
     cache: &CacheUse,
+    tally: &mut Tally,
 ) {
+    tally.publish(shared, plan);
     for (i, result, cached) in plan.take_finished() {
         let result = if cached && !cache.holds(shared.master.epoch()) {
             Err(epoch_ended(shared))
@@ -147,6 +174,7 @@ fn answer_finished(
             result
         };
         if let Some(answer) = answers[i].take() {
+            add(&shared.counters.lookups, 1);
             // A receiver dropped meanwhile (its lookup cancelled or timed out): nobody
             // waits.
             let _ = answer.send(result);
@@ -165,6 +193,8 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
         answers.push(Some(waiting.answer));
     }
     let mut cache = CacheUse::default();
+    let mut tally = Tally::default();
+    add(&shared.counters.batches, 1);
     loop {
         // This round's send time and epoch: the cache is checked against them.
         let sent = Instant::now().into_std();
@@ -186,7 +216,7 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
         } else {
             plan.next_round(&mut |_| false)
         };
-        answer_finished(shared, &mut plan, &mut answers, &cache);
+        answer_finished(shared, &mut plan, &mut answers, &cache, &mut tally);
         let Some(calls) = calls else { break };
         let replies = futures::future::join_all(
             calls
@@ -242,15 +272,11 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
             }
         }
     }
-    let c = &shared.counters;
-    add(&c.batches, 1);
-    add(&c.lookups, answers.len() as u64);
-    add(&c.keys_wanted, plan.keys_wanted() + plan.keys_assumed());
-    add(&c.keys_asked, plan.keys_asked());
-    add(&c.keys_from_cache, plan.keys_assumed());
+    tally.publish(shared, &plan);
     // Every lookup was answered in the loop; a plan left open answers unavailable.
     for (answer, result) in answers.into_iter().zip(plan.into_results()) {
         if let Some(answer) = answer {
+            add(&shared.counters.lookups, 1);
             let _ = answer.send(result);
         }
     }
