@@ -425,3 +425,71 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
     client.close();
 }
+
+/// A real master killed and restarted empty at the same address: a direct client with
+/// the presence cache on never answers "present" from the old master's cache. (Before
+/// connection epochs, a fully cached lookup made no call, so it never noticed: every
+/// answer after the restart was the old hit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_at_the_same_address_ends_the_presence_cache_mooncake_master() {
+    let layout = layout("Qwen/Qwen3-8B", 1);
+    let mut master = Master::start();
+    let mut writer = Writer::start(&master);
+    let ids: Vec<u64> = (1..=6).collect();
+    let stored: Vec<String> = ids
+        .iter()
+        .flat_map(|id| layout.block_keys(&id.to_be_bytes()))
+        .collect();
+    writer.put(&stored);
+    let mut batch = BatchConfig::default();
+    batch.presence.enabled = true;
+    let mut client = LookupClient::connect(direct(&master, &layout, batch, 1024)).expect("client");
+    let mut next_id = 0u64;
+    let mut ask = || {
+        next_id += 1;
+        request(next_id, 6 * B + 1, &ids)
+    };
+    // Until the answers come from the cache alone (the lease is read first).
+    for _ in 0..100 {
+        let req = ask();
+        assert_eq!(client.probe_wait(&req, 0).await, ready(6 * B));
+        client.on_finished(req.request_id);
+        if client.batch_stats().expect("connected").keys_from_cache >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let calls = client.stats().master.expect("connected").batch_exist_calls;
+    let req = ask();
+    assert_eq!(client.probe_wait(&req, 0).await, ready(6 * B));
+    client.on_finished(req.request_id);
+    assert_eq!(
+        client.stats().master.expect("connected").batch_exist_calls,
+        calls,
+        "a fully cached lookup makes no call"
+    );
+
+    let port = master.rpc_port();
+    drop(writer);
+    master.stop();
+    let master = Master::start_on(port);
+    // Every answer after the restart is unavailable or the new, empty store's miss.
+    let mut misses = 0;
+    for _ in 0..200 {
+        let req = ask();
+        assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+        match client.answer_of(req.request_id) {
+            Some(lookup_core::Answer::Miss) => misses += 1,
+            Some(lookup_core::Answer::Unavailable(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        client.on_finished(req.request_id);
+        if misses == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(misses, 3, "the restarted master answered");
+    drop(master);
+    client.close();
+}
