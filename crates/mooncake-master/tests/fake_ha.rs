@@ -319,10 +319,14 @@ async fn a_leader_change_drops_the_presence_cache() {
         Duration::from_secs(10),
         Duration::ZERO,
     );
+    // Nothing is cached before this connection's lease is known (here: A cannot
+    // report it, so the configured one applies once the read failed).
+    assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 4);
+    tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 4);
     assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 4);
     let s = coalescer.stats();
-    assert_eq!((s.keys_asked, s.keys_from_cache, s.cache_drops), (4, 4, 0));
+    assert_eq!((s.keys_asked, s.keys_from_cache, s.cache_drops), (8, 4, 0));
 
     // B is elected while A still runs: the client moves on its next view read.
     etcd.set(View::Leader(b.addr.clone(), 7));
@@ -333,7 +337,10 @@ async fn a_leader_change_drops_the_presence_cache() {
     }
     assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 2);
     let s = coalescer.stats();
-    assert_eq!((s.keys_asked, s.keys_from_cache, s.cache_drops), (8, 4, 1));
+    assert_eq!((s.keys_asked, s.keys_from_cache, s.cache_drops), (12, 4, 1));
+    // B's lease is read on its connection first: its answers are cached after that.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 2);
     assert_eq!(coalescer.cached_keys(), 2);
 }
 
@@ -390,6 +397,75 @@ async fn no_leader_fails_fast_until_one_is_elected() {
     let (run, _) = first_answer(&client, Duration::from_secs(3)).await;
     assert_eq!(run, 3);
     assert_eq!(client.stats().leader_changes, 1);
+}
+
+/// etcd replaced or restored: the live leader's view has a lower version than the
+/// dead one's. Once the leader in use is unreachable, the view etcd holds now is
+/// followed, whatever its version.
+#[tokio::test]
+async fn an_older_view_is_followed_once_the_leader_is_unreachable() {
+    let a = Master::start(&["k0", "k1", "k2", "k3"]).await;
+    let b = Master::start(&["k0"]).await;
+    let etcd = Etcd::start(View::Leader(a.addr.clone(), 9)).await;
+    let client = MasterClient::connect(format!("etcd://{}", etcd.addr), config())
+        .await
+        .unwrap();
+    assert_eq!(client.leading_run(&keys(4)).await.unwrap(), 4);
+    etcd.set(View::Leader(b.addr.clone(), 2));
+    a.kill();
+    let (run, _) = first_answer(&client, Duration::from_secs(3)).await;
+    assert_eq!(run, 1, "B answers");
+    let leader = client.leader().unwrap();
+    assert_eq!(
+        (leader.leader.to_string(), leader.version),
+        (b.addr.clone(), 2)
+    );
+    assert_eq!(client.stats().leader_changes, 1);
+}
+
+/// A leader whose key is gone from etcd is no longer trusted: its live connection is
+/// dropped at the next view read (its presence cache with it), calls fail fast as
+/// unavailable, and the same leader is used again once etcd names it.
+#[tokio::test]
+async fn a_leader_whose_key_is_gone_is_dropped() {
+    let a = Master::start(&["k0", "k1", "k2", "k3"]).await;
+    let etcd = Etcd::start(View::Leader(a.addr.clone(), 4)).await;
+    let client = MasterClient::connect(format!("etcd://{}", etcd.addr), config())
+        .await
+        .unwrap();
+    let mut batch = BatchConfig::default();
+    batch.presence.enabled = true;
+    let coalescer = Coalescer::new(
+        client.clone(),
+        batch,
+        Duration::from_secs(10),
+        Duration::ZERO,
+    );
+    for _ in 0..3 {
+        assert_eq!(coalescer.leading_blocks_flat(keys(4), 1).await.unwrap(), 4);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(coalescer.cached_keys(), 4);
+    // A still runs and answers, but etcd no longer names it.
+    etcd.set(View::Absent);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while client.is_connected() {
+        assert!(
+            Instant::now() < deadline,
+            "still trusting the deposed leader"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer = coalescer.leading_blocks_flat(keys(4), 1).await;
+    assert!(
+        matches!(&answer, Err(MasterError::Unavailable { last_error, .. }) if last_error.contains("no leader elected")),
+        "{answer:?}"
+    );
+    assert_eq!(coalescer.cached_keys(), 0);
+    etcd.set(View::Leader(a.addr.clone(), 4));
+    let (run, _) = first_answer(&client, Duration::from_secs(3)).await;
+    assert_eq!(run, 4);
+    assert_eq!(client.stats().leader_changes, 0);
 }
 
 #[tokio::test]

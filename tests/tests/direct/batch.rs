@@ -13,7 +13,7 @@ use lookup_core::answer::hit_tokens;
 use lookup_core::{BlockHashes, Probe};
 use lookup_tests::direct::request;
 use lookup_tests::mooncake::{Master, Writer};
-use lookup_tokio::mooncake_master::batch::DEFAULT_LEASE_TTL;
+use lookup_tokio::mooncake_master::batch::{DEFAULT_LEASE_TTL, LeaseSource};
 use lookup_tokio::mooncake_master::{BatchConfig, Coalescer, MasterClient, MasterConfig};
 use lookup_tokio::{ClientConfig, DirectConfig, KeyLayout, LookupClient, RankNamespace};
 use rand::{RngExt, SeedableRng};
@@ -331,7 +331,7 @@ async fn a_batched_direct_client_answers_bursts_as_an_unbatched_one_mooncake_mas
 }
 
 /// The presence cache asks only for the unknown tail (exact key counts), and is
-/// dropped on a reset and when the master cannot be reached.
+/// dropped on a reset and when the master's connection ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     let layout = layout("Qwen/Qwen3-8B", 2);
@@ -354,11 +354,22 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     let first = request(1, 6 * B + 1, &ids[..6]);
     assert_eq!(client.probe_wait(&first, 0).await, ready(6 * B));
     assert_eq!(keys_asked(&mut client), 12);
+    // Nothing is cached before this connection's lease is read (at the first hit).
+    lookup_tests::direct::eventually("the master's lease read", || {
+        client
+            .master_lease()
+            .is_some_and(|l| l.source == LeaseSource::Master)
+    })
+    .await;
+    assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 0);
+    let warm = request(6, 6 * B + 1, &ids[..6]);
+    assert_eq!(client.probe_wait(&warm, 0).await, ready(6 * B));
+    assert_eq!(keys_asked(&mut client), 24);
     // Its continuation to 12 blocks: only blocks 7-12 are asked (12 keys); the run
     // ends at block 11, as without the cache.
     let cont = request(2, 12 * B + 1, &ids);
     assert_eq!(client.probe_wait(&cont, 0).await, ready(10 * B));
-    assert_eq!(keys_asked(&mut client), 24);
+    assert_eq!(keys_asked(&mut client), 36);
     let s = client.batch_stats().expect("connected");
     assert_eq!(s.keys_from_cache, 12);
     // Another prompt sharing the first 8 blocks, then its own: only its 2 own blocks
@@ -367,7 +378,7 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     other_ids.extend([100, 101]);
     let other = request(3, 10 * B + 1, &other_ids);
     assert_eq!(client.probe_wait(&other, 0).await, ready(8 * B));
-    assert_eq!(keys_asked(&mut client), 28);
+    assert_eq!(keys_asked(&mut client), 40);
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
 
     // A reset drops the cache: the same prompt asks all 12 keys again.
@@ -375,20 +386,28 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     client.wait_progress(Duration::from_millis(200)).await;
     let again = request(4, 6 * B + 1, &ids[..6]);
     assert_eq!(client.probe_wait(&again, 0).await, ready(6 * B));
-    assert_eq!(keys_asked(&mut client), 40);
+    assert_eq!(keys_asked(&mut client), 52);
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
 
     // A failed call (the master stopped) drops it too: once the master is back with the
     // same blocks, everything is asked again.
     let port = master.rpc_port();
+    let lost = client.stats().master.map_or(0, |m| m.connections_lost);
     drop(writer);
     master.stop();
+    lookup_tests::direct::eventually("the connection seen closed", || {
+        client
+            .stats()
+            .master
+            .is_some_and(|m| m.connections_lost > lost)
+    })
+    .await;
     let failed = request(5, 12 * B + 1, &ids);
     assert_eq!(client.probe_wait(&failed, 0).await, ready(0));
     let s = client.batch_stats().expect("connected");
-    assert_eq!(s.cache_drops, 2, "a reset and a failed call");
-    // Blocks 1-6 came from the cache, blocks 7-12 were asked and failed.
-    assert_eq!(s.keys_from_cache, 40);
+    assert_eq!(s.cache_drops, 2, "a reset and the connection's end");
+    // The connection's epoch ended with it: nothing came from the cache.
+    assert_eq!(s.keys_from_cache, 28);
     let master = Master::start_on(port);
     let mut writer = Writer::start(&master);
     writer.put(&stored);
@@ -403,6 +422,74 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(answer, ready(6 * B));
-    assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 40);
+    assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
+    client.close();
+}
+
+/// A real master killed and restarted empty at the same address: a direct client with
+/// the presence cache on never answers "present" from the old master's cache. (Before
+/// connection epochs, a fully cached lookup made no call, so it never noticed: every
+/// answer after the restart was the old hit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_at_the_same_address_ends_the_presence_cache_mooncake_master() {
+    let layout = layout("Qwen/Qwen3-8B", 1);
+    let mut master = Master::start();
+    let mut writer = Writer::start(&master);
+    let ids: Vec<u64> = (1..=6).collect();
+    let stored: Vec<String> = ids
+        .iter()
+        .flat_map(|id| layout.block_keys(&id.to_be_bytes()))
+        .collect();
+    writer.put(&stored);
+    let mut batch = BatchConfig::default();
+    batch.presence.enabled = true;
+    let mut client = LookupClient::connect(direct(&master, &layout, batch, 1024)).expect("client");
+    let mut next_id = 0u64;
+    let mut ask = || {
+        next_id += 1;
+        request(next_id, 6 * B + 1, &ids)
+    };
+    // Until the answers come from the cache alone (the lease is read first).
+    for _ in 0..100 {
+        let req = ask();
+        assert_eq!(client.probe_wait(&req, 0).await, ready(6 * B));
+        client.on_finished(req.request_id);
+        if client.batch_stats().expect("connected").keys_from_cache >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let calls = client.stats().master.expect("connected").batch_exist_calls;
+    let req = ask();
+    assert_eq!(client.probe_wait(&req, 0).await, ready(6 * B));
+    client.on_finished(req.request_id);
+    assert_eq!(
+        client.stats().master.expect("connected").batch_exist_calls,
+        calls,
+        "a fully cached lookup makes no call"
+    );
+
+    let port = master.rpc_port();
+    drop(writer);
+    master.stop();
+    let master = Master::start_on(port);
+    // Every answer after the restart is unavailable or the new, empty store's miss.
+    let mut misses = 0;
+    for _ in 0..200 {
+        let req = ask();
+        assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+        match client.answer_of(req.request_id) {
+            Some(lookup_core::Answer::Miss) => misses += 1,
+            Some(lookup_core::Answer::Unavailable(_)) => {}
+            other => panic!("{other:?}"),
+        }
+        client.on_finished(req.request_id);
+        if misses == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(misses, 3, "the restarted master answered");
+    drop(master);
     client.close();
 }

@@ -154,6 +154,31 @@ async fn direct_silent_master_times_out_and_fails_open() {
     client.shutdown().await;
 }
 
+/// Rule 17 for the direct transport: after `reopen_after_timeouts` (3) lookup timeouts
+/// in a row the master connection is dropped and opened again, rather than kept until
+/// the kernel drops it.
+#[tokio::test]
+async fn direct_timeouts_in_a_row_replace_the_master_connection() {
+    let fake = FakeMaster::start(Behaviour::Silent).await;
+    let mut config = config(&fake.addr, 1024);
+    config.core.lookup_timeout = Duration::from_millis(100);
+    let mut client = LookupClient::connect(config).expect("connect");
+    for i in 0..3u64 {
+        let req = request(i, 3 * B, &[61 + i, 62 + i]);
+        assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+    }
+    eventually("a second connection", || {
+        client.stats().master.is_some_and(|m| m.connects == 2)
+    })
+    .await;
+    let stats = client.stats();
+    let master = stats.master.expect("connected");
+    assert_eq!(stats.core.failed_timed_out, 3);
+    assert_eq!(stats.socket_reopens, 1);
+    assert_eq!((master.reconnects_asked, master.connections_lost), (1, 1));
+    client.shutdown().await;
+}
+
 #[tokio::test]
 async fn direct_malformed_master_reply_is_a_malformed_lookup() {
     let fake = FakeMaster::start(Behaviour::Garbage).await;

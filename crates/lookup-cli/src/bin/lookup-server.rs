@@ -129,7 +129,7 @@ struct Args {
     )]
     mooncake_timeout_ms: u64,
     /// The master's read lease (its -default_kv_lease_ttl), in seconds, used until
-    /// the master reports its own (read once per leader at the first hit) and when it
+    /// the master reports its own (read once per connection to it, at the first hit) and when it
     /// cannot.
     #[arg(
         long,

@@ -24,7 +24,7 @@ mod mooncake;
 
 pub use delayed::DelayedIndex;
 pub use memory::InMemoryIndex;
-pub use mooncake::{IndexStats, MooncakeIndex, ResetPolicy};
+pub use mooncake::{DEFAULT_CLIENT_TTL, IndexStats, MooncakeIndex, ResetPolicy};
 
 /// The future an index call returns: boxed so that [`BlockIndex`] stays
 /// dyn-compatible (`Arc<dyn BlockIndex>`), `Send` so that the server's socket task can

@@ -130,7 +130,8 @@ pub struct ClientStats {
     /// (`BatchExistKey` calls, keys asked, timeouts, reconnects, late replies). With
     /// the direct transport `send_errors` counts master queries that failed (not
     /// connected, connection lost, refused), `open_errors` failed connect attempts
-    /// before the first success, and `socket_reopens`, `recv_errors` and
-    /// `bad_envelopes` stay 0.
+    /// before the first success, `socket_reopens` the master connections replaced
+    /// after `reopen_after_timeouts` lookup timeouts in a row (rule 17), and
+    /// `recv_errors` and `bad_envelopes` stay 0.
     pub master: Option<MasterStats>,
 }

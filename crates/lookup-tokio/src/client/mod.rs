@@ -217,9 +217,9 @@ impl LookupClient {
                 direct.validate()?;
                 let io = IoConfig {
                     backoff: direct.connect_backoff,
-                    // The master answers pipelined calls concurrently, and its client
-                    // reconnects by itself when the connection breaks.
-                    reopen_after_timeouts: 0,
+                    // The master client reconnects by itself when the connection
+                    // breaks; a hung one is replaced after timeouts in a row.
+                    reopen_after_timeouts: direct.reopen_after_timeouts,
                     timeout,
                     label: config.label(),
                 };
@@ -271,7 +271,7 @@ impl LookupClient {
             },
             Transport::Direct(direct) => IoConfig {
                 backoff: direct.connect_backoff,
-                reopen_after_timeouts: 0,
+                reopen_after_timeouts: direct.reopen_after_timeouts,
                 timeout: config.core.timeout(),
                 label: config.label(),
             },

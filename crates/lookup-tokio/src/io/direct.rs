@@ -22,8 +22,11 @@
 //! asking the master wait for it to end, at most `batch.max_wait`. An idle link adds
 //! no wait. Each lookup keeps its own answer, deadline (the dispatcher's) and
 //! cancellation. With `batch.presence` enabled, keys the master answered present are
-//! not asked again while their read lease outlasts the result's TTL; the cache is
-//! dropped on a reset, on a leader change, on a failed call and on a lookup timeout.
+//! not asked again while their read lease outlasts the result's TTL; the cache ends
+//! with its connection epoch (a reconnect, a leader change, a restarted master) and is
+//! dropped on a reset, on a failed call and on a lookup timeout. After
+//! [`DirectConfig::reopen_after_timeouts`] lookup timeouts in a row the master
+//! connection is replaced (rule 17).
 //!
 //! # Lease side effect
 //!
@@ -99,7 +102,7 @@ pub struct DirectConfig {
     /// different one is refused by [`validate`](Self::validate).
     pub master_config: MasterConfig,
     /// The master's `default_kv_lease_ttl` (read lease per positive answer) until the
-    /// master reports its own (read once per leader at the first hit,
+    /// master reports its own (read once per connection to it, at the first hit,
     /// [`LookupClient::master_lease`](crate::LookupClient::master_lease)), and when it
     /// cannot. Default 10 s, the master's default. It bounds the presence cache, and a
     /// `lookup_prefetch_ttl_s` not below it is warned about: a cached result older
@@ -108,6 +111,11 @@ pub struct DirectConfig {
     /// First wait before trying again when connecting to the master fails, before
     /// the first success; it doubles per failure up to 1 s. Default 10 ms.
     pub connect_backoff: Duration,
+    /// Drop the master connection and connect again after this many lookup timeouts
+    /// in a row (rule 17): a hung master connection is replaced, not kept until the
+    /// kernel drops it, and the presence cache and lease learned on it end with it.
+    /// 0 never reopens on timeouts. Default 3, as [`ZmqConfig`](crate::ZmqConfig).
+    pub reopen_after_timeouts: u32,
     /// Batching across lookups and the lease-backed presence cache
     /// ([`BatchConfig`]: batching on, cache off by default). Lookups the I/O task
     /// releases in one pass, and those released while a batch is asking the master,
@@ -128,6 +136,7 @@ impl DirectConfig {
             master_config: MasterConfig::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
             connect_backoff: Duration::from_millis(10),
+            reopen_after_timeouts: 3,
             batch: BatchConfig::default(),
         }
     }
@@ -249,6 +258,9 @@ pub(crate) struct DirectWire {
     coalescer: Option<Coalescer>,
     /// Lookups submitted since the last flush.
     unflushed: bool,
+    /// [`Wire::close`] was called: the next [`Wire::open`] replaces the master
+    /// connection.
+    closed: bool,
     queries: FuturesUnordered<Query>,
     /// Inputs decided without the master (a refused reset), handed out first.
     ready: VecDeque<WireInput<Reply>>,
@@ -278,6 +290,7 @@ impl DirectWire {
             result_ttl,
             coalescer: None,
             unflushed: false,
+            closed: false,
             queries: FuturesUnordered::new(),
             ready: VecDeque::new(),
             warn: WarnLimiter::default(),
@@ -518,10 +531,21 @@ impl Wire for DirectWire {
     }
 
     fn close(&mut self) {
-        // The master client reconnects by itself; queries on it end on their own.
+        // The dispatcher failed every lookup on the wire: their queries are dropped
+        // (those not yet in a batch leave it; calls under way end with their batch).
+        self.queries.clear();
+        self.unflushed = false;
+        self.closed = true;
     }
 
     fn open(&mut self) -> Result<(), String> {
+        if std::mem::take(&mut self.closed) {
+            // Reopened after timeouts in a row (rule 17): the master connection is
+            // replaced, and with it the epoch of the presence cache and the lease.
+            if let Some(master) = self.master.get() {
+                master.reconnect("lookups timed out in a row (rule 17)");
+            }
+        }
         if matches!(self.link, Link::Down) {
             // Configuration errors were refused by `connect`; anything else may heal.
             self.link = Link::Connecting(connect(&self.direct));

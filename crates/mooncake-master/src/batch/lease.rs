@@ -4,8 +4,10 @@
 //! the result TTLs that must stay below it, with their warnings.
 //!
 //! The master reports its lease only in a `GetReplicaList` reply for a key that
-//! exists, so the lease is read once per leader with the first key a batch found
-//! present. Until then, and when the master cannot report it (an older or newer reply
+//! exists, so the lease is read once per connection epoch (a reconnect, a leader
+//! change, a master restarted behind the same address: [`Epoch::master`]) with the
+//! first key a batch found present; a new epoch forgets the old one's lease, so a
+//! restarted master with a shorter lease is never taken for the old one. Until then, and when the master cannot report it (an older or newer reply
 //! layout, a replica kind not decoded, a refused call), the configured lease applies,
 //! and a failure to read it is a warning.
 
@@ -14,6 +16,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::MasterError;
+#[cfg(doc)]
+use crate::client::Epoch;
+
+/// The master a lease belongs to: [`Epoch::master`] (connection, leader changes).
+pub(crate) type LeaseEpoch = (u64, u64);
 
 /// Reads that fail with the master reachable, or three in a row unreachable, end the
 /// attempts for the current leader.
@@ -59,8 +66,8 @@ struct Check {
 pub(crate) struct Lease {
     configured: Duration,
     reported: Option<Duration>,
-    /// The master client's leader changes the figures below belong to.
-    epoch: u64,
+    /// The connection epoch the figures below belong to.
+    epoch: LeaseEpoch,
     reading: bool,
     failures: u32,
     gave_up: bool,
@@ -72,7 +79,7 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(configured: Duration, enabled: bool, epoch: u64) -> Self {
+    pub(crate) fn new(configured: Duration, enabled: bool, epoch: LeaseEpoch) -> Self {
         let (watch, _) = watch::channel(LeaseTtl {
             ttl: configured,
             source: LeaseSource::Configured,
@@ -124,16 +131,29 @@ impl Lease {
         self.checks.push(check);
     }
 
-    /// Whether a read should start now against the master of `epoch` (marked as
-    /// started). A new leader forgets the old one's lease and failures.
-    pub(crate) fn start_read(&mut self, epoch: u64) -> bool {
+    /// Moves to `epoch`: a new connection forgets the old one's lease and failures.
+    pub(crate) fn enter(&mut self, epoch: LeaseEpoch) {
         if epoch != self.epoch {
             self.epoch = epoch;
-            self.reported = None;
+            let had = self.reported.take().is_some();
             self.failures = 0;
             self.gave_up = false;
-            self.publish();
+            if had {
+                self.publish();
+            }
         }
+    }
+
+    /// Whether the lease of `epoch` is known: read from the master, or the configured
+    /// one because reading is off or gave up. Until then nothing is cached.
+    pub(crate) fn settled(&self, epoch: LeaseEpoch) -> bool {
+        epoch == self.epoch && (!self.enabled || self.reported.is_some() || self.gave_up)
+    }
+
+    /// Whether a read should start now against the master of `epoch` (marked as
+    /// started). A new connection forgets the old one's lease and failures.
+    pub(crate) fn start_read(&mut self, epoch: LeaseEpoch) -> bool {
+        self.enter(epoch);
         if !self.enabled || self.reading || self.reported.is_some() || self.gave_up {
             return false;
         }
@@ -144,7 +164,7 @@ impl Lease {
     /// Records the read started for `epoch` (ignored when the leader changed since).
     pub(crate) fn finish_read(
         &mut self,
-        epoch: u64,
+        epoch: LeaseEpoch,
         result: Result<Duration, MasterError>,
         addr: &str,
     ) {
@@ -214,12 +234,15 @@ mod tests {
 
     #[test]
     fn the_reported_lease_replaces_the_configured_one_until_the_leader_changes() {
-        let mut lease = Lease::new(Duration::from_secs(10), true, 0);
+        let mut lease = Lease::new(Duration::from_secs(10), true, (1, 0));
         assert_eq!(lease.current().source, LeaseSource::Configured);
         let mut published = lease.subscribe();
-        assert!(lease.start_read(0));
-        assert!(!lease.start_read(0), "one read at a time");
-        lease.finish_read(0, Ok(Duration::from_secs(5)), "m");
+        assert!(!lease.settled((1, 0)));
+        assert!(lease.start_read((1, 0)));
+        assert!(!lease.start_read((1, 0)), "one read at a time");
+        lease.finish_read((1, 0), Ok(Duration::from_secs(5)), "m");
+        assert!(lease.settled((1, 0)));
+        assert!(!lease.settled((2, 0)));
         assert!(published.has_changed().unwrap());
         assert_eq!(published.borrow_and_update().ttl, Duration::from_secs(5));
         assert_eq!(
@@ -229,36 +252,42 @@ mod tests {
                 source: LeaseSource::Master
             }
         );
-        assert!(!lease.start_read(0), "read once per leader");
-        assert!(lease.start_read(1), "a new leader is asked again");
+        assert!(!lease.start_read((1, 0)), "read once per connection");
+        assert!(lease.start_read((2, 0)), "a new connection is asked again");
         assert_eq!(lease.current().source, LeaseSource::Configured);
-        // A read started for the old leader lands after the change: ignored.
-        lease.finish_read(0, Ok(Duration::from_secs(1)), "m");
+        // A read started for the old connection lands after the change: ignored.
+        lease.finish_read((1, 0), Ok(Duration::from_secs(1)), "m");
         assert_eq!(lease.current().ttl, Duration::from_secs(10));
         assert_eq!(lease.reads(), 1);
     }
 
     #[test]
     fn failures_end_the_attempts_and_a_longer_lease_is_taken_too() {
-        let mut lease = Lease::new(Duration::from_secs(10), true, 0);
+        let mut lease = Lease::new(Duration::from_secs(10), true, (1, 0));
         for _ in 0..MAX_READ_FAILURES {
-            assert!(lease.start_read(0));
-            lease.finish_read(0, Err(unavailable()), "m");
+            assert!(!lease.settled((1, 0)));
+            assert!(lease.start_read((1, 0)));
+            lease.finish_read((1, 0), Err(unavailable()), "m");
         }
-        assert!(!lease.start_read(0));
-        let mut refused = Lease::new(Duration::from_secs(10), true, 0);
-        assert!(refused.start_read(0));
+        assert!(
+            lease.settled((1, 0)),
+            "gave up: the configured lease applies"
+        );
+        assert!(!lease.start_read((1, 0)));
+        let mut refused = Lease::new(Duration::from_secs(10), true, (1, 0));
+        assert!(refused.start_read((1, 0)));
         let not_registered = MasterError::FunctionNotRegistered {
             function: crate::codec::FunctionId::GET_REPLICA_LIST,
             message: "the rpc function not registered".to_owned(),
         };
-        refused.finish_read(0, Err(not_registered), "m");
-        assert!(!refused.start_read(0), "a refusal is not retried");
-        let mut longer = Lease::new(Duration::from_secs(10), true, 0);
-        assert!(longer.start_read(0));
-        longer.finish_read(0, Ok(Duration::from_secs(30)), "m");
+        refused.finish_read((1, 0), Err(not_registered), "m");
+        assert!(!refused.start_read((1, 0)), "a refusal is not retried");
+        let mut longer = Lease::new(Duration::from_secs(10), true, (1, 0));
+        assert!(longer.start_read((1, 0)));
+        longer.finish_read((1, 0), Ok(Duration::from_secs(30)), "m");
         assert_eq!(longer.current().ttl, Duration::from_secs(30));
-        let mut off = Lease::new(Duration::from_secs(10), false, 0);
-        assert!(!off.start_read(0));
+        let mut off = Lease::new(Duration::from_secs(10), false, (1, 0));
+        assert!(off.settled((1, 0)));
+        assert!(!off.start_read((1, 0)));
     }
 }

@@ -28,6 +28,7 @@
 mod lease;
 mod plan;
 mod presence;
+mod run;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,15 +37,15 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 pub use lease::{LeaseSource, LeaseTtl};
 pub use plan::LeadingRuns;
 pub use presence::{PresenceCache, PresenceCacheConfig};
 
 use crate::client::lock;
-use crate::{MasterClient, MasterError};
+use crate::{Epoch, MasterClient, MasterError};
 use lease::Lease;
+use run::{run_batch, start_driver, stopped};
 
 /// The master's default read lease (`default_kv_lease_ttl`, 10 s), granted to every key
 /// an existence query answers `true` (`spec/mooncake-master-rpc.md`, "The call").
@@ -176,8 +177,8 @@ struct State {
     /// Batches asking the master now.
     drivers: usize,
     cache: PresenceCache,
-    /// The master client's leader changes when the cache was last checked.
-    leader_changes: u64,
+    /// The epoch the cache's entries belong to (`None`: no connection was up).
+    cache_epoch: Option<Epoch>,
     /// The read lease in use, and its reading.
     lease: Lease,
 }
@@ -186,6 +187,19 @@ impl State {
     /// How long a cache entry stays: the earlier of the lease and `max_age`.
     fn keep(&self, config: &BatchConfig) -> Duration {
         self.lease.current().ttl.min(config.presence.max_age)
+    }
+
+    /// Moves the cache and the lease to `epoch`: entries of another epoch are dropped
+    /// (a reconnect, a leader change, a restarted master, this client's `RemoveAll`),
+    /// and the lease of another connection is forgotten.
+    fn enter(&mut self, epoch: Option<Epoch>) {
+        if self.cache_epoch != epoch {
+            self.cache.clear();
+            self.cache_epoch = epoch;
+        }
+        if let Some(epoch) = epoch {
+            self.lease.enter(epoch.master());
+        }
     }
 }
 
@@ -230,7 +244,7 @@ impl Coalescer {
         lease_ttl: Duration,
         margin: Duration,
     ) -> Self {
-        let leader_changes = master.leader_changes();
+        let epoch = master.epoch();
         let cache = PresenceCache::new(if config.presence.enabled {
             config.presence.max_keys
         } else {
@@ -244,8 +258,12 @@ impl Coalescer {
                     queue: VecDeque::new(),
                     drivers: 0,
                     cache,
-                    leader_changes,
-                    lease: Lease::new(lease_ttl, config.read_lease, leader_changes),
+                    cache_epoch: epoch,
+                    lease: Lease::new(
+                        lease_ttl,
+                        config.read_lease,
+                        epoch.map_or((0, 0), Epoch::master),
+                    ),
                 }),
                 config,
                 counters: Counters::default(),
@@ -399,7 +417,13 @@ impl Pending {
                 rx.await.unwrap_or_else(|_| Err(stopped(&shared)))
             }
             PendingInner::Queued(mut rx, since) => {
-                let overdue = tokio::time::sleep_until(since + shared.config.max_wait);
+                // A `max_wait` past the clock's range never makes a lookup overdue.
+                let overdue = async {
+                    match since.checked_add(shared.config.max_wait) {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     biased;
                     answer = &mut rx => return answer.unwrap_or_else(|_| Err(stopped(&shared))),
@@ -408,147 +432,5 @@ impl Pending {
                 rx.await.unwrap_or_else(|_| Err(stopped(&shared)))
             }
         }
-    }
-}
-
-/// Reads the master's lease for `key` (just answered present), then shortens the
-/// presence cache's entries when the lease is shorter than the one they were kept for.
-async fn read_lease(shared: Arc<Shared>, key: String, epoch: u64) {
-    let result = shared.master.read_lease(&key).await;
-    let mut state = lock(&shared.state);
-    let keep_before = state.keep(&shared.config);
-    state.lease.finish_read(epoch, result, shared.master.addr());
-    let shorter = keep_before.saturating_sub(state.keep(&shared.config));
-    if !shorter.is_zero() {
-        state.cache.shorten(shorter);
-    }
-}
-
-fn stopped(shared: &Shared) -> MasterError {
-    MasterError::Unavailable {
-        addr: shared.master.addr().to_owned(),
-        last_error: "the batch answering this lookup stopped (runtime shut down)".to_owned(),
-    }
-}
-
-/// Starts a batch task if something waits and the in-flight bound allows it, or,
-/// with `overdue`, if the oldest lookup waited `max_wait` already.
-fn start_driver(shared: &Arc<Shared>, overdue: bool) {
-    {
-        let mut state = lock(&shared.state);
-        let Some(oldest) = state.queue.front() else {
-            return;
-        };
-        let late = overdue && oldest.since + shared.config.max_wait <= Instant::now();
-        if state.drivers >= shared.config.max_batches_in_flight && !late {
-            return;
-        }
-        state.drivers += 1;
-    }
-    tokio::spawn(drive(shared.clone()));
-}
-
-/// One batch task: batches of what is queued until the queue is empty.
-async fn drive(shared: Arc<Shared>) {
-    loop {
-        let batch: Vec<Waiting> = {
-            let mut state = lock(&shared.state);
-            let mut batch = Vec::new();
-            while batch.len() < shared.config.max_lookups {
-                let Some(waiting) = state.queue.pop_front() else {
-                    break;
-                };
-                if waiting.answer.is_closed() {
-                    add(&shared.counters.lookups_dropped, 1);
-                } else {
-                    batch.push(waiting);
-                }
-            }
-            if batch.is_empty() {
-                state.drivers -= 1;
-                return;
-            }
-            batch
-        };
-        let span = tracing::debug_span!("batch_exist", lookups = batch.len());
-        run_batch(&shared, batch).instrument(span).await;
-    }
-}
-
-/// Answers every lookup of `batch` from shared calls and the presence cache.
-async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
-    let started = Instant::now();
-    let now = started.into_std();
-    let use_cache = shared.config.presence.enabled;
-    let changes = shared.master.leader_changes();
-    if use_cache {
-        let mut state = lock(&shared.state);
-        if state.leader_changes != changes {
-            state.cache.clear();
-            state.leader_changes = changes;
-        }
-    }
-    let mut plan = LeadingRuns::new(shared.master.config().chunk_keys);
-    let mut answers = Vec::with_capacity(batch.len());
-    for waiting in batch {
-        plan.add(waiting.keys, waiting.keys_per_block);
-        answers.push(waiting.answer);
-    }
-    let mut failed = false;
-    loop {
-        let calls = if use_cache {
-            let state = lock(&shared.state);
-            plan.next_round(&mut |key| state.cache.is_present(key, now, shared.margin))
-        } else {
-            plan.next_round(&mut |_| false)
-        };
-        let Some(calls) = calls else { break };
-        let replies = futures::future::join_all(
-            calls
-                .iter()
-                .map(|keys| shared.master.batch_exist_chunk(keys)),
-        )
-        .await;
-        for (keys, reply) in calls.iter().zip(replies) {
-            match reply {
-                Ok(reply) => {
-                    if plan.record(keys, &reply).is_err() {
-                        failed = true;
-                    }
-                }
-                Err(error) => {
-                    failed = true;
-                    plan.record_failure(keys, error);
-                }
-            }
-        }
-    }
-    if use_cache {
-        let mut state = lock(&shared.state);
-        if failed || shared.master.leader_changes() != changes {
-            // Any failed call may mean a restarted or replaced master, whose store no
-            // longer holds what the cache says.
-            state.cache.clear();
-        } else {
-            let until = now + state.keep(&shared.config);
-            for key in plan.present_keys() {
-                state.cache.insert(key, until, now);
-            }
-        }
-    }
-    if let Some(key) = plan.present_keys().next() {
-        if lock(&shared.state).lease.start_read(changes) {
-            tokio::spawn(read_lease(shared.clone(), key.to_owned(), changes));
-        }
-    }
-    let c = &shared.counters;
-    add(&c.batches, 1);
-    add(&c.lookups, answers.len() as u64);
-    add(&c.keys_wanted, plan.keys_wanted() + plan.keys_assumed());
-    add(&c.keys_asked, plan.keys_asked());
-    add(&c.keys_from_cache, plan.keys_assumed());
-    for (answer, result) in answers.into_iter().zip(plan.into_results()) {
-        // A receiver dropped meanwhile (its lookup cancelled or timed out): nobody waits.
-        let _ = answer.send(result);
     }
 }

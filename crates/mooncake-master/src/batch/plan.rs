@@ -49,6 +49,10 @@ struct Run {
     present: usize,
     /// The answer, once known.
     done: Option<Result<usize, MasterError>>,
+    /// A confirmed block rests on a key taken as present without asking.
+    cached: bool,
+    /// The answer was handed out by [`LeadingRuns::take_finished`].
+    taken: bool,
 }
 
 /// The plan of one batched leading-run query over several lookups. Add the lookups with
@@ -105,6 +109,8 @@ impl LeadingRuns {
             blocks,
             present: 0,
             done,
+            cached: false,
+            taken: false,
         });
         self.runs.len() - 1
     }
@@ -244,6 +250,25 @@ impl LeadingRuns {
         self.keys_assumed
     }
 
+    /// The lookups whose answer became known since the last call, each once: its
+    /// index, its answer (as [`into_results`](Self::into_results) gives it) and whether
+    /// the answer rests on a key taken as present without asking. Answers are known
+    /// after [`next_round`](Self::next_round): a lookup whose run ended in one round
+    /// is handed out before the next round is asked, whatever the others still need.
+    pub fn take_finished(&mut self) -> Vec<(usize, Result<usize, MasterError>, bool)> {
+        let mut out = Vec::new();
+        for (i, run) in self.runs.iter_mut().enumerate() {
+            if run.taken {
+                continue;
+            }
+            if let Some(done) = &run.done {
+                run.taken = true;
+                out.push((i, done.clone(), run.cached));
+            }
+        }
+        out
+    }
+
     /// Each lookup's answer, in the order added: its leading run in blocks, or the
     /// error `leading_blocks_flat` would give (a `Store` error whose `key_index` counts
     /// the lookup's own keys block-major, or the failure of a call it needed).
@@ -274,6 +299,8 @@ impl LeadingRuns {
             let start = run.present * run.keys_per_block;
             let keys = &run.keys[start..start + run.keys_per_block];
             let mut unknown = false;
+            let mut absent = false;
+            let mut cached = false;
             let mut key_error = None;
             let mut failed = None;
             for (j, key) in keys.iter().enumerate() {
@@ -289,11 +316,8 @@ impl LeadingRuns {
                     }
                 };
                 match known {
-                    Some(Known::Absent) => {
-                        run.done = Some(Ok(run.present));
-                        return;
-                    }
-                    Some(Known::Present { .. }) => {}
+                    Some(Known::Absent) => absent = true,
+                    Some(Known::Present { asked }) => cached |= !asked,
                     Some(Known::KeyError(code)) => {
                         key_error = key_error.or(Some((start + j, code)));
                     }
@@ -301,8 +325,14 @@ impl LeadingRuns {
                     None => unknown = true,
                 }
             }
+            // A failed call decides the block before a `false` does: a failure never
+            // reads as a miss, even when the block's keys went in several calls.
             if let Some(f) = failed {
                 run.done = Some(Err(self.failures[f].clone()));
+                return;
+            }
+            if absent {
+                run.done = Some(Ok(run.present));
                 return;
             }
             if unknown {
@@ -316,6 +346,7 @@ impl LeadingRuns {
                 return;
             }
             run.present += 1;
+            run.cached |= cached;
         }
         if run.present == run.blocks {
             run.done = Some(Ok(run.present));

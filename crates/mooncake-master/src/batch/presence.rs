@@ -13,7 +13,12 @@ use std::time::{Duration, Instant};
 /// was handed to the connection (before the master granted the lease, so the entry
 /// never outlives it). A lookup then asks only for its unknown tail: a continuation of
 /// a conversation, or a prompt sharing a system prefix with one asked shortly before.
-/// The cache is dropped on a reset, on a leader change and on any unavailable outcome.
+/// The cache belongs to one connection epoch ([`Epoch`](crate::Epoch): a reconnect, a
+/// leader change, a restarted master, this client's `RemoveAll` each end it) and is
+/// also dropped on a reset and on any unavailable outcome; a round takes a key from it
+/// only at that round's send time, and an answer resting on it is given only while its
+/// epoch lasts (`spec/mooncake-master-rpc.md`, "Connection epochs and the presence
+/// cache").
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PresenceCacheConfig {

@@ -36,6 +36,13 @@ pub struct MasterConfig {
     /// the connection as a protocol violation instead of allocating. Default 16 MiB
     /// (a 1,024-key answer is ~2 KiB).
     pub max_reply_bytes: u32,
+    /// Most bytes of requests queued for the connection and not yet handed to the
+    /// socket. A call that would exceed it fails at once as
+    /// [`MasterError::Unavailable`] (a master that stopped reading must not make the
+    /// client queue without bound); a call that ends before its request was written
+    /// takes the request out of the queue. Default 8 MiB (~130 calls of 1,024 keys).
+    /// A request larger than the limit is still sent when nothing else waits.
+    pub max_queued_bytes: usize,
     /// Cluster id of an `etcd://` address given as a string to
     /// [`MasterClient::connect`](super::MasterClient::connect); `None` (the default)
     /// takes `$MC_STORE_CLUSTER_ID`, else `mooncake_cluster`
@@ -64,6 +71,7 @@ impl Default for MasterConfig {
             backoff_min: Duration::from_millis(20),
             backoff_max: Duration::from_secs(1),
             max_reply_bytes: 16 << 20,
+            max_queued_bytes: 8 << 20,
             cluster_id: None,
             etcd_timeout: Duration::from_secs(1),
             view_refresh: Duration::from_secs(10),
@@ -88,6 +96,9 @@ impl MasterConfig {
         }
         if self.connect_timeout.is_zero() {
             return invalid("connect_timeout", "must be positive");
+        }
+        if self.max_queued_bytes == 0 {
+            return invalid("max_queued_bytes", "must be at least 1");
         }
         if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
             return invalid("backoff_min", "must be positive and at most backoff_max");

@@ -2,8 +2,14 @@
 //! (`spec/mooncake-master-rpc.md`, "Transport"): connect, the reader and writer
 //! tasks, replies matched to waiting calls by sequence number, a broken connection
 //! failing every waiting call and replaced in the background with backoff.
+//!
+//! Each connection is an epoch ([`Epoch`]): what a batcher learned on one (its presence
+//! cache, the lease) ends with it. The writer's queue (the outbox) holds at most
+//! [`MasterConfig::max_queued_bytes`](super::MasterConfig::max_queued_bytes); a call
+//! that ends before its frame was written takes the frame out again, so a stuck
+//! connection holds only the frames of calls still waiting.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -11,7 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -38,15 +44,23 @@ struct Pending {
     /// Why the connection broke, once it has: no new call may wait on it.
     closed: Option<String>,
     waiters: HashMap<u32, Waiter>,
+    /// Frames not yet handed to the socket, by sequence number, in call order.
+    outbox: HashMap<u32, Vec<u8>>,
+    order: VecDeque<u32>,
+    /// Bytes in `outbox`.
+    queued_bytes: usize,
 }
 
 /// One TCP connection: the writer task's queue, the calls waiting for replies, and
 /// what this master accepts.
 pub(super) struct Conn {
-    id: u64,
+    pub(super) id: u64,
     /// The master this connection reached.
     pub(super) addr: Endpoint,
-    frames: mpsc::UnboundedSender<Vec<u8>>,
+    /// Wakes the writer task when a frame is queued.
+    wake_writer: Notify,
+    /// Most bytes the outbox holds; a call that would exceed it fails fast.
+    max_queued_bytes: usize,
     pending: Mutex<Pending>,
     /// The master refused the `tenant_id` signatures (err_code 4) and accepted the
     /// older ones: remembered for this connection only, since a reconnect may reach an
@@ -176,14 +190,31 @@ impl MasterClient {
             if let Some(reason) = &pending.closed {
                 return Err(lost(reason));
             }
+            let queued = pending.queued_bytes;
+            if queued > 0 && queued + frame.len() > conn.max_queued_bytes {
+                // The socket does not take what it is given (a stuck master): fail
+                // fast rather than queue without bound.
+                drop(pending);
+                bump(&self.inner.counters.queue_full, 1);
+                self.inner.trouble(false);
+                return Err(MasterError::Unavailable {
+                    addr: conn.addr.to_string(),
+                    last_error: format!(
+                        "{queued} bytes of requests wait for the connection (limit {})",
+                        conn.max_queued_bytes
+                    ),
+                });
+            }
             pending.waiters.insert(seq, tx);
+            pending.queued_bytes += frame.len();
+            pending.outbox.insert(seq, frame);
+            pending.order.push_back(seq);
         }
-        // Removes the slot however this call ends (reply, timeout, or the caller
-        // dropping the future), so a late reply finds no one and is counted.
+        conn.wake_writer.notify_one();
+        // Removes the slot and any unwritten frame however this call ends (reply,
+        // timeout, or the caller dropping the future), so a late reply finds no one
+        // and is counted, and a stuck connection keeps no frame nobody waits for.
         let _slot = SlotGuard { conn, seq };
-        if conn.frames.send(frame).is_err() {
-            return Err(lost("writer stopped"));
-        }
         bump(&self.inner.counters.requests, 1);
         match tokio::time::timeout(self.inner.config.call_timeout, rx).await {
             Ok(Ok(reply)) => reply,
@@ -207,7 +238,43 @@ struct SlotGuard<'a> {
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        lock(&self.conn.pending).waiters.remove(&self.seq);
+        let mut pending = lock(&self.conn.pending);
+        pending.waiters.remove(&self.seq);
+        if let Some(frame) = pending.outbox.remove(&self.seq) {
+            pending.queued_bytes -= frame.len();
+        }
+    }
+}
+
+impl Conn {
+    /// Bytes queued for the writer now.
+    pub(super) fn queued_bytes(&self) -> usize {
+        lock(&self.pending).queued_bytes
+    }
+
+    /// Takes queued frames, in call order, up to about `limit` bytes (at least one
+    /// frame), skipping those whose call ended; `None` when none waits.
+    fn take_frames(&self, limit: usize) -> Option<Vec<u8>> {
+        let mut pending = lock(&self.pending);
+        let mut out: Option<Vec<u8>> = None;
+        while let Some(seq) = pending.order.pop_front() {
+            let Some(frame) = pending.outbox.remove(&seq) else {
+                continue;
+            };
+            pending.queued_bytes -= frame.len();
+            match &mut out {
+                None => out = Some(frame),
+                Some(out) => out.extend_from_slice(&frame),
+            }
+            if out.as_ref().is_some_and(|o| o.len() >= limit) {
+                break;
+            }
+        }
+        if pending.outbox.is_empty() {
+            // Sequence numbers of calls that ended before being written.
+            pending.order.clear();
+        }
+        out
     }
 }
 
@@ -261,11 +328,11 @@ pub(super) async fn open(inner: &Arc<Inner>, target: &Endpoint) -> Result<Arc<Co
     stream.set_nodelay(true).map_err(connect_error)?;
     stream.set_zero_linger().map_err(connect_error)?;
     let (read, write) = stream.into_split();
-    let (frames, queue) = mpsc::unbounded_channel();
     let conn = Arc::new(Conn {
         id: inner.next_conn_id.fetch_add(1, Ordering::Relaxed),
         addr: target.clone(),
-        frames,
+        wake_writer: Notify::new(),
+        max_queued_bytes: inner.config.max_queued_bytes,
         pending: Mutex::new(Pending::default()),
         legacy_signatures: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
@@ -280,7 +347,7 @@ pub(super) async fn open(inner: &Arc<Inner>, target: &Endpoint) -> Result<Arc<Co
         read,
         inner.config.max_reply_bytes,
     ));
-    tokio::spawn(write_loop(weak, conn.clone(), write, queue));
+    tokio::spawn(write_loop(weak, conn.clone(), write));
     Ok(conn)
 }
 
@@ -360,6 +427,9 @@ pub(super) fn fail(weak: &Weak<Inner>, conn: &Conn, reason: String) {
             return;
         }
         pending.closed = Some(reason.clone());
+        pending.outbox.clear();
+        pending.order.clear();
+        pending.queued_bytes = 0;
         std::mem::take(&mut pending.waiters)
     };
     let Some(inner) = weak.upgrade() else { return };
@@ -452,35 +522,24 @@ async fn read_replies(
     }
 }
 
-async fn write_loop(
-    weak: Weak<Inner>,
-    conn: Arc<Conn>,
-    mut write: OwnedWriteHalf,
-    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
-) {
+async fn write_loop(weak: Weak<Inner>, conn: Arc<Conn>, mut write: OwnedWriteHalf) {
     let reason = tokio::select! {
         () = conn.shutdown.cancelled() => return,
-        reason = write_frames(&mut write, &mut queue) => reason,
+        reason = write_frames(&conn, &mut write) => reason,
     };
     fail(&weak, &conn, reason);
 }
 
 /// Writes queued frames, coalescing those already waiting into one write.
-async fn write_frames(
-    write: &mut OwnedWriteHalf,
-    queue: &mut mpsc::UnboundedReceiver<Vec<u8>>,
-) -> String {
+async fn write_frames(conn: &Conn, write: &mut OwnedWriteHalf) -> String {
     const COALESCE_BYTES: usize = 256 << 10;
-    while let Some(mut frame) = queue.recv().await {
-        while frame.len() < COALESCE_BYTES {
-            match queue.try_recv() {
-                Ok(next) => frame.extend_from_slice(&next),
-                Err(_) => break,
-            }
-        }
-        if let Err(e) = write.write_all(&frame).await {
+    loop {
+        let Some(frames) = conn.take_frames(COALESCE_BYTES) else {
+            conn.wake_writer.notified().await;
+            continue;
+        };
+        if let Err(e) = write.write_all(&frames).await {
             return format!("write failed: {e}");
         }
     }
-    "writer queue closed".to_owned()
 }

@@ -10,11 +10,12 @@
 //! - every [`MasterConfig::view_refresh`](super::MasterConfig::view_refresh) (10 s)
 //!   otherwise.
 //!
-//! What a view does ([`apply_view`]): a lower version than the one in use is ignored
-//! (never back to an older leader); a higher one becomes the target, counts as a
-//! leader change, and replaces a connection to another address by a reconnect that
+//! What a view does ([`apply_view`]): a higher version becomes the target, counts as
+//! a leader change, and replaces a connection to another address by a reconnect that
 //! backs off through the new leader's warm-up (it refuses connections for ~5 s after
-//! winning). An absent key while the connection is down means no leader is elected:
+//! winning). A lower version is ignored while the leader in use is connected (a stale
+//! read: never back to an older leader), and followed once it is unreachable (etcd
+//! replaced or restored, its elections counting again from there). An absent key means no leader: a live connection to the deposed one is dropped, and
 //! calls fail fast as unavailable without connect attempts until a view appears. A
 //! failed etcd read changes nothing: the last known leader stays the target.
 
@@ -129,26 +130,63 @@ pub(super) fn apply_view(inner: &Arc<Inner>, follow: &Follow, view: Option<Maste
         version,
     } = &mut *state;
     let Some(view) = view else {
-        // A live connection is kept: the key may be briefly absent while its leader
-        // still serves. Without one, stop connecting to a leader that lost its lease.
-        if let Link::Down { last_error, .. } = link {
-            if target.take().is_some() {
-                tracing::info!(addr = %inner.addr_text, "no Mooncake leader elected");
-            }
-            *last_error = follow.no_leader();
+        // The leader's key is gone: its lease ended, so it is no longer the leader
+        // (or etcd lost the key). Stop trusting it: drop a live connection (its calls
+        // fail as a lost connection, the presence cache's epoch ends) and connect to
+        // nobody until a view appears.
+        let (old, connecting) = match link {
+            Link::Up(conn) => (Some(conn.clone()), false),
+            Link::Down { connecting, .. } => (None, *connecting),
+        };
+        if target.take().is_some() {
+            tracing::info!(addr = %inner.addr_text, "no Mooncake leader elected");
+        }
+        *link = Link::Down {
+            retry_at: Instant::now(),
+            backoff: inner.config.backoff_min,
+            connecting,
+            last_error: follow.no_leader(),
+        };
+        drop(state);
+        if let Some(conn) = old {
+            fail(&Arc::downgrade(inner), &conn, follow.no_leader());
         }
         return;
     };
-    if view.version < *version {
-        bump(&inner.counters.stale_views, 1);
-        return;
-    }
+    let connected = matches!(link, Link::Up(_));
     if view.version == *version {
         // The same election: restore the target if an absent read cleared it.
         if target.is_none() {
             *target = Some(view.leader);
+            if let Link::Down {
+                retry_at,
+                connecting,
+                ..
+            } = link
+            {
+                if !*connecting {
+                    *retry_at = Instant::now();
+                    *connecting = true;
+                    spawn_reconnect(inner.clone());
+                }
+            }
         }
         return;
+    }
+    if view.version < *version {
+        // An older election than the one in use. While the leader in use is
+        // connected this is a stale read (a lagging etcd member): ignored, never back
+        // to an older leader. When the leader in use is unreachable, the view etcd
+        // holds now is the one to follow, whatever its version (etcd was replaced or
+        // restored from a backup, and its elections count again from there).
+        if connected {
+            bump(&inner.counters.stale_views, 1);
+            return;
+        }
+        if target.as_ref() == Some(&view.leader) {
+            *version = view.version;
+            return;
+        }
     }
     tracing::info!(
         addr = %inner.addr_text,

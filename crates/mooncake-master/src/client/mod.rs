@@ -52,6 +52,8 @@ struct Inner {
     config: MasterConfig,
     next_seq: AtomicU32,
     next_conn_id: AtomicU64,
+    /// `RemoveAll` calls of this client started plus those ended: odd while one runs.
+    wipes: AtomicU64,
     state: Mutex<State>,
     counters: Arc<Counters>,
     /// The leader follower, for an `etcd://` address.
@@ -77,6 +79,29 @@ impl Drop for Inner {
         if let Some(follow) = &self.follow {
             follow.shutdown.cancel();
         }
+    }
+}
+
+/// One epoch of a client's view of the store: a connection (a reconnect, a leader
+/// change, a master restarted behind the same address each make a new one), and this
+/// client's own `RemoveAll` calls on it. What was learned in one epoch (the presence
+/// cache, the read lease) is not trusted in another ([`MasterClient::epoch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Epoch {
+    /// The connection's id (1 for the first, growing by one per connection).
+    pub connection: u64,
+    /// Leader changes seen so far (0 for a fixed address).
+    pub leader_changes: u64,
+    /// This client's `RemoveAll` calls started plus those ended (odd while one runs).
+    pub wipes: u64,
+}
+
+impl Epoch {
+    /// The part that names the master answering (connection and leader), without
+    /// this client's wipes: what the read lease belongs to.
+    #[must_use]
+    pub const fn master(self) -> (u64, u64) {
+        (self.connection, self.leader_changes)
     }
 }
 
@@ -170,6 +195,7 @@ impl MasterClient {
             addr_text,
             next_seq: AtomicU32::new(1),
             next_conn_id: AtomicU64::new(1),
+            wipes: AtomicU64::new(0),
             state: Mutex::new(State {
                 link: Link::Down {
                     retry_at: Instant::now(),
@@ -241,6 +267,46 @@ impl MasterClient {
     #[must_use]
     pub fn is_connected(&self) -> bool {
         matches!(&lock(&self.inner.state).link, Link::Up(_))
+    }
+
+    /// The epoch now ([`Epoch`]): the live connection with the leader changes and
+    /// this client's `RemoveAll` calls so far; `None` while no connection is up.
+    #[must_use]
+    pub fn epoch(&self) -> Option<Epoch> {
+        let state = lock(&self.inner.state);
+        let Link::Up(conn) = &state.link else {
+            return None;
+        };
+        Some(Epoch {
+            connection: conn.id,
+            leader_changes: self.inner.views.borrow().changes,
+            wipes: self.inner.wipes.load(std::sync::atomic::Ordering::SeqCst),
+        })
+    }
+
+    /// Drops the live connection, failing its waiting calls with
+    /// [`MasterError::ConnectionLost`] carrying `reason`, and connects again in the
+    /// background (rule 17: a connection on which calls keep timing out is replaced,
+    /// not kept until the kernel drops it). A new epoch begins. No-op while no
+    /// connection is up.
+    pub fn reconnect(&self, reason: &str) {
+        let conn = match &lock(&self.inner.state).link {
+            Link::Up(conn) => conn.clone(),
+            Link::Down { .. } => return,
+        };
+        bump(&self.inner.counters.reconnects_asked, 1);
+        conn::fail(&Arc::downgrade(&self.inner), &conn, reason.to_owned());
+    }
+
+    /// Bytes of requests queued for the live connection and not yet handed to its
+    /// socket (at most [`MasterConfig::max_queued_bytes`] but for one larger request);
+    /// 0 while no connection is up.
+    #[must_use]
+    pub fn queued_bytes(&self) -> usize {
+        match &lock(&self.inner.state).link {
+            Link::Up(conn) => conn.queued_bytes(),
+            Link::Down { .. } => 0,
+        }
     }
 
     /// The counters so far.
@@ -439,11 +505,24 @@ impl MasterClient {
     /// # Errors
     /// Connection errors ([`MasterError::Unavailable`], [`MasterError::ConnectionLost`],
     /// [`MasterError::Timeout`]); RPC refusals; [`MasterError::MalformedReply`].
+    ///
+    /// The call begins a new [`Epoch`] when it starts and another when it ends, so
+    /// that nothing learned before or during it is trusted after it.
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn remove_all(&self, force: bool) -> Result<i64, MasterError> {
+        struct Wiping<'a>(&'a AtomicU64);
+        impl Drop for Wiping<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
         let function = FunctionId::REMOVE_ALL;
         let tenant = self.inner.config.tenant_id.as_str();
         let literal = self.inner.config.type_literal;
+        self.inner
+            .wipes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _ended = Wiping(&self.inner.wipes);
         let reply = self
             .call_with_fallback(function, |out, seq, legacy| {
                 codec::encode_remove_all(out, seq, force, (!legacy).then_some(tenant), literal)

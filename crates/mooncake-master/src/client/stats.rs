@@ -21,6 +21,11 @@ pub struct MasterStats {
     pub timeouts: u64,
     /// Calls that failed fast because the connection was down.
     pub failed_fast: u64,
+    /// Calls that failed fast because the connection's queue held
+    /// [`MasterConfig::max_queued_bytes`](crate::MasterConfig::max_queued_bytes).
+    pub queue_full: u64,
+    /// Connections this client dropped itself ([`MasterClient::reconnect`](crate::MasterClient::reconnect)).
+    pub reconnects_asked: u64,
     /// Successful connects, the first included.
     pub connects: u64,
     /// Failed connect attempts.
@@ -50,6 +55,8 @@ pub(super) struct Counters {
     pub(super) late_replies: AtomicU64,
     pub(super) timeouts: AtomicU64,
     pub(super) failed_fast: AtomicU64,
+    pub(super) queue_full: AtomicU64,
+    pub(super) reconnects_asked: AtomicU64,
     pub(super) connects: AtomicU64,
     pub(super) connect_failures: AtomicU64,
     pub(super) connections_lost: AtomicU64,
@@ -71,6 +78,8 @@ impl Counters {
             late_replies: get(&self.late_replies),
             timeouts: get(&self.timeouts),
             failed_fast: get(&self.failed_fast),
+            queue_full: get(&self.queue_full),
+            reconnects_asked: get(&self.reconnects_asked),
             connects: get(&self.connects),
             connect_failures: get(&self.connect_failures),
             connections_lost: get(&self.connections_lost),

@@ -12,7 +12,7 @@
 //! (`spec/mooncake-master-rpc.md`, "High availability"); leader changes are counted in
 //! `lookup_server_mooncake_leader_changes_total`.
 //!
-//! The master's read lease is read once per leader (the batcher's
+//! The master's read lease is read once per connection epoch (the batcher's
 //! [`LeaseTtl`]), logged, exported as `lookup_server_mooncake_lease_seconds`, and
 //! checked against the clients' `lookup_prefetch_ttl_s`
 //! ([`check_client_ttl`](MooncakeIndex::check_client_ttl)): vLLM's wire cannot carry it
@@ -182,17 +182,22 @@ struct IndexCounters {
     reset_errors: AtomicU64,
 }
 
+/// The result TTL assumed for the clients when none is given: vLLM's default
+/// `lookup_prefetch_ttl_s` (`spec/behaviour.md`, "Configuration").
+pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(2);
+
 /// The index's batcher over `master`, going by the configured `lease_ttl` until the
-/// master reports its own. The index's answers are not kept past the reply, so a
-/// cached key only needs to be valid now (margin 0); the clients' TTL is checked
-/// against the lease (`client_ttl`).
+/// master reports its own. The clients keep each answer for their result TTL
+/// (`client_ttl`, else [`DEFAULT_CLIENT_TTL`]), so a cached key is used only while
+/// its lease outlasts that margin; the TTL is also checked against the lease.
 fn batcher(
     master: &MasterClient,
     batch: BatchConfig,
     lease_ttl: Duration,
     client_ttl: Option<Duration>,
 ) -> Coalescer {
-    let coalescer = Coalescer::new(master.clone(), batch, lease_ttl, Duration::ZERO);
+    let margin = client_ttl.unwrap_or(DEFAULT_CLIENT_TTL);
+    let coalescer = Coalescer::new(master.clone(), batch, lease_ttl, margin);
     if let Some(ttl) = client_ttl {
         coalescer.check_ttl(ttl, CLIENT_TTL_SETTING);
     }
@@ -305,14 +310,17 @@ impl MooncakeIndex {
         self
     }
 
-    /// Warns when `ttl`, the `lookup_prefetch_ttl_s` of the clients in front of this
-    /// server, is not below the read lease: now against the lease in use, and again
-    /// when the master reports a lease that is not above it. vLLM's wire carries no
-    /// lease, so this server is where the check can use the master's own figure.
+    /// The clients in front of this server keep results for `ttl` (their
+    /// `lookup_prefetch_ttl_s`; [`DEFAULT_CLIENT_TTL`] until given): the presence
+    /// cache uses a key only while its lease outlasts `ttl` from the lookup, and a
+    /// warning is logged when `ttl` is not below the read lease, now against the lease
+    /// in use and again when the master reports a lease that is not above it. vLLM's
+    /// wire carries no lease, so this server is where the check can use the master's
+    /// own figure.
     #[must_use]
     pub fn check_client_ttl(mut self, ttl: Duration) -> Self {
         self.client_ttl = Some(ttl);
-        self.batch.check_ttl(ttl, CLIENT_TTL_SETTING);
+        self.rebuild_batcher();
         self
     }
 

@@ -300,6 +300,59 @@ async fn reset_with_remove_all_removes_every_key_with_force() {
     );
 }
 
+fn cached() -> BatchConfig {
+    let mut batch = BatchConfig::default();
+    batch.presence.enabled = true;
+    batch
+}
+
+/// Asks `keys` until the presence cache serves them (once the lease is known).
+async fn warm(index: &MooncakeIndex, keys: &[String]) {
+    for _ in 0..3 {
+        assert_eq!(
+            index.leading_blocks(1, keys).await.unwrap().blocks,
+            keys.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(index.stats().batch.keys_from_cache > 0);
+}
+
+/// The index's own reset (`RemoveAll(force)`) ends its presence cache: right after
+/// removing everything, no lookup claims a block.
+#[tokio::test]
+async fn the_index_own_remove_all_ends_its_presence_cache() {
+    let (_fake, addr) = Fake::start(&["a0", "a1"]).await;
+    let index = index(&addr, 1024)
+        .await
+        .with_reset(ResetPolicy::RemoveAll)
+        .with_batching(cached())
+        .unwrap();
+    let chain = keys(&["a0", "a1"]);
+    warm(&index, &chain).await;
+    index.clear().await.unwrap();
+    assert_eq!(index.leading_blocks(1, &chain).await.unwrap().blocks, 0);
+}
+
+/// The cache's margin is the clients' result TTL: with a 10 s lease and clients that
+/// keep results 9.5 s, a cached key is never used (it would not outlast their use).
+#[tokio::test]
+async fn the_cache_margin_is_the_clients_ttl() {
+    let (fake, addr) = Fake::start(&["a0"]).await;
+    let index = index(&addr, 1024)
+        .await
+        .with_batching(cached())
+        .unwrap()
+        .check_client_ttl(Duration::from_millis(9_500));
+    let chain = keys(&["a0"]);
+    for _ in 0..3 {
+        assert_eq!(index.leading_blocks(1, &chain).await.unwrap().blocks, 1);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    assert_eq!(index.stats().batch.keys_from_cache, 0);
+    assert_eq!(fake.calls(), [1, 1, 1]);
+}
+
 #[tokio::test]
 async fn a_failed_remove_all_fails_the_reset() {
     let (fake, addr) = Fake::start(&["a0"]).await;

@@ -250,3 +250,79 @@ proptest! {
         prop_assert!(asked <= asked_unbatched, "{} > {}", asked, asked_unbatched);
     }
 }
+
+fn unavailable(why: &str) -> MasterError {
+    MasterError::Unavailable {
+        addr: "m".to_owned(),
+        last_error: why.to_owned(),
+    }
+}
+
+/// A block whose keys went in two calls, one failed and one answered `false`, ends as
+/// the failure whatever the order of its keys: a failure never reads as a miss.
+#[test]
+fn a_block_split_across_a_failed_call_and_a_false_answer_is_unavailable() {
+    for failed_first in [true, false] {
+        // Chunks of 1 key: block 0's two keys go in two calls of one round.
+        let mut plan = LeadingRuns::new(1);
+        plan.add(keys("a", 0..1, 2), 2);
+        let calls = plan.next_round(&mut |_| false).unwrap();
+        assert_eq!(
+            calls,
+            vec![vec!["a0@ns0".to_owned()], vec!["a0@ns1".to_owned()]]
+        );
+        let (failed, answered) = if failed_first { (0, 1) } else { (1, 0) };
+        plan.record_failure(&calls[failed], unavailable("reset by peer"));
+        plan.record(&calls[answered], &[Ok(false)]).unwrap();
+        assert!(plan.next_round(&mut |_| false).is_none());
+        let results = plan.into_results();
+        assert!(
+            matches!(&results[0], Err(MasterError::Unavailable { last_error, .. }) if last_error == "reset by peer"),
+            "failed_first {failed_first}: {results:?}"
+        );
+    }
+}
+
+/// Each lookup is handed out once its own run is known: a 1-key miss after the first
+/// round, before the long lookup's later rounds are asked; answers resting on keys
+/// taken from the cache say so.
+#[test]
+fn each_lookup_is_finished_at_its_own_early_stop() {
+    let long = keys("l", 0..4, 1);
+    let store = store_of(&long);
+    let mut plan = LeadingRuns::new(1);
+    plan.add(long.clone(), 1);
+    plan.add(vec!["miss".to_owned()], 1);
+    plan.add(vec![long[0].clone(), "c".to_owned()], 1);
+    let assume = |k: &str| k == "c";
+    let mut finished_per_round = Vec::new();
+    loop {
+        let round = plan.next_round(&mut |k| assume(k));
+        finished_per_round.push(plan.take_finished());
+        let Some(calls) = round else { break };
+        for keys in calls {
+            let answers: Vec<ExistResult> = keys.iter().map(|k| answer(&store, k)).collect();
+            plan.record(&keys, &answers).unwrap();
+        }
+    }
+    let summary: Vec<Vec<(usize, usize, bool)>> = finished_per_round
+        .iter()
+        .map(|round| {
+            round
+                .iter()
+                .map(|(i, r, cached)| (*i, *r.as_ref().unwrap(), *cached))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            vec![],
+            vec![(1, 0, false), (2, 2, true)],
+            vec![],
+            vec![],
+            vec![(0, 4, false)],
+        ]
+    );
+    assert!(plan.take_finished().is_empty(), "each answer once");
+}
