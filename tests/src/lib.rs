@@ -10,7 +10,8 @@
 //!   call-timing harness, a server in a child process, process readers (the fault,
 //!   load and server-fuzz tests);
 //! - [`fuzz`]: bounded input strategies and reference decoders (the fuzz tests);
-//! - [`mooncake`]: a real Mooncake master and a real Python store client;
+//! - [`mooncake`]: a real Mooncake master, etcd and a real Python store client (the
+//!   `mooncake-peers` crate, shared with `cargo xtask chaos`);
 //! - [`metrics`]: scraping a Prometheus exposition, one raw exchange with a server;
 //! - [`logs`]: the log lines a user reads, captured for exact assertions;
 //! - [`served`]: the bound ROUTER and serving task every in-test server shares;
@@ -30,7 +31,7 @@ pub mod fault;
 pub mod fuzz;
 pub mod logs;
 pub mod metrics;
-pub mod mooncake;
+pub use mooncake_peers as mooncake;
 pub mod served;
 pub mod server;
 

@@ -1,4 +1,6 @@
-//! A real Mooncake master and a real Python store client for the e2e tests.
+//! Real Mooncake peers on loopback, for the end-to-end tests (`lookup-tests`, as its
+//! `mooncake` module) and the xtask tools that run against real processes
+//! (`cargo xtask chaos`).
 //!
 //! - [`Master`]: `mooncake_master` on free loopback ports, killed on drop (also when
 //!   the test panics).
@@ -9,7 +11,10 @@
 //! - [`ha`]: a real etcd and masters in high-availability mode.
 //!
 //! Both come from `scripts/mooncake/install.sh` (the pinned wheel in `.venv`). A missing
-//! binary fails with a message naming that script: never skipped, never a hang.
+//! binary fails with a message naming that script: never skipped, never a hang. The
+//! launchers panic on failure (a test's failure); a tool checks first with
+//! [`find_master_bin`], [`find_python_bin`] and [`ha::find_etcd_bin`], which return
+//! that message as an error instead.
 
 pub mod ha;
 
@@ -28,10 +33,13 @@ const WRITER_ANSWER_SECS: u64 = 60;
 /// Most keys per writer command line.
 const KEYS_PER_LINE: usize = 500;
 
-fn workspace_root() -> PathBuf {
+/// The workspace root (this crate sits in `crates/mooncake-peers`).
+#[must_use]
+pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the e2e package sits in the workspace root")
+        .ancestors()
+        .nth(2)
+        .expect("the peers crate sits two levels below the workspace root")
         .to_path_buf()
 }
 
@@ -41,37 +49,57 @@ const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` \
 
 /// The `mooncake_master` to run: `$MOONCAKE_MASTER_BIN`, else `.venv/bin/mooncake_master`.
 ///
-/// # Panics
-/// When the file does not exist, naming the install script.
-pub fn master_bin() -> PathBuf {
+/// # Errors
+/// When the file does not exist: a message naming the install script.
+pub fn find_master_bin() -> Result<PathBuf, String> {
     let bin = match std::env::var_os("MOONCAKE_MASTER_BIN") {
         Some(path) => PathBuf::from(path),
         None => workspace_root().join(".venv/bin/mooncake_master"),
     };
-    assert!(
-        bin.is_file(),
-        "mooncake_master not found at {}: {INSTALL_HINT}",
-        bin.display()
-    );
-    bin
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "mooncake_master not found at {}: {INSTALL_HINT}",
+            bin.display()
+        ))
+    }
+}
+
+/// [`find_master_bin`] for a test.
+///
+/// # Panics
+/// When the file does not exist, naming the install script.
+pub fn master_bin() -> PathBuf {
+    find_master_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The Python with the `mooncake` package: `$MOONCAKE_PYTHON`, else `.venv/bin/python`.
 ///
-/// # Panics
-/// When the file does not exist, naming the install script.
-pub fn python_bin() -> PathBuf {
+/// # Errors
+/// When the file does not exist: a message naming the install script.
+pub fn find_python_bin() -> Result<PathBuf, String> {
     let python = match std::env::var_os("MOONCAKE_PYTHON") {
         Some(path) => PathBuf::from(path),
         None => workspace_root().join(".venv/bin/python"),
     };
-    assert!(
-        python.is_file(),
-        "the Mooncake Python client's interpreter not found at {}: {INSTALL_HINT} \
-         (or set MOONCAKE_PYTHON)",
-        python.display()
-    );
-    python
+    if python.is_file() {
+        Ok(python)
+    } else {
+        Err(format!(
+            "the Mooncake Python client's interpreter not found at {}: {INSTALL_HINT} \
+             (or set MOONCAKE_PYTHON)",
+            python.display()
+        ))
+    }
+}
+
+/// [`find_python_bin`] for a test.
+///
+/// # Panics
+/// When the file does not exist, naming the install script.
+pub fn python_bin() -> PathBuf {
+    find_python_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A loopback port nobody listened on a moment ago.
