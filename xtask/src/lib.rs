@@ -3,6 +3,9 @@
 //!
 //! - [`bench`](mod@bench): the lookup channel's performance next to a bare ZeroMQ
 //!   loop and the Python design of vLLM's async lookup.
+//! - [`chaos`]: real lookup clients against a real Mooncake store that moves (master
+//!   restart, wipe, removals, HA leader kill, etcd down), every answer judged against
+//!   what the store held.
 //! - [`calibrate`]: what a lookup costs through each real server on this machine, as
 //!   the calibration file `simulate` reads.
 //! - [`fidelity`]: `replay` and `simulate` on the same slice, side by side, with the
@@ -21,6 +24,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod chaos;
 pub mod fidelity;
 pub mod load;
 pub mod presence;
