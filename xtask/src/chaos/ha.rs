@@ -21,7 +21,7 @@ use mooncake_peers::ha::HaCluster;
 use tokio::runtime::Runtime;
 
 use super::load::Answer;
-use super::server::Server;
+use super::server;
 use super::truth::Loss;
 use super::{Fault, Fleet, Run, pause};
 
@@ -69,17 +69,14 @@ pub fn run(
     // A store that held something before is not this one: start from nothing.
     run.truth.remove_all(run.now(), Loss::Lost);
     run.put(&mut store, &all);
-    let lease_s = run.settings.lease.as_secs_f64();
-    let ttl_s = run.settings.ttl.as_secs_f64();
-    let servers = [false, true]
-        .into_iter()
-        .map(|cache| Server::start(server_bin, &addr, Some(&id), cache, lease_s, ttl_s, logs))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let endpoints: Vec<_> = servers
-        .iter()
-        .zip([false, true])
-        .map(|(s, cache)| (cache, s.endpoint.clone()))
-        .collect();
+    let (servers, endpoints) = server::pair(
+        server_bin,
+        &addr,
+        Some(&id),
+        run.settings.lease.as_secs_f64(),
+        run.settings.ttl.as_secs_f64(),
+        logs,
+    )?;
     let fleet = Fleet::start(runtime, run, &addr, Some(&id), &endpoints)?;
     run.phase(Fault::SteadyHa);
     pause(run.steady);

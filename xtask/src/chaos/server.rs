@@ -131,3 +131,29 @@ impl Drop for Server {
         let _ = std::fs::remove_file(&self.log);
     }
 }
+
+/// Whether a server's presence cache is on, and where it listens.
+pub type CacheEndpoint = (bool, Endpoint);
+
+/// A server with the presence cache off and one with it on, in front of `master`
+/// (see [`Server::start`]), with their endpoints as the fleet takes them.
+///
+/// # Errors
+/// Either server cannot start.
+pub fn pair(
+    bin: &Path,
+    master: &str,
+    cluster: Option<&str>,
+    lease_s: f64,
+    ttl_s: f64,
+    log_dir: &Path,
+) -> anyhow::Result<(Vec<Server>, Vec<CacheEndpoint>)> {
+    let mut servers = Vec::new();
+    let mut endpoints = Vec::new();
+    for cache in [false, true] {
+        let server = Server::start(bin, master, cluster, cache, lease_s, ttl_s, log_dir)?;
+        endpoints.push((cache, server.endpoint.clone()));
+        servers.push(server);
+    }
+    Ok((servers, endpoints))
+}

@@ -11,7 +11,7 @@ use mooncake_peers::{Master, Writer, free_port};
 use tokio::runtime::Runtime;
 
 use super::load::Answer;
-use super::server::Server;
+use super::server;
 use super::truth::Loss;
 use super::{Fault, Fleet, Run, pause};
 
@@ -45,17 +45,14 @@ pub fn run(
     let mut writer = Writer::start(&master);
     let all = run.prompts.all_keys();
     run.put(&mut writer, &all);
-    let lease_s = run.settings.lease.as_secs_f64();
-    let ttl_s = run.settings.ttl.as_secs_f64();
-    let servers = [false, true]
-        .into_iter()
-        .map(|cache| Server::start(server_bin, &addr, None, cache, lease_s, ttl_s, logs))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let endpoints: Vec<_> = servers
-        .iter()
-        .zip([false, true])
-        .map(|(s, cache)| (cache, s.endpoint.clone()))
-        .collect();
+    let (servers, endpoints) = server::pair(
+        server_bin,
+        &addr,
+        None,
+        run.settings.lease.as_secs_f64(),
+        run.settings.ttl.as_secs_f64(),
+        logs,
+    )?;
     let fleet = Fleet::start(runtime, run, &addr, None, &endpoints)?;
     run.phase(Fault::Steady);
     pause(run.steady);
