@@ -3,11 +3,11 @@
 //!
 //! - [`bench`](mod@bench): the lookup channel's performance next to a bare ZeroMQ
 //!   loop and the Python design of vLLM's async lookup.
+//! - [`calibrate`]: what a lookup costs through each real server on this machine, as
+//!   the calibration file `simulate` reads.
 //! - [`chaos`]: real lookup clients against a real Mooncake store that moves (master
 //!   restart, wipe, removals, HA leader kill, etcd down), every answer judged against
 //!   what the store held.
-//! - [`calibrate`]: what a lookup costs through each real server on this machine, as
-//!   the calibration file `simulate` reads.
 //! - [`fidelity`]: `replay` and `simulate` on the same slice, side by side, with the
 //!   agreement targets.
 //! - [`load`]: 1 to 64 engines against one real Mooncake master, batched and

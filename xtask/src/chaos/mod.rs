@@ -45,7 +45,7 @@ pub struct Args {
     /// Faults to inject, comma-separated, in this order whatever the order given.
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = Fault::INJECTED)]
     pub faults: Vec<Fault>,
-    /// Only the faults of one master (remove, wipe, restart): no etcd, no HA, ~25 s.
+    /// Only the faults of one master (remove, wipe, restart): no etcd, no HA, ~35 s.
     #[arg(long, conflicts_with = "faults")]
     pub quick: bool,
     /// Print the table (and JSON) and exit 0 even when answers are wrong or probes
@@ -69,7 +69,8 @@ pub struct Args {
     /// and the judge's view of it, milliseconds.
     #[arg(long, default_value_t = 200)]
     pub slack_ms: u64,
-    /// Seconds of load before the first fault of each world.
+    /// Seconds of load before the first fault of each world, and after each refill of
+    /// the store (so the next fault finds the caches full).
     #[arg(long, default_value_t = 2.0)]
     pub steady_s: f64,
     /// Seconds each fault's phase lasts after the fault (at least the removal bound,

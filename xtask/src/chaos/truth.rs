@@ -73,8 +73,8 @@ pub enum Verdict {
     Held,
     /// The key had left the store, within the bound of how it left.
     WithinBound,
-    /// Wrong: the key had left the store `past` longer ago than its bound allows
-    /// (`since` is how long ago it left), or was never stored (`since` is `None`).
+    /// Wrong: the key had left the store longer ago than the bound of how it left
+    /// allows, or had never been stored before the claim.
     Wrong {
         /// Time since the key left the store; `None` when it was never stored before
         /// the claim.
