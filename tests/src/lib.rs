@@ -12,7 +12,8 @@
 //! - [`fuzz`]: bounded input strategies and reference decoders (the fuzz tests);
 //! - [`flood`]: a hostile-input flood of a server over real ZeroMQ (the memory test
 //!   of the `lookup-server` program);
-//! - [`mooncake`]: a real Mooncake master and a real Python store client;
+//! - [`mooncake`]: a real Mooncake master, etcd and a real Python store client (the
+//!   `mooncake-peers` crate, shared with `cargo xtask chaos`);
 //! - [`metrics`]: scraping a Prometheus exposition, one raw exchange with a server;
 //! - [`logs`]: the log lines a user reads, captured for exact assertions;
 //! - [`served`]: the bound ROUTER and serving task every in-test server shares;
@@ -33,7 +34,7 @@ pub mod flood;
 pub mod fuzz;
 pub mod logs;
 pub mod metrics;
-pub mod mooncake;
+pub use mooncake_peers as mooncake;
 pub mod served;
 pub mod server;
 

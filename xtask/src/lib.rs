@@ -5,6 +5,9 @@
 //!   loop and the Python design of vLLM's async lookup.
 //! - [`calibrate`]: what a lookup costs through each real server on this machine, as
 //!   the calibration file `simulate` reads.
+//! - [`chaos`]: real lookup clients against a real Mooncake store that moves (master
+//!   restart, wipe, removals, HA leader kill, etcd down), every answer judged against
+//!   what the store held.
 //! - [`fidelity`]: `replay` and `simulate` on the same slice, side by side, with the
 //!   agreement targets.
 //! - [`load`]: 1 to 64 engines against one real Mooncake master, batched and
@@ -21,6 +24,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod chaos;
 pub mod fidelity;
 pub mod load;
 pub mod presence;

@@ -39,6 +39,12 @@ enum Task {
     /// Count the master keys the lease-backed presence cache saves, on both traces and
     /// on a generated workload with shared system prompts (offline, deterministic).
     Presence(Box<xtask::presence::Args>),
+    /// Run real lookup clients (direct, with and without the presence cache, and
+    /// ZeroMQ through lookup-server) against a real Mooncake store while it moves
+    /// (removals, a wipe, a master restart, an HA leader kill, etcd down), and count
+    /// the answers that claim blocks the store no longer held and the probes over
+    /// their timeout; non-zero exit when either is found.
+    Chaos(Box<xtask::chaos::Args>),
     /// Install the real test peers (Mooncake master, pyzmq) and run every test.
     Test(xtask::test::Args),
 }
@@ -52,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Task::Fidelity(args) => xtask::fidelity::run(&args),
         Task::Load(args) => xtask::load::run(&args),
         Task::Presence(args) => xtask::presence::run(&args),
+        Task::Chaos(args) => xtask::chaos::run(&args),
         Task::Test(args) => xtask::test::run_tests(&args),
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -66,33 +66,16 @@ pub fn default_python() -> PathBuf {
         .map_or_else(|| workspace_root().join(".venv/bin/python"), PathBuf::from)
 }
 
-/// A loopback port nobody listened on a moment ago.
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("finding a free loopback port")?
-        .port())
-}
-
-/// The last 20 lines of a log file.
-fn tail(path: &Path) -> String {
-    let mut text = String::new();
-    if let Ok(mut f) = std::fs::File::open(path) {
-        let _ = f.read_to_string(&mut text);
-    }
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
-}
+use mooncake_peers::tail;
 
 /// The master a replay talks to: one it started (killed on drop), or one given.
 #[derive(Debug)]
 pub struct Master {
-    child: Option<Child>,
+    started: Option<mooncake_peers::Master>,
     /// `host:port` of the RPC service.
     pub addr: String,
     /// `host:port` of the metrics HTTP service, when known.
     pub metrics: Option<String>,
-    log: Option<PathBuf>,
 }
 
 impl Master {
@@ -108,73 +91,33 @@ impl Master {
                 bin.display()
             );
         }
-        let rpc_port = free_port()?;
-        let metrics_port = free_port()?;
-        let log = log_dir.join(format!("mooncake-master-{rpc_port}.log"));
-        let log_file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(bin)
-            .arg("--rpc_address=127.0.0.1")
-            .arg(format!("--rpc_port={rpc_port}"))
-            .arg("--metrics_host=127.0.0.1")
-            .arg(format!("--metrics_port={metrics_port}"))
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().context("log handle")?)
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("cannot run {}: {INSTALL_HINT}", bin.display()))?;
-        let mut master = Self {
-            child: Some(child),
-            addr: format!("127.0.0.1:{rpc_port}"),
-            metrics: Some(format!("127.0.0.1:{metrics_port}")),
-            log: Some(log),
-        };
-        master.wait_ready(rpc_port)?;
-        Ok(master)
+        let mut master =
+            mooncake_peers::Master::try_spawn(bin, mooncake_peers::free_port(), &[], log_dir)
+                .map_err(anyhow::Error::msg)?;
+        master
+            .try_wait_ready(MASTER_START.as_secs())
+            .map_err(anyhow::Error::msg)?;
+        Ok(Self {
+            addr: master.addr(),
+            metrics: Some(format!("127.0.0.1:{}", master.metrics_port())),
+            started: Some(master),
+        })
     }
 
     /// The process id of a master this replay started (for its CPU time in
     /// `/proc/<pid>/stat`); `None` for an external one.
     #[must_use]
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.started.as_ref().and_then(mooncake_peers::Master::pid)
     }
 
     /// A master that runs elsewhere, at `addr`, with its metrics at `metrics`.
     #[must_use]
     pub fn external(addr: String, metrics: Option<String>) -> Self {
         Self {
-            child: None,
+            started: None,
             addr,
             metrics,
-            log: None,
-        }
-    }
-
-    fn wait_ready(&mut self, rpc_port: u16) -> anyhow::Result<()> {
-        let deadline = Instant::now() + MASTER_START;
-        let log = self.log.clone().unwrap_or_default();
-        loop {
-            if TcpStream::connect(("127.0.0.1", rpc_port)).is_ok() {
-                return Ok(());
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!(
-                    "mooncake_master exited with {status} before listening:\n{}",
-                    tail(&log)
-                );
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "mooncake_master did not listen on port {rpc_port} within {MASTER_START:?}:\n{}",
-                    tail(&log)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -198,18 +141,6 @@ pub fn scrape(addr: &str) -> anyhow::Result<HashMap<String, f64>> {
         }
     }
     Ok(out)
-}
-
-impl Drop for Master {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Some(log) = self.log.take() {
-            let _ = std::fs::remove_file(log);
-        }
-    }
 }
 
 /// The body of `GET path` on `addr`. The master's HTTP server (cinatra) answers

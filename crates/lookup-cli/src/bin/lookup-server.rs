@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use lookup_server::mooncake_master::MasterConfig;
+use lookup_server::mooncake_master::{BatchConfig, MasterConfig};
 use lookup_server::{
     BlockIndex, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_RECV_HWM, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout, LookupServer,
@@ -138,6 +138,17 @@ struct Args {
         requires = "mooncake_master"
     )]
     mooncake_lease_ttl_s: f64,
+    /// Keep the master's positive answers in the lease-backed presence cache and
+    /// answer later lookups from it while the lease lasts (`true` or `false`; off by
+    /// default), instead of asking the master about every key.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        requires = "mooncake_master"
+    )]
+    mooncake_presence_cache: bool,
     /// The lookup_prefetch_ttl_s of the clients in front of this server, in seconds
     /// (vLLM's default 2): warned about when it is not below the master's read lease,
     /// which vLLM's wire cannot carry to them.
@@ -327,9 +338,13 @@ async fn connect_mooncake(args: &Args, addr: &str) -> Result<MooncakeIndex, Stri
     } else {
         ResetPolicy::Refuse
     };
+    let mut batch = BatchConfig::default();
+    batch.presence.enabled = args.mooncake_presence_cache;
     let index = MooncakeIndex::connect(addr, config)
         .await
         .map_err(|e| format!("--mooncake-master {addr}: {e}"))?
+        .with_batching(batch)
+        .map_err(|e| format!("--mooncake-presence-cache: {e}"))?
         .with_reset(reset)
         .with_lease_ttl(seconds(
             "--mooncake-lease-ttl-s",

@@ -30,17 +30,24 @@ const ETCD_HINT: &str = "install it with `bash scripts/mooncake/install.sh` \
 
 /// The `etcd` to run: `$ETCD_BIN`, else `/usr/bin/etcd` (Debian's etcd-server).
 ///
+/// # Errors
+/// When the file does not exist: a message naming the install script.
+pub fn find_etcd_bin() -> Result<PathBuf, String> {
+    let bin =
+        std::env::var_os("ETCD_BIN").map_or_else(|| PathBuf::from("/usr/bin/etcd"), PathBuf::from);
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!("etcd not found at {}: {ETCD_HINT}", bin.display()))
+    }
+}
+
+/// [`find_etcd_bin`] for a test.
+///
 /// # Panics
 /// When the file does not exist, naming the install script.
 pub fn etcd_bin() -> PathBuf {
-    let bin =
-        std::env::var_os("ETCD_BIN").map_or_else(|| PathBuf::from("/usr/bin/etcd"), PathBuf::from);
-    assert!(
-        bin.is_file(),
-        "etcd not found at {}: {ETCD_HINT}",
-        bin.display()
-    );
-    bin
+    find_etcd_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One answer of a plain HTTP/1.1 exchange on loopback: the status line's code and
@@ -65,28 +72,62 @@ pub fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, Str
     Some((code, body))
 }
 
-/// A running etcd on loopback, killed on drop (its data directory removed).
+/// A running etcd on loopback, killed on drop (its data directory removed). It can be
+/// stopped and started again on the same ports with the same data (an etcd outage).
 pub struct Etcd {
-    child: Child,
+    child: Option<Child>,
     client_port: u16,
+    peer_port: u16,
     log: PathBuf,
-    _data: TempDir,
+    data: TempDir,
 }
 
 impl Etcd {
     /// Starts a single-member etcd on free loopback ports and waits until healthy.
     pub fn start() -> Self {
-        let bin = etcd_bin();
         let data = TempDir::new().expect("etcd data directory");
-        let (client_port, peer_port) = (free_port(), free_port());
         let log = data.path().join("etcd.log");
-        let log_file = std::fs::File::create(&log).expect("create etcd's log file");
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
+        let mut etcd = Self {
+            child: None,
+            client_port: free_port(),
+            peer_port: free_port(),
+            log,
+            data,
+        };
+        etcd.restart();
+        etcd
+    }
+
+    /// Kills etcd (SIGKILL) and reaps it; its ports and data stay for
+    /// [`restart`](Self::restart).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd (again) on its ports with its data directory and waits until
+    /// healthy; a running one is left as it is.
+    ///
+    /// # Panics
+    /// When etcd cannot run, exits, or is not healthy within 15 s (with its log's tail).
+    pub fn restart(&mut self) {
+        if self.child.is_some() {
+            return;
+        }
+        let bin = etcd_bin();
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open etcd's log file");
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let child = Command::new(&bin)
             .args(["--name", "test"])
             .arg("--data-dir")
-            .arg(data.path().join("data"))
+            .arg(self.data.path().join("data"))
             .args([
                 "--listen-client-urls",
                 &client,
@@ -105,27 +146,21 @@ impl Etcd {
             .stderr(log_file)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}; {ETCD_HINT}", bin.display()));
-        let mut etcd = Self {
-            child,
-            client_port,
-            log,
-            _data: data,
-        };
+        let child = self.child.insert(child);
         let deadline = Instant::now() + Duration::from_secs(ETCD_START_SECS);
-        while !http(client_port, "GET", "/health", "")
+        while !http(self.client_port, "GET", "/health", "")
             .is_some_and(|(code, body)| code == 200 && body.contains("\"health\":\"true\""))
         {
-            if let Ok(Some(status)) = etcd.child.try_wait() {
-                panic!("etcd exited with {status}:\n{}", tail(&etcd.log));
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("etcd exited with {status}:\n{}", tail(&self.log));
             }
             assert!(
                 Instant::now() < deadline,
                 "etcd not healthy within {ETCD_START_SECS} s:\n{}",
-                tail(&etcd.log)
+                tail(&self.log)
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        etcd
     }
 
     /// `127.0.0.1:{client port}`, as masters take it (`-etcd_endpoints`).
@@ -136,8 +171,7 @@ impl Etcd {
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
@@ -157,6 +191,12 @@ impl HaCluster {
     /// warm-up), then master 1 as standby and waits until it sees master 0 as leader.
     /// `oplog` adds `-enable_oplog=true` (object metadata replicated through etcd).
     pub fn start(oplog: bool) -> Self {
+        Self::start_with(oplog, &[])
+    }
+
+    /// As [`start`](Self::start), with `extra` flags for both masters (e.g.
+    /// `-default_kv_lease_ttl=2000`).
+    pub fn start_with(oplog: bool, extra: &[String]) -> Self {
         let etcd = Etcd::start();
         let cluster_id = format!("ha_test_{}_{}", std::process::id(), free_port());
         let flags = vec![
@@ -165,6 +205,7 @@ impl HaCluster {
             format!("-cluster_id={cluster_id}"),
             format!("-enable_oplog={oplog}"),
         ];
+        let flags = [flags.as_slice(), extra].concat();
         let mut first = Master::spawn(free_port(), &flags);
         first.wait_ready(LEADER_START_SECS);
         let second = Master::spawn(free_port(), &flags);

@@ -1,4 +1,6 @@
-//! A real Mooncake master and a real Python store client for the e2e tests.
+//! Real Mooncake peers on loopback, for the end-to-end tests (`lookup-tests`, as its
+//! `mooncake` module) and the xtask tools that run against real processes
+//! (`cargo xtask chaos`).
 //!
 //! - [`Master`]: `mooncake_master` on free loopback ports, killed on drop (also when
 //!   the test panics).
@@ -9,7 +11,10 @@
 //! - [`ha`]: a real etcd and masters in high-availability mode.
 //!
 //! Both come from `scripts/mooncake/install.sh` (the pinned wheel in `.venv`). A missing
-//! binary fails with a message naming that script: never skipped, never a hang.
+//! binary fails with a message naming that script: never skipped, never a hang. The
+//! launchers panic on failure (a test's failure); a tool checks first with
+//! [`find_master_bin`], [`find_python_bin`] and [`ha::find_etcd_bin`], which return
+//! that message as an error instead.
 
 pub mod ha;
 
@@ -28,50 +33,71 @@ const WRITER_ANSWER_SECS: u64 = 60;
 /// Most keys per writer command line.
 const KEYS_PER_LINE: usize = 500;
 
-fn workspace_root() -> PathBuf {
+/// The workspace root (this crate sits in `crates/mooncake-peers`).
+#[must_use]
+pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the e2e package sits in the workspace root")
+        .ancestors()
+        .nth(2)
+        .expect("the peers crate sits two levels below the workspace root")
         .to_path_buf()
 }
 
 const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` \
-    (Debian libibverbs1 + PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into .venv), \
-    or point MOONCAKE_MASTER_BIN at a mooncake_master binary";
+    (Debian libibverbs1 + PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into .venv)";
+
+/// `$var` if set, else `default` under the workspace root; an error naming `what` and
+/// the install script when that file does not exist.
+fn find(var: &str, default: &str, what: &str) -> Result<PathBuf, String> {
+    let path = std::env::var_os(var).map_or_else(|| workspace_root().join(default), PathBuf::from);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{what} not found at {}: {INSTALL_HINT} (or set {var})",
+            path.display()
+        ))
+    }
+}
 
 /// The `mooncake_master` to run: `$MOONCAKE_MASTER_BIN`, else `.venv/bin/mooncake_master`.
+///
+/// # Errors
+/// When the file does not exist: a message naming the install script.
+pub fn find_master_bin() -> Result<PathBuf, String> {
+    find(
+        "MOONCAKE_MASTER_BIN",
+        ".venv/bin/mooncake_master",
+        "mooncake_master",
+    )
+}
+
+/// [`find_master_bin`] for a test.
 ///
 /// # Panics
 /// When the file does not exist, naming the install script.
 pub fn master_bin() -> PathBuf {
-    let bin = match std::env::var_os("MOONCAKE_MASTER_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => workspace_root().join(".venv/bin/mooncake_master"),
-    };
-    assert!(
-        bin.is_file(),
-        "mooncake_master not found at {}: {INSTALL_HINT}",
-        bin.display()
-    );
-    bin
+    find_master_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The Python with the `mooncake` package: `$MOONCAKE_PYTHON`, else `.venv/bin/python`.
 ///
+/// # Errors
+/// When the file does not exist: a message naming the install script.
+pub fn find_python_bin() -> Result<PathBuf, String> {
+    find(
+        "MOONCAKE_PYTHON",
+        ".venv/bin/python",
+        "the Mooncake Python client's interpreter",
+    )
+}
+
+/// [`find_python_bin`] for a test.
+///
 /// # Panics
 /// When the file does not exist, naming the install script.
 pub fn python_bin() -> PathBuf {
-    let python = match std::env::var_os("MOONCAKE_PYTHON") {
-        Some(path) => PathBuf::from(path),
-        None => workspace_root().join(".venv/bin/python"),
-    };
-    assert!(
-        python.is_file(),
-        "the Mooncake Python client's interpreter not found at {}: {INSTALL_HINT} \
-         (or set MOONCAKE_PYTHON)",
-        python.display()
-    );
-    python
+    find_python_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A loopback port nobody listened on a moment ago.
@@ -83,6 +109,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A running `mooncake_master`, killed on drop.
+#[derive(Debug)]
 pub struct Master {
     child: Option<Child>,
     rpc_port: u16,
@@ -104,31 +131,52 @@ impl Master {
     }
 
     /// Runs `mooncake_master` on loopback with `extra` flags, without waiting.
+    ///
+    /// # Panics
+    /// As [`try_spawn`](Self::try_spawn) fails.
     pub fn spawn(rpc_port: u16, extra: &[String]) -> Self {
-        let bin = master_bin();
+        Self::try_spawn(&master_bin(), rpc_port, extra, &std::env::temp_dir())
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs `bin` on loopback at `rpc_port` (metrics on a free port) with `extra`
+    /// flags, its log in `log_dir`, without waiting.
+    ///
+    /// # Errors
+    /// The log cannot be created or the binary cannot run (naming the install script).
+    pub fn try_spawn(
+        bin: &Path,
+        rpc_port: u16,
+        extra: &[String],
+        log_dir: &Path,
+    ) -> Result<Self, String> {
         let metrics_port = free_port();
-        let log = std::env::temp_dir().join(format!(
+        let log = log_dir.join(format!(
             "mooncake-master-{}-{rpc_port}.log",
             std::process::id()
         ));
-        let log_file = std::fs::File::create(&log).expect("create the master's log file");
-        let child = Command::new(&bin)
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let log_out = log_file
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log.display()))?;
+        let child = Command::new(bin)
             .arg("--rpc_address=127.0.0.1")
             .arg(format!("--rpc_port={rpc_port}"))
             .arg("--metrics_host=127.0.0.1")
             .arg(format!("--metrics_port={metrics_port}"))
             .args(extra)
             .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("clone log handle"))
+            .stdout(log_out)
             .stderr(log_file)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}; {INSTALL_HINT}", bin.display()));
-        Self {
+            .map_err(|e| format!("cannot run {}: {e}; {INSTALL_HINT}", bin.display()))?;
+        Ok(Self {
             child: Some(child),
             rpc_port,
             metrics_port,
             log,
-        }
+        })
     }
 
     /// Waits until the RPC port accepts connections, for at most `secs` seconds.
@@ -136,30 +184,44 @@ impl Master {
     /// # Panics
     /// When the master exits first or the time runs out, with its log's tail.
     pub fn wait_ready(&mut self, secs: u64) {
+        self.try_wait_ready(secs).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Waits until the RPC port accepts connections, for at most `secs` seconds.
+    ///
+    /// # Errors
+    /// The master exits first or the time runs out (with its log's tail).
+    pub fn try_wait_ready(&mut self, secs: u64) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             if TcpStream::connect(("127.0.0.1", self.rpc_port)).is_ok() {
-                return;
+                return Ok(());
             }
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!(
+                return Err(format!(
                     "mooncake_master exited with {status} before listening on port {}:\n{}",
                     self.rpc_port,
                     self.log_tail()
-                );
+                ));
             }
-            assert!(
-                Instant::now() < deadline,
-                "mooncake_master did not listen on port {} within {secs} s:\n{}",
-                self.rpc_port,
-                self.log_tail()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "mooncake_master did not listen on port {} within {secs} s:\n{}",
+                    self.rpc_port,
+                    self.log_tail()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The process id while it runs (for its CPU time in `/proc/<pid>/stat`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// `127.0.0.1:{rpc_port}`.
