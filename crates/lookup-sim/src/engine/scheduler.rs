@@ -6,10 +6,10 @@ use lookup_core::Probe;
 use super::params::PendingPolicy;
 use super::replica::Engine;
 use super::world::{Entry, Phase, Req, Step, World, blocks_for};
-use crate::simulate::mode::Mode;
-use crate::simulate::server::nanos;
-use crate::simulate::store::LocalCache;
-use crate::simulate::trace::TRACE_BLOCK_TOKENS;
+use crate::mode::Mode;
+use crate::server::nanos;
+use crate::store::LocalCache;
+use crate::trace::TRACE_BLOCK_TOKENS;
 
 impl Engine {
     /// Makes request `idx` hold blocks for its first `end` positions, reusing the local

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use super::params::ArrivalHandling;
 use super::result::{FirstPending, ModeResult, Waits, add_stats};
 use super::world::{Phase, Step, World};
-use crate::simulate::connector::Connector;
-use crate::simulate::store::LocalCache;
+use crate::connector::Connector;
+use crate::store::LocalCache;
 
 /// Where an engine's thread is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

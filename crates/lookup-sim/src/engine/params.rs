@@ -4,8 +4,8 @@
 use anyhow::bail;
 use serde::Serialize;
 
-use crate::simulate::mode::LookupParams;
-use crate::simulate::server::ServerParams;
+use crate::mode::LookupParams;
+use crate::server::ServerParams;
 
 /// When new requests are handled by the engine thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -190,7 +190,7 @@ impl SimParams {
     /// A duration that is negative, NaN or infinite, a rate scale that is not above 0,
     /// no engine, a token budget or sequence limit of 0, a timeout of 0, or a server
     /// or wait budget that does not validate ([`ServerParams::validate`],
-    /// [`WaitBudget::validate`](crate::simulate::budget::WaitBudget::validate)). Each
+    /// [`WaitBudget::validate`](crate::budget::WaitBudget::validate)). Each
     /// message names the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         let e = &self.engine;

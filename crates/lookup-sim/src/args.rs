@@ -79,7 +79,7 @@ pub struct Args {
     pub no_recommend: bool,
 
     /// Calibration file (`cargo xtask calibrate --out FILE`) for the server model.
-    /// Default: the built-in `xtask/calibration.json`.
+    /// Default: the built-in `crates/lookup-sim/calibration.json`.
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
     /// Server profile of the calibration to model (default: the file's default,
@@ -130,10 +130,10 @@ pub struct Args {
     #[arg(long, default_value_t = LookupParams::default().prefetch_limit)]
     pub prefetch_limit: u32,
     /// `lookup_prefetch_ttl_s` (seconds).
-    #[arg(long, default_value_t = LookupParams::default().prefetch_ttl_s, value_parser = crate::simulate::mode::seconds_arg)]
+    #[arg(long, default_value_t = LookupParams::default().prefetch_ttl_s, value_parser = crate::mode::seconds_arg)]
     pub prefetch_ttl_s: f64,
     /// `lookup_timeout_s` (seconds).
-    #[arg(long, default_value_t = LookupParams::default().timeout_s, value_parser = crate::simulate::mode::seconds_arg)]
+    #[arg(long, default_value_t = LookupParams::default().timeout_s, value_parser = crate::mode::seconds_arg)]
     pub lookup_timeout_s: f64,
     /// `prefetch+wait`: longest wait for a lookup already queued or on the wire: `auto`
     /// (the client's recent on-wire p90, within `--wait-budget-bounds-ms`) or ms.

@@ -13,9 +13,9 @@ use lookup_core::{BlockHashes, Request, RequestId, RpcId};
 use super::SimParams;
 use super::params::Router;
 use super::result::{Breakdown, ModeResult, RequestRecord};
-use crate::simulate::mode::Mode;
-use crate::simulate::store::ExternalStore;
-use crate::simulate::trace::{TRACE_BLOCK_TOKENS, TraceError, TraceRequest};
+use crate::mode::Mode;
+use crate::store::ExternalStore;
+use crate::trace::{TRACE_BLOCK_TOKENS, TraceError, TraceRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
