@@ -33,11 +33,16 @@ impl Engine {
         true
     }
 
-    /// The request's anonymous blocks that are now full prompt blocks join the cache.
+    /// The request's anonymous blocks that are now full join the prefix cache: every
+    /// block whose tokens are all known (prompt or generated) and scheduled by `end`,
+    /// as vLLM V1's `KVCacheManager.allocate_slots` caches up to
+    /// `min(num_computed_tokens + num_new_tokens, request.num_tokens)` tokens
+    /// (`cache_blocks`, vllm/v1/core/kv_cache_manager.py), generated tokens included.
     pub(super) fn promote_full(local: &mut LocalCache, r: &mut Req, end: u32) {
-        let full = ((end / TRACE_BLOCK_TOKENS) as usize).min(r.hashes.len());
+        let known = end.min(r.input + r.outputs);
+        let full = (known / TRACE_BLOCK_TOKENS) as usize;
         while r.held_hashed.len() < full && r.held_anonymous > 0 {
-            let h = r.hashes[r.held_hashed.len()];
+            let h = r.block_hash(r.held_hashed.len());
             local.promote(h);
             r.held_anonymous -= 1;
             r.held_hashed.push(h);
@@ -155,13 +160,15 @@ impl Engine {
                 if computed == 0 {
                     let r = &mut w.reqs[idx];
                     let cap_blocks = ((r.prefill_len - 1) / TRACE_BLOCK_TOKENS) as usize;
+                    // After a preemption the chain covers the generated tokens too.
+                    let chain = r.chain(cap_blocks);
                     let hit_blocks = if w.p.engine.local_prefix_cache {
-                        self.local.hit_blocks(&r.hashes, cap_blocks)
+                        self.local.hit_blocks(&chain, cap_blocks)
                     } else {
                         0
                     };
                     local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
-                    hits = r.hashes[..hit_blocks].to_vec();
+                    hits = chain[..hit_blocks].to_vec();
                     let first_probe = !r.probed;
                     r.probed = true;
                     r.first_probe.get_or_insert(now);
