@@ -176,6 +176,9 @@ pub struct Args {
     /// Engine-thread time per scheduled step (ms).
     #[arg(long, default_value_t = EngineParams::default().scheduler_s * 1e3)]
     pub scheduler_ms: f64,
+    /// Engine-thread time per probe of a waiting request in a step (µs).
+    #[arg(long, default_value_t = EngineParams::default().scheduler_probe_s * 1e6)]
+    pub scheduler_probe_us: f64,
     /// When new requests are handled: while waiting for a step's output (vLLM #65466)
     /// or between steps.
     #[arg(long, value_enum, default_value_t = ArrivalHandling::WhileWaiting)]
@@ -288,6 +291,7 @@ impl Args {
                 decode_seq_s: self.decode_seq_us / 1e6,
                 decode_ctx_token_s: self.decode_ctx_ns / 1e9,
                 scheduler_s: self.scheduler_ms / 1e3,
+                scheduler_probe_s: self.scheduler_probe_us / 1e6,
                 arrivals: self.arrivals,
                 on_pending: self.on_pending,
                 batch_queue: self.batch_queue,

@@ -293,3 +293,23 @@ fn lookup_cost_counts_vllm_blocks_namespaces_and_the_early_stop() {
     assert_eq!((l.on_wire_us.min(), l.on_wire_us.max()), (1_168, 1_232));
     assert_eq!(r.ttft_ns(), vec![22_168_000, 15_992_000]);
 }
+
+/// Scheduler time grows with the probes made in a step: at 1 ms a probe, a lone
+/// 1,100-token request costs sync one probe (blocked to the reply at 1 ms, then 1 ms
+/// of probing: prefill [2, 23] ms) and async two (deferred at 0, the probe's 1 ms
+/// lands on the reply at 1 ms; probed again, ready: [2, 23]). TTFT 23 ms in both,
+/// against 22 ms without the probe cost.
+#[test]
+fn each_probe_costs_scheduler_time() {
+    let trace = vec![req(0, 1100, 1, &[1, 2, 3])];
+    let mut p = tiny_params(1);
+    p.engine.scheduler_probe_s = 0.001;
+    for mode in [Mode::Sync, Mode::Async] {
+        assert_eq!(run(&trace, mode, &p).ttft_ns(), vec![23 * MS], "{mode}");
+        assert_eq!(
+            run(&trace, mode, &tiny_params(1)).ttft_ns(),
+            vec![22 * MS],
+            "{mode}"
+        );
+    }
+}

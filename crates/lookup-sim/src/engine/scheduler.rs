@@ -80,6 +80,8 @@ impl Engine {
         let mut budget = w.p.engine.max_num_batched_tokens;
         let mut entries = Vec::new();
         let mut preempted = false;
+        // Probes of waiting requests in this call: each costs engine-thread time.
+        let mut probes: u64 = 0;
         self.waiting_peak = self.waiting_peak.max(self.waiting.len());
 
         // Running requests first.
@@ -177,6 +179,7 @@ impl Engine {
                         self.conn.prefetch_probed(rpc, useless);
                     }
                     let refreshes = self.conn.stats().ttl_refreshes;
+                    probes += 1;
                     let mut answer =
                         self.conn
                             .probe(&w.reqs[idx].core, local_tokens, now, &w.store);
@@ -315,7 +318,8 @@ impl Engine {
             }
         }
 
-        self.t = now;
+        // The probes' time passes whether or not a step comes of it.
+        self.t = now + probes * nanos(w.p.engine.scheduler_probe_s);
         if entries.is_empty() {
             return Ok(None);
         }

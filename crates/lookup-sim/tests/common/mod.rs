@@ -44,6 +44,7 @@ pub(crate) fn tiny_params(engines: u32) -> SimParams {
             decode_seq_s: 0.0,
             decode_ctx_token_s: 0.0,
             scheduler_s: 0.0,
+            scheduler_probe_s: 0.0,
             arrivals: ArrivalHandling::WhileWaiting,
             on_pending: PendingPolicy::Skip,
             batch_queue: 2,
