@@ -2,8 +2,9 @@
 # Installs the real Mooncake master and Python client for the tests, idempotently:
 # Debian's libibverbs1 (the wheel's only missing shared library; no RDMA hardware is
 # used with protocol "tcp"), Debian's etcd-server (the masters' leader election in
-# high-availability mode) and the pinned PyPI wheel into the project-local venv
-# `.venv`. Prints the path of `mooncake_master` on its last line.
+# high-availability mode), the pinned PyPI wheel and pyzmq (the Python lookup server
+# `cargo xtask calibrate` measures, and the interop tests' peer) into the
+# project-local venv `.venv`. Prints the path of `mooncake_master` on its last line.
 #
 # Environment: PYTHON (default python3, must be CPython 3.11 for the wheel),
 # MOONCAKE_VENV (default <repo>/.venv).
@@ -49,6 +50,12 @@ SHOWN="$("$VENV/bin/python" -m pip show mooncake-transfer-engine-non-cuda 2>/dev
 if ! grep -q '^Version: 0\.3\.13\.post1$' <<<"$SHOWN"; then
     echo "== installing $WHEEL into $VENV (~46 MB)" >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WHEEL"
+fi
+
+PYZMQ="pyzmq==27.3.0"
+if ! "$VENV/bin/python" -c 'import zmq, sys; sys.exit(zmq.__version__ != "27.3.0")' 2>/dev/null; then
+    echo "== installing $PYZMQ into $VENV" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$PYZMQ"
 fi
 
 MASTER="$VENV/bin/mooncake_master"

@@ -110,6 +110,7 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
             decode_seq_s: m.decode_seq_s,
             decode_ctx_token_s: m.decode_ctx_token_s,
             scheduler_s: 0.0,
+            scheduler_probe_s: 0.0,
             arrivals: ArrivalHandling::WhileWaiting,
             on_pending: PendingPolicy::Skip,
             batch_queue: 1,

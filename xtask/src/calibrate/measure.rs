@@ -61,7 +61,7 @@ impl PythonServer {
         if !python.is_file() {
             bail!(
                 "the Mooncake Python client's interpreter not found at {}: install it with \
-                 `bash scripts/mooncake/install.sh` and `.venv/bin/python -m pip install pyzmq==27.3.0`",
+                 `bash scripts/mooncake/install.sh` (it installs pyzmq 27.3.0 too)",
                 python.display()
             );
         }

@@ -1,6 +1,6 @@
 //! `cargo xtask calibrate`: measures on this machine what a lookup costs through each
 //! server a deployment can run, and writes the calibration file that `cargo xtask
-//! simulate --calibration FILE` reads (`xtask/calibration.json` is the built-in one).
+//! simulate --calibration FILE` reads (`crates/lookup-sim/calibration.json` is the built-in one).
 //!
 //! One real `mooncake_master` (from `scripts/mooncake/install.sh`'s `.venv`) on free
 //! loopback ports, with the Python store client (`scripts/mooncake/writer.py`) holding
@@ -42,7 +42,7 @@ pub use self::fit::nonnegative_least_squares;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Where to write the calibration. Default: `target/calibration.json` in the
-    /// workspace (copy it over `xtask/calibration.json` to make it the default).
+    /// workspace (copy it over `crates/lookup-sim/calibration.json` to make it the default).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Timed lookups per size and presence.

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use super::params::ArrivalHandling;
 use super::result::{FirstPending, ModeResult, Waits, add_stats};
 use super::world::{Phase, Step, World};
-use crate::simulate::connector::Connector;
-use crate::simulate::store::LocalCache;
+use crate::connector::Connector;
+use crate::store::LocalCache;
 
 /// Where an engine's thread is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,16 @@ pub(super) struct Engine {
     pub(super) kv_time_ns: u128,
     pub(super) kv_peak_blocks: u64,
     pub(super) waiting_peak: usize,
+    /// Steps launched since this engine last produced an output token: the livelock
+    /// watchdog ([`STALL_STEPS`]).
+    pub(super) steps_without_output: u64,
 }
+
+/// Steps an engine may launch without producing a single output token before the run
+/// is reported as livelocked. The longest prefill a GPU can hold takes a few hundred
+/// chunks (52 at the default token budget), so only a cycle that never ends (requests preempting each other, or
+/// themselves, while others hold the KV cache) gets this far.
+pub(super) const STALL_STEPS: u64 = 20_000;
 
 impl Engine {
     pub(super) fn new(conn: Connector, gpu_kv_blocks: u64, prefix_cache: bool) -> Self {
@@ -84,6 +93,7 @@ impl Engine {
             kv_time_ns: 0,
             kv_peak_blocks: 0,
             waiting_peak: 0,
+            steps_without_output: 0,
         }
     }
 
@@ -169,6 +179,9 @@ impl Engine {
         self.conn.advance_to(self.t, &w.store);
         let queue = w.p.engine.batch_queue as usize;
         if self.in_flight.len() < queue && !(self.running.is_empty() && self.waiting.is_empty()) {
+            if self.steps_without_output >= STALL_STEPS {
+                return Err(self.stalled(w));
+            }
             if let Some(step) = self.schedule(w)? {
                 self.launch(step);
                 if self.in_flight.len() < queue {
@@ -201,10 +214,21 @@ impl Engine {
         Ok(())
     }
 
-    /// The error of an engine left with requests and nothing that could move them.
+    /// The error of an engine left with requests and nothing that could move them:
+    /// no event left at all (a deadlock), or [`STALL_STEPS`] steps without an output
+    /// token (a livelock: time moves, nothing is produced). Either way, whatever the
+    /// mode, the run ends with this error rather than spinning.
     pub(super) fn stalled(&self, w: &World<'_>) -> anyhow::Error {
+        let how = if self.steps_without_output >= STALL_STEPS {
+            format!(
+                "livelocked ({} steps without an output token, {} preemptions)",
+                self.steps_without_output, self.preemptions
+            )
+        } else {
+            "stalled".to_owned()
+        };
         anyhow::anyhow!(
-            "{} mode stalled at {:.3} s with {} requests waiting and {} running \
+            "{} mode {how} at {:.3} s with {} requests waiting and {} running \
              (KV cache held by requests that cannot proceed)",
             w.mode,
             self.t as f64 / 1e9,
@@ -241,6 +265,7 @@ impl Engine {
         self.gpu_busy_ns += gpu;
         self.gpu_free = step.end;
         self.steps += 1;
+        self.steps_without_output += 1;
         let held = self.local.held();
         self.kv_held_block_ns += u128::from(held) * u128::from(gpu);
         self.kv_time_ns += u128::from(gpu);
@@ -264,6 +289,7 @@ impl Engine {
                 continue;
             }
             r.outputs += 1;
+            self.steps_without_output = 0;
             if en.before < r.prefill_len {
                 // Prefill ended: the first token (unless recomputing after preemption),
                 // and the prompt's full blocks are written to the store.

@@ -6,8 +6,8 @@ use hdrhistogram::Histogram;
 use lookup_core::Stats;
 use serde::Serialize;
 
-use crate::simulate::mode::Mode;
-use crate::simulate::server::KeyCount;
+use crate::mode::Mode;
+use crate::server::KeyCount;
 
 /// Prompt-length buckets of the per-bucket figures: lower bounds in tokens.
 pub const BUCKET_FLOORS: [u32; 5] = [0, 2_048, 8_192, 16_384, 32_768];

@@ -6,10 +6,10 @@ use lookup_core::Probe;
 use super::params::PendingPolicy;
 use super::replica::Engine;
 use super::world::{Entry, Phase, Req, Step, World, blocks_for};
-use crate::simulate::mode::Mode;
-use crate::simulate::server::nanos;
-use crate::simulate::store::LocalCache;
-use crate::simulate::trace::TRACE_BLOCK_TOKENS;
+use crate::mode::Mode;
+use crate::server::nanos;
+use crate::store::LocalCache;
+use crate::trace::TRACE_BLOCK_TOKENS;
 
 impl Engine {
     /// Makes request `idx` hold blocks for its first `end` positions, reusing the local
@@ -33,11 +33,16 @@ impl Engine {
         true
     }
 
-    /// The request's anonymous blocks that are now full prompt blocks join the cache.
+    /// The request's anonymous blocks that are now full join the prefix cache: every
+    /// block whose tokens are all known (prompt or generated) and scheduled by `end`,
+    /// as vLLM V1's `KVCacheManager.allocate_slots` caches up to
+    /// `min(num_computed_tokens + num_new_tokens, request.num_tokens)` tokens
+    /// (`cache_blocks`, vllm/v1/core/kv_cache_manager.py), generated tokens included.
     pub(super) fn promote_full(local: &mut LocalCache, r: &mut Req, end: u32) {
-        let full = ((end / TRACE_BLOCK_TOKENS) as usize).min(r.hashes.len());
+        let known = end.min(r.input + r.outputs);
+        let full = (known / TRACE_BLOCK_TOKENS) as usize;
         while r.held_hashed.len() < full && r.held_anonymous > 0 {
-            let h = r.hashes[r.held_hashed.len()];
+            let h = r.block_hash(r.held_hashed.len());
             local.promote(h);
             r.held_anonymous -= 1;
             r.held_hashed.push(h);
@@ -75,6 +80,8 @@ impl Engine {
         let mut budget = w.p.engine.max_num_batched_tokens;
         let mut entries = Vec::new();
         let mut preempted = false;
+        // Probes of waiting requests in this call: each costs engine-thread time.
+        let mut probes: u64 = 0;
         self.waiting_peak = self.waiting_peak.max(self.waiting.len());
 
         // Running requests first.
@@ -155,13 +162,15 @@ impl Engine {
                 if computed == 0 {
                     let r = &mut w.reqs[idx];
                     let cap_blocks = ((r.prefill_len - 1) / TRACE_BLOCK_TOKENS) as usize;
+                    // After a preemption the chain covers the generated tokens too.
+                    let chain = r.chain(cap_blocks);
                     let hit_blocks = if w.p.engine.local_prefix_cache {
-                        self.local.hit_blocks(&r.hashes, cap_blocks)
+                        self.local.hit_blocks(&chain, cap_blocks)
                     } else {
                         0
                     };
                     local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
-                    hits = r.hashes[..hit_blocks].to_vec();
+                    hits = chain[..hit_blocks].to_vec();
                     let first_probe = !r.probed;
                     r.probed = true;
                     r.first_probe.get_or_insert(now);
@@ -170,6 +179,7 @@ impl Engine {
                         self.conn.prefetch_probed(rpc, useless);
                     }
                     let refreshes = self.conn.stats().ttl_refreshes;
+                    probes += 1;
                     let mut answer =
                         self.conn
                             .probe(&w.reqs[idx].core, local_tokens, now, &w.store);
@@ -308,7 +318,8 @@ impl Engine {
             }
         }
 
-        self.t = now;
+        // The probes' time passes whether or not a step comes of it.
+        self.t = now + probes * nanos(w.p.engine.scheduler_probe_s);
         if entries.is_empty() {
             return Ok(None);
         }

@@ -79,7 +79,7 @@ pub struct Args {
     pub no_recommend: bool,
 
     /// Calibration file (`cargo xtask calibrate --out FILE`) for the server model.
-    /// Default: the built-in `xtask/calibration.json`.
+    /// Default: the built-in `crates/lookup-sim/calibration.json`.
     #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
     /// Server profile of the calibration to model (default: the file's default,
@@ -130,10 +130,10 @@ pub struct Args {
     #[arg(long, default_value_t = LookupParams::default().prefetch_limit)]
     pub prefetch_limit: u32,
     /// `lookup_prefetch_ttl_s` (seconds).
-    #[arg(long, default_value_t = LookupParams::default().prefetch_ttl_s, value_parser = crate::simulate::mode::seconds_arg)]
+    #[arg(long, default_value_t = LookupParams::default().prefetch_ttl_s, value_parser = crate::mode::seconds_arg)]
     pub prefetch_ttl_s: f64,
     /// `lookup_timeout_s` (seconds).
-    #[arg(long, default_value_t = LookupParams::default().timeout_s, value_parser = crate::simulate::mode::seconds_arg)]
+    #[arg(long, default_value_t = LookupParams::default().timeout_s, value_parser = crate::mode::seconds_arg)]
     pub lookup_timeout_s: f64,
     /// `prefetch+wait`: longest wait for a lookup already queued or on the wire: `auto`
     /// (the client's recent on-wire p90, within `--wait-budget-bounds-ms`) or ms.
@@ -176,6 +176,9 @@ pub struct Args {
     /// Engine-thread time per scheduled step (ms).
     #[arg(long, default_value_t = EngineParams::default().scheduler_s * 1e3)]
     pub scheduler_ms: f64,
+    /// Engine-thread time per probe of a waiting request in a step (µs).
+    #[arg(long, default_value_t = EngineParams::default().scheduler_probe_s * 1e6)]
+    pub scheduler_probe_us: f64,
     /// When new requests are handled: while waiting for a step's output (vLLM #65466)
     /// or between steps.
     #[arg(long, value_enum, default_value_t = ArrivalHandling::WhileWaiting)]
@@ -288,6 +291,7 @@ impl Args {
                 decode_seq_s: self.decode_seq_us / 1e6,
                 decode_ctx_token_s: self.decode_ctx_ns / 1e9,
                 scheduler_s: self.scheduler_ms / 1e3,
+                scheduler_probe_s: self.scheduler_probe_us / 1e6,
                 arrivals: self.arrivals,
                 on_pending: self.on_pending,
                 batch_queue: self.batch_queue,

@@ -11,6 +11,8 @@
 //!   batch queue of 2): the engine thread schedules step n+1 and hands it to the GPU
 //!   while step n runs, then waits for step n's output and processes it. The GPU runs
 //!   steps back to back; engine-thread time beyond a step's GPU time is GPU idle time.
+//! - **Livelock watchdog**: an engine that launches `STALL_STEPS` steps without
+//!   an output token ends the run with an error, whatever the mode.
 //! - **Scheduler** (vLLM `Scheduler.schedule`, FCFS): a token budget
 //!   (`max_num_batched_tokens`) and `max_num_seqs`; running requests first (chunked
 //!   prefill, one token per decode), preempting the last running request when KV
@@ -26,7 +28,8 @@
 //!   `load_async = true`), keeping its place; once loaded it is scheduled without a
 //!   new probe. An allocation failure ends the waiting loop (`break`).
 //! - **GPU KV cache** (`store::LocalCache`): 512-token blocks with a prefix cache of
-//!   full prompt blocks.
+//!   every full block, generated tokens included (vLLM V1 hashes them all), so a
+//!   preempted request finds its own blocks again while they are not evicted.
 //! - **Step cost** ([`EngineParams`]): fixed + per prefill token + per attended
 //!   (query, context) pair of prefill + per decode sequence + per context token read
 //!   by decode.

@@ -4,8 +4,8 @@
 use anyhow::bail;
 use serde::Serialize;
 
-use crate::simulate::mode::LookupParams;
-use crate::simulate::server::ServerParams;
+use crate::mode::LookupParams;
+use crate::server::ServerParams;
 
 /// When new requests are handled by the engine thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -89,6 +89,15 @@ pub struct EngineParams {
     /// (seconds). Default 0.002: vLLM #23622 measured `Scheduler.schedule` at
     /// ~2 ms per call.
     pub scheduler_s: f64,
+    /// Engine-thread time per probe of a waiting request in a step (seconds), on top
+    /// of `scheduler_s`: each probe is one `get_computed_blocks` walk of the prefix
+    /// cache and one `get_num_new_matched_tokens` call into the connector (vLLM
+    /// `Scheduler.schedule`'s waiting loop), so a step that probes the whole waiting
+    /// queue (the async modes, whose pending requests are skipped and probed again
+    /// every step) costs more than one that probes the head. Default 20e-6, an
+    /// estimate: two Python calls per waiting request, at the scale of #23622's ~2 ms
+    /// per `schedule` call.
+    pub scheduler_probe_s: f64,
     /// When new requests are handled.
     pub arrivals: ArrivalHandling,
     /// What a `Pending` probe does to the waiting loop.
@@ -120,6 +129,7 @@ impl Default for EngineParams {
             decode_seq_s: 20e-6,
             decode_ctx_token_s: 39e-9,
             scheduler_s: 0.002,
+            scheduler_probe_s: 20e-6,
             arrivals: ArrivalHandling::WhileWaiting,
             on_pending: PendingPolicy::Skip,
             batch_queue: 2,
@@ -190,7 +200,7 @@ impl SimParams {
     /// A duration that is negative, NaN or infinite, a rate scale that is not above 0,
     /// no engine, a token budget or sequence limit of 0, a timeout of 0, or a server
     /// or wait budget that does not validate ([`ServerParams::validate`],
-    /// [`WaitBudget::validate`](crate::simulate::budget::WaitBudget::validate)). Each
+    /// [`WaitBudget::validate`](crate::budget::WaitBudget::validate)). Each
     /// message names the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         let e = &self.engine;
@@ -203,6 +213,7 @@ impl SimParams {
             ("--decode-seq-us", e.decode_seq_s * 1e6),
             ("--decode-ctx-ns", e.decode_ctx_token_s * 1e9),
             ("--scheduler-ms", e.scheduler_s * 1e3),
+            ("--scheduler-probe-us", e.scheduler_probe_s * 1e6),
             ("--load-block-ms", self.store.load_block_s * 1e3),
             ("--load-fixed-ms", self.store.load_fixed_s * 1e3),
         ] {

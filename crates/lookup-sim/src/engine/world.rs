@@ -13,9 +13,9 @@ use lookup_core::{BlockHashes, Request, RequestId, RpcId};
 use super::SimParams;
 use super::params::Router;
 use super::result::{Breakdown, ModeResult, RequestRecord};
-use crate::simulate::mode::Mode;
-use crate::simulate::store::ExternalStore;
-use crate::simulate::trace::{TRACE_BLOCK_TOKENS, TraceError, TraceRequest};
+use crate::mode::Mode;
+use crate::store::ExternalStore;
+use crate::trace::{TRACE_BLOCK_TOKENS, TraceError, TraceRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -111,6 +111,26 @@ impl Req {
             external_hit_tokens: 0,
             preemptions: 0,
         }
+    }
+
+    /// The prefix-cache hash of the request's `k`-th 512-token block (0-based). A full
+    /// prompt block has the trace's hash id; any other block (a prompt block the trace
+    /// gives no id for, or one holding generated tokens) gets a hash of its own, unique
+    /// to this request: vLLM V1 hashes every full block, generated tokens included
+    /// (`Request.block_hashes` grows as output tokens are appended, through
+    /// `get_request_block_hasher`, vllm/v1/request.py and kv_cache_utils.py), so a
+    /// preempted request finds its own generated blocks again in the prefix cache.
+    pub(super) fn block_hash(&self, k: usize) -> u64 {
+        match self.hashes.get(k) {
+            Some(&h) => h,
+            // The top bit keeps these apart from the traces' small integer ids.
+            None => (1 << 63) | mix(self.seq.wrapping_mul(0x1_0000_0001) ^ k as u64),
+        }
+    }
+
+    /// The hashes of the request's first `blocks` blocks ([`block_hash`](Self::block_hash)).
+    pub(super) fn chain(&self, blocks: usize) -> Vec<u64> {
+        (0..blocks).map(|k| self.block_hash(k)).collect()
     }
 
     /// The first token is out at `now`: TTFT and where it went.

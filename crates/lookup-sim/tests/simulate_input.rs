@@ -2,7 +2,7 @@
 //! file, the mode that read it and the line and column.
 
 use clap::Parser;
-use xtask::simulate::Args;
+use lookup_sim::Args;
 
 #[derive(Parser)]
 struct Cli {
@@ -33,7 +33,7 @@ fn a_bad_trace_line_is_named_with_its_file_and_line() {
     ])
     .expect("flags");
     let mut out = Vec::new();
-    let err = xtask::simulate::run_to(&cli.args, &mut out).expect_err("a bad line");
+    let err = lookup_sim::run_to(&cli.args, &mut out).expect_err("a bad line");
     assert_eq!(
         format!("{err:#}"),
         format!(

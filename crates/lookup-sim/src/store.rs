@@ -2,15 +2,17 @@
 //! and the external store (Mooncake Store) behind the lookup server.
 //!
 //! Both count blocks of 512 tokens, the trace's hash granularity, and both keep only
-//! full prompt blocks under a hash: vLLM hashes full blocks only.
+//! full blocks under a hash: vLLM hashes full blocks only. The GPU's cache hashes
+//! generated blocks too (as vLLM V1 does); the external store holds prompt blocks,
+//! written at the end of a prefill.
 
 use std::collections::{BTreeSet, HashMap};
 
 /// The GPU KV-cache block pool, with vLLM's prefix cache.
 ///
-/// A block is either *hashed* (a full prompt block, shareable, found by later
-/// requests through its hash id) or *anonymous* (a partial prompt block, generated
-/// tokens, or a block still being loaded). Hashed blocks nobody references stay
+/// A block is either *hashed* (a full block of prompt or generated tokens, shareable,
+/// found by later requests through its hash) or *anonymous* (a partial block, or a
+/// block still being loaded). Hashed blocks nobody references stay
 /// cached until evicted; eviction takes the least recently freed first, and a
 /// request frees its blocks tail first, so a chain's prefix outlives its tail
 /// (vLLM `FreeKVCacheBlockQueue`).

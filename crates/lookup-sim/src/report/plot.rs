@@ -12,7 +12,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use plotters::prelude::*;
 
-use crate::simulate::mode::Mode;
+use crate::mode::Mode;
 
 /// Colour, width and dash (0: solid) of a mode's lines.
 fn style_of(mode: Mode) -> (RGBColor, u32, u32) {

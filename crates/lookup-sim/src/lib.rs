@@ -1,4 +1,5 @@
-//! `cargo xtask simulate`: replays a Mooncake trace through a model of vLLM-like
+//! The trace-replay simulator behind `cargo xtask simulate` (`xtask` parses the flags
+//! and calls [`run`]): replays a Mooncake trace through a model of vLLM-like
 //! engines (four data-parallel replicas by default, sharing one external store), each
 //! with the real `lookup-core` connector on a virtual clock, in the lookup modes
 //! `sync`, `async`, `prefetch`, `prefetch+` and `prefetch+wait`, side by side; checks
@@ -50,10 +51,12 @@ use self::stability::Verdict;
 use self::trace::TraceSource;
 
 fn default_plot_path() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // The workspace's `target/`: this crate sits at `crates/lookup-sim`.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest
-        .parent()
-        .map_or(manifest.clone(), PathBuf::from)
+        .ancestors()
+        .nth(2)
+        .unwrap_or(manifest)
         .join("target/simulate/ttft_cdf.png")
 }
 

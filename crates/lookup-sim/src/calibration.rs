@@ -1,7 +1,7 @@
 //! Calibration files: what `cargo xtask calibrate` measured of real lookup servers on
 //! a machine (fixed, per-call and per-key costs, present and absent keys), and what
 //! `cargo xtask simulate --calibration FILE` reads. The simulator's defaults are the
-//! built-in calibration `xtask/calibration.json`, which names its machine and date.
+//! built-in calibration `crates/lookup-sim/calibration.json`, which names its machine and date.
 
 use std::path::Path;
 use std::sync::LazyLock;
@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use super::server::ServerParams;
 
 /// The built-in calibration, committed beside this crate.
-const BUILTIN: &str = include_str!("../../calibration.json");
+const BUILTIN: &str = include_str!("../calibration.json");
 
 static PARSED: LazyLock<Calibration> = LazyLock::new(|| {
-    serde_json::from_str(BUILTIN).expect("xtask/calibration.json is a calibration file")
+    serde_json::from_str(BUILTIN).expect("crates/lookup-sim/calibration.json is a calibration file")
 });
 
 /// A calibration file: where and when it was measured, and one cost profile per
@@ -83,7 +83,7 @@ pub struct Point {
 }
 
 impl Calibration {
-    /// The built-in calibration (`xtask/calibration.json`).
+    /// The built-in calibration (`crates/lookup-sim/calibration.json`).
     #[must_use]
     pub fn builtin() -> &'static Self {
         &PARSED

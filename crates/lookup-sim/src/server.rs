@@ -31,7 +31,7 @@ use super::trace::TRACE_BLOCK_TOKENS;
 /// block is present, the vLLM blocks of a prompt's partial trace block are absent.
 ///
 /// Defaults: the `vllm-python` profile of the built-in calibration (see
-/// [`Calibration`](super::calibration::Calibration) and `xtask/calibration.json` for
+/// [`Calibration`](super::calibration::Calibration) and `crates/lookup-sim/calibration.json` for
 /// the machine, the date and the other servers measured): a server that builds its
 /// keys in Python and asks the real master once per lookup, as vLLM's worker does
 /// (one call, no early stop); an 8B model on one GPU (one namespace), vLLM's default
