@@ -5,6 +5,8 @@
 
 #[path = "programs/ha.rs"]
 mod ha;
+#[path = "programs/hash.rs"]
+mod hash;
 #[path = "programs/lookup.rs"]
 mod lookup;
 #[path = "programs/master.rs"]

@@ -277,7 +277,7 @@ fn in_memory(
 /// A `--model` that vLLM's worker would not put in its keys (it keys by the last path
 /// component, `vllm_block_hash::model_name`): every lookup would miss in silence.
 fn warn_if_not_vllms_key_name(model: &str) {
-    let key_name = lookup_tokio::vllm_block_hash::model_name(model);
+    let key_name = vllm_block_hash::model_name(model);
     if key_name != model {
         tracing::warn!(
             model,
