@@ -3,6 +3,8 @@
 //! servers that misbehave, and the real Mooncake master (also a high-availability
 //! cluster: a real etcd and two real masters).
 
+#[path = "programs/dcp.rs"]
+mod dcp;
 #[path = "programs/ha.rs"]
 mod ha;
 #[path = "programs/hash.rs"]
