@@ -3,10 +3,14 @@
 //! servers that misbehave, and the real Mooncake master (also a high-availability
 //! cluster: a real etcd and two real masters).
 
+#[path = "programs/dcp.rs"]
+mod dcp;
 #[path = "programs/flood.rs"]
 mod flood;
 #[path = "programs/ha.rs"]
 mod ha;
+#[path = "programs/hash.rs"]
+mod hash;
 #[path = "programs/lookup.rs"]
 mod lookup;
 #[path = "programs/master.rs"]

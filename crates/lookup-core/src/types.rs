@@ -43,6 +43,29 @@ pub struct Request {
     pub skip_reading_external_kv: bool,
 }
 
+impl Request {
+    /// A request of `num_tokens` prompt tokens (unaligned) whose full blocks hash to
+    /// `block_hashes`, looked up as usual (`skip_reading_external_kv` false: set it
+    /// with [`skip_reading_external_kv`](Self::skip_reading_external_kv)).
+    #[must_use]
+    pub fn new(request_id: RequestId, num_tokens: u32, block_hashes: BlockHashes) -> Self {
+        Self {
+            request_id,
+            num_tokens,
+            block_hashes,
+            skip_reading_external_kv: false,
+        }
+    }
+
+    /// Sets vLLM's `skip_reading_external_kv`: a request that sets it is never looked
+    /// up (its answer is [`Answer::NotNeeded`]).
+    #[must_use]
+    pub fn skip_reading_external_kv(mut self, skip: bool) -> Self {
+        self.skip_reading_external_kv = skip;
+        self
+    }
+}
+
 /// The answer to a probe (vLLM's `get_num_new_matched_tokens`).
 #[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -307,24 +330,33 @@ pub enum Answer {
     Unavailable(Unavailable),
 }
 
-/// Why a lookup's answer is unavailable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why a lookup's answer is unavailable: an error (`Display` and
+/// [`std::error::Error`]), so [`Answer::stored_tokens`] works with `?`. A failure
+/// never reads as a miss (`spec/behaviour.md` rule 11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum Unavailable {
     /// No reply within `lookup_timeout_s` (rule 17).
+    #[error("the store's answer is unavailable: no reply within lookup_timeout_s")]
     TimedOut,
     /// The transport failed (no connection, connection lost, refused; with the direct
     /// transport also no master leader).
+    #[error("the store's answer is unavailable: the transport failed")]
     Transport,
     /// The driver could not send it (for example a reset in `msgpack-hex`).
+    #[error("the store's answer is unavailable: the lookup could not be sent")]
     NotSent,
     /// The reply broke the wire format or a guard of rule 11.
+    #[error("the store's answer is unavailable: the reply was malformed")]
     Malformed,
     /// The request's last lookup failed and a retry waits for the failure backoff
     /// (rule 11), or another failed request's retry is on its way.
+    #[error("the store's answer is unavailable: the last lookup failed and a retry is pending")]
     Retrying,
     /// `enable_lookup = false`.
+    #[error("the store's answer is unavailable: enable_lookup is false")]
     Disabled,
     /// The lookup was closed (rule 14).
+    #[error("the store's answer is unavailable: the lookup was closed")]
     Closed,
 }
 
@@ -350,6 +382,20 @@ impl Answer {
         match self {
             Self::Hit { hit_tokens } => hit_tokens,
             _ => 0,
+        }
+    }
+
+    /// The tokens the store holds, as a `Result` for `?`: `Ok(hit_tokens)` for
+    /// [`Answer::Hit`], `Ok(0)` for [`Answer::Miss`] and [`Answer::NotNeeded`], and the
+    /// cause for [`Answer::Unavailable`] (rule 11: a failure is never a 0).
+    ///
+    /// # Errors
+    /// The [`Unavailable`] cause of an unavailable answer.
+    pub fn stored_tokens(self) -> Result<u32, Unavailable> {
+        match self {
+            Self::Hit { hit_tokens } => Ok(hit_tokens),
+            Self::Miss | Self::NotNeeded => Ok(0),
+            Self::Unavailable(cause) => Err(cause),
         }
     }
 
@@ -521,3 +567,50 @@ pub trait Observe {
 }
 
 impl Observe for () {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_new_looks_the_request_up_unless_told_to_skip() {
+        let hashes = BlockHashes::from_u64s(&[1, 2]);
+        let req = Request::new(RequestId(7), 40, hashes.clone());
+        assert_eq!(
+            req,
+            Request {
+                request_id: RequestId(7),
+                num_tokens: 40,
+                block_hashes: hashes,
+                skip_reading_external_kv: false,
+            }
+        );
+        assert!(req.skip_reading_external_kv(true).skip_reading_external_kv);
+    }
+
+    fn stored(answer: Answer) -> Result<u32, Box<dyn std::error::Error>> {
+        // `?` turns the cause into any error type.
+        Ok(answer.stored_tokens()?)
+    }
+
+    #[test]
+    fn an_unavailable_answer_is_an_error_never_a_zero() {
+        assert_eq!(stored(Answer::Hit { hit_tokens: 32 }).unwrap(), 32);
+        assert_eq!(stored(Answer::Miss).unwrap(), 0);
+        assert_eq!(stored(Answer::NotNeeded).unwrap(), 0);
+        assert_eq!(
+            Answer::Unavailable(Unavailable::TimedOut).stored_tokens(),
+            Err(Unavailable::TimedOut)
+        );
+        assert_eq!(
+            stored(Answer::Unavailable(Unavailable::Transport))
+                .unwrap_err()
+                .to_string(),
+            "the store's answer is unavailable: the transport failed"
+        );
+        assert_eq!(
+            Unavailable::Disabled.to_string(),
+            "the store's answer is unavailable: enable_lookup is false"
+        );
+    }
+}

@@ -86,3 +86,151 @@ pub fn key_layout(keys: &StoreKeys) -> Result<KeyLayout, Error> {
         .with_hashes_per_block((block_size / hash_block_size.max(1)) as usize)
         .map_err(invalid)
 }
+
+/// vLLM's side of a deployment, as the engine has it: `--model`, the block size,
+/// and the parallel config. The block size is stated here once; the client's
+/// configuration and the key layout both take it from here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VllmEngine {
+    /// `--model`, raw (the keys use its last path component:
+    /// [`vllm_block_hash::model_name`]).
+    pub model: String,
+    /// `--block-size`, tokens.
+    pub block_size: u32,
+    /// Tensor, pipeline and context-parallel sizes.
+    pub parallelism: vllm_block_hash::Parallelism,
+    /// The engine's data-parallel rank (the worker endpoint's `dp_rank`).
+    pub dp_rank: u32,
+    /// The model's total KV heads (`get_total_num_kv_heads()`).
+    pub num_kv_heads: u32,
+    /// The engine host's name, as Python's `socket.gethostname()` gives it.
+    pub hostname: String,
+}
+
+/// Everything a scheduler-side client of one vLLM 0.33 engine needs, built by
+/// [`VllmSetup::from_kv_transfer_config`] from the engine's whole
+/// `--kv-transfer-config` JSON and its [`VllmEngine`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct VllmSetup {
+    /// The lookup keys of `kv_connector_extra_config`.
+    pub extra: crate::KvConnectorExtraConfig,
+    /// The core configuration, block size from [`VllmEngine::block_size`].
+    pub config: lookup_core::Config,
+    /// The store keys the engine's workers write.
+    pub store_keys: StoreKeys,
+    /// Those keys as a [`KeyLayout`] (for the direct transport or a lookup server).
+    pub key_layout: KeyLayout,
+    /// The worker's lookup endpoint: `VLLM_RPC_BASE_PATH` (given here, read by the
+    /// caller), `lookup_rpc_port`, the hostname and the dp rank
+    /// ([`Endpoint::vllm`](crate::Endpoint::vllm)).
+    pub endpoint: crate::Endpoint,
+}
+
+/// The `kv_connector_extra_config` keys that change the store keys and that
+/// [`VllmSetup`] does not honour yet: setting one is an error naming it, never a
+/// silent miss.
+pub const UNHONOURED_STORE_KEYS: [&str; 3] =
+    ["store_tp_size", "enable_store_tp_lcm", "prefill_tp_sizes"];
+
+impl VllmSetup {
+    /// Builds the client configuration, the key layout and the worker endpoint from
+    /// the whole `--kv-transfer-config` (an object with `kv_connector_extra_config`;
+    /// other top-level keys such as `kv_connector` and `kv_role` are vLLM's own and
+    /// not read) and `engine`. `vllm_rpc_base_path` is `$VLLM_RPC_BASE_PATH` (`None`:
+    /// the temp dir).
+    ///
+    /// Honoured key-changing keys: `cache_prefix`, `enable_cross_layers_blocks`.
+    ///
+    /// # Errors
+    /// [`Error::ExtraConfig`] naming the key: `kv_connector_extra_config` when the
+    /// config is not an object or that key is not one; any error of
+    /// [`KvConnectorExtraConfig::from_kv_connector_extra_config`](crate::KvConnectorExtraConfig::from_kv_connector_extra_config);
+    /// `cache_prefix` not a string, `enable_cross_layers_blocks` not a bool; a key of
+    /// [`UNHONOURED_STORE_KEYS`] set. [`Error::InvalidClientConfig`] for a deployment
+    /// `vllm_block_hash` refuses (key `deployment`) or [`key_layout`] refuses.
+    pub fn from_kv_transfer_config(
+        kv_transfer_config: &serde_json::Value,
+        engine: &VllmEngine,
+        vllm_rpc_base_path: Option<&std::path::Path>,
+    ) -> Result<Self, Error> {
+        let bad = |key: &str, why: String| Error::ExtraConfig {
+            key: key.to_owned(),
+            why,
+        };
+        let empty = serde_json::Value::Object(serde_json::Map::new());
+        let extra_json = match kv_transfer_config {
+            serde_json::Value::Object(map) => {
+                map.get("kv_connector_extra_config").unwrap_or(&empty)
+            }
+            other => {
+                return Err(bad(
+                    "kv_connector_extra_config",
+                    format!("--kv-transfer-config must be a JSON object, got {other}"),
+                ));
+            }
+        };
+        let extra = crate::KvConnectorExtraConfig::from_kv_connector_extra_config(extra_json)?;
+        let Some(map) = extra_json.as_object() else {
+            return Err(bad(
+                "kv_connector_extra_config",
+                format!("expected a JSON object, got {extra_json}"),
+            ));
+        };
+        for key in UNHONOURED_STORE_KEYS {
+            if map.contains_key(key) {
+                return Err(bad(
+                    key,
+                    "changes the store keys (a TP-shared store layout), which this \
+                     constructor does not build yet: build the Deployment with \
+                     vllm_block_hash::Deployment::with_store_tp"
+                        .to_owned(),
+                ));
+            }
+        }
+        let cache_prefix = match map.get("cache_prefix") {
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(bad(
+                    "cache_prefix",
+                    format!("expected a string, got {other}"),
+                ));
+            }
+        };
+        let cross_layers = match map.get("enable_cross_layers_blocks") {
+            None => false,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(bad(
+                    "enable_cross_layers_blocks",
+                    format!("expected a bool, got {other}"),
+                ));
+            }
+        };
+        let deployment = vllm_block_hash::Deployment::new(engine.model.clone(), engine.block_size)
+            .with_cache_prefix(cache_prefix)
+            .with_parallelism(engine.parallelism)
+            .with_num_kv_heads(engine.num_kv_heads)
+            .with_cross_layers_blocks(cross_layers);
+        let store_keys = StoreKeys::new(&deployment).map_err(|e| Error::InvalidClientConfig {
+            key: "deployment",
+            why: e.to_string(),
+        })?;
+        let key_layout = key_layout(&store_keys)?;
+        let config = extra.core(store_keys.scheduler_block_size());
+        let endpoint = crate::Endpoint::vllm(
+            vllm_rpc_base_path,
+            extra.lookup_rpc_port,
+            &engine.hostname,
+            engine.dp_rank,
+        );
+        Ok(Self {
+            extra,
+            config,
+            store_keys,
+            key_layout,
+            endpoint,
+        })
+    }
+}

@@ -33,12 +33,52 @@ pub struct Parallelism {
 impl Default for Parallelism {
     /// One rank.
     fn default() -> Self {
-        Self::new(1, 1, 1, 1)
+        Self {
+            tp_size: 1,
+            pcp_size: 1,
+            dcp_size: 1,
+            pp_size: 1,
+        }
     }
 }
 
 impl Parallelism {
-    /// Sizes `(tp, pcp, dcp, pp)`.
+    /// `tp_size` tensor-parallel ranks, every other size 1; set the others by name with
+    /// [`with_pcp`](Self::with_pcp), [`with_dcp`](Self::with_dcp) and
+    /// [`with_pp`](Self::with_pp): `Parallelism::tp(2).with_dcp(2)` is vLLM's
+    /// `--tensor-parallel-size 2 --decode-context-parallel-size 2`.
+    #[must_use]
+    pub fn tp(tp_size: u32) -> Self {
+        Self {
+            tp_size,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the prefill context-parallel size (`--prefill-context-parallel-size`).
+    #[must_use]
+    pub fn with_pcp(mut self, pcp_size: u32) -> Self {
+        self.pcp_size = pcp_size;
+        self
+    }
+
+    /// Sets the decode context-parallel size (`--decode-context-parallel-size`,
+    /// which subdivides TP: it must divide `tp_size`, as vLLM requires).
+    #[must_use]
+    pub fn with_dcp(mut self, dcp_size: u32) -> Self {
+        self.dcp_size = dcp_size;
+        self
+    }
+
+    /// Sets the pipeline-parallel size (`--pipeline-parallel-size`).
+    #[must_use]
+    pub fn with_pp(mut self, pp_size: u32) -> Self {
+        self.pp_size = pp_size;
+        self
+    }
+
+    /// Sizes `(tp, pcp, dcp, pp)`, positional; [`tp`](Self::tp) and the `with_*`
+    /// methods say the same by name.
     #[must_use]
     pub fn new(tp_size: u32, pcp_size: u32, dcp_size: u32, pp_size: u32) -> Self {
         Self {
@@ -215,8 +255,9 @@ impl StoreKeys {
     /// Derives the key space of `deployment`.
     ///
     /// # Errors
-    /// [`Error::BadDeployment`] for a size or head count of 0, no group, a group
-    /// block size that is 0 or not a multiple of the hash block size.
+    /// [`Error::BadDeployment`] for a size or head count of 0, a `dcp_size` that does
+    /// not divide `tp_size`, no group, a group block size that is 0 or not a multiple
+    /// of the hash block size.
     pub fn new(deployment: &Deployment) -> Result<Self, Error> {
         let d = deployment;
         let p = d.parallelism;
@@ -230,6 +271,13 @@ impl StoreKeys {
             if size == 0 {
                 return Err(bad(what, "must be at least 1"));
             }
+        }
+        if p.tp_size % p.dcp_size != 0 {
+            // vLLM's ParallelConfig: DCP subdivides TP.
+            return Err(bad(
+                "dcp_size",
+                format!("{} does not divide tp_size {}", p.dcp_size, p.tp_size),
+            ));
         }
         if d.groups.is_empty() {
             return Err(bad("groups", "at least one KV-cache group is needed"));

@@ -80,13 +80,20 @@ fn bad_deployments_and_ranks_are_errors() {
             ..
         }
     ));
+    assert_eq!(
+        bad(Deployment::new("m", 16).with_parallelism(Parallelism::tp(2).with_dcp(4))),
+        Error::BadDeployment {
+            what: "dcp_size",
+            why: "4 does not divide tp_size 2".to_owned()
+        }
+    );
     assert!(matches!(
         bad(Deployment::new("m", 16).with_groups(Vec::new())),
         Error::BadDeployment { what: "groups", .. }
     ));
     let keys = StoreKeys::new(
         &Deployment::new("m", 16)
-            .with_parallelism(Parallelism::new(2, 1, 1, 1))
+            .with_parallelism(Parallelism::tp(2))
             .with_groups(vec![KvCacheGroup {
                 kind: AttentionKind::Mla,
                 block_size: 16,
@@ -119,5 +126,25 @@ fn bad_deployments_and_ranks_are_errors() {
             hash_block_size: 16,
             hashes: 3
         }
+    );
+}
+
+#[test]
+fn parallelism_by_name_equals_the_positional_form() {
+    assert_eq!(Parallelism::tp(1), Parallelism::default());
+    assert_eq!(
+        Parallelism::tp(4).with_pcp(2).with_dcp(2).with_pp(3),
+        Parallelism::new(4, 2, 2, 3)
+    );
+    let p = Parallelism::tp(2).with_dcp(2);
+    assert_eq!((p.tp_size, p.pcp_size, p.dcp_size, p.pp_size), (2, 1, 2, 1));
+    // TP 2 x DCP 2: one namespace per TP rank, dcp_rank = tp_rank % dcp_size.
+    let keys = StoreKeys::new(&Deployment::new("m", 16).with_parallelism(p)).unwrap();
+    assert_eq!(
+        keys.lookup_prefixes(0).unwrap(),
+        [
+            "m@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0",
+            "m@tp_rank:1@pcp0@dcp1@pp_rank:0@group:0"
+        ]
     );
 }

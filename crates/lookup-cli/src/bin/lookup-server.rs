@@ -85,6 +85,14 @@ struct Args {
     /// Pipeline-parallel ranks: one key namespace each (times --tp-size).
     #[arg(long, default_value_t = 1)]
     pp_size: u32,
+    /// Decode context-parallel size (vLLM's --decode-context-parallel-size): it
+    /// subdivides TP, so it must divide --tp-size; TP rank t's keys carry `dcp{t % size}`.
+    #[arg(long, default_value_t = 1)]
+    dcp_size: u32,
+    /// Prefill context-parallel ranks: one key namespace each (times --tp-size and
+    /// --pp-size).
+    #[arg(long, default_value_t = 1)]
+    pcp_size: u32,
     /// File of hex block hashes of stored blocks, one a line ('#' comments and blank
     /// lines skipped); each is inserted in every namespace.
     #[arg(long, value_name = "FILE", conflicts_with = "mooncake_master")]
@@ -307,7 +315,7 @@ fn in_memory(
 /// A `--model` that vLLM's worker would not put in its keys (it keys by the last path
 /// component, `vllm_block_hash::model_name`): every lookup would miss in silence.
 fn warn_if_not_vllms_key_name(model: &str) {
-    let key_name = lookup_tokio::vllm_block_hash::model_name(model);
+    let key_name = vllm_block_hash::model_name(model);
     if key_name != model {
         tracing::warn!(
             model,
@@ -387,7 +395,12 @@ async fn run(args: Args) -> Result<(), String> {
     warn_if_not_vllms_key_name(&args.model);
     let layout = KeyLayout::new(args.model)
         .with_cache_prefix(args.cache_prefix)
-        .with_namespaces(RankNamespace::grid(args.tp_size, args.pp_size))
+        .with_namespaces(namespaces(
+            args.tp_size,
+            args.pp_size,
+            args.dcp_size,
+            args.pcp_size,
+        )?)
         .map_err(|e| e.to_string())?;
 
     let store: Arc<dyn BlockIndex> = match &mooncake {
@@ -441,9 +454,62 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The namespaces vLLM 0.33's lookup asks for a full-attention model whose TP ranks
+/// each hold distinct heads (`_init_lookup_key_prefixes`): pcp-major, then tp, then
+/// pp; with DCP each TP rank's `dcp_rank` is `tp_rank % dcp_size`.
+fn namespaces(tp: u32, pp: u32, dcp: u32, pcp: u32) -> Result<Vec<RankNamespace>, String> {
+    for (flag, size) in [
+        ("--tp-size", tp),
+        ("--pp-size", pp),
+        ("--dcp-size", dcp),
+        ("--pcp-size", pcp),
+    ] {
+        if size == 0 {
+            return Err(format!("{flag} must be at least 1"));
+        }
+    }
+    if tp % dcp != 0 {
+        return Err(format!("--dcp-size {dcp} does not divide --tp-size {tp}"));
+    }
+    let mut out = Vec::new();
+    for pcp_rank in 0..pcp {
+        for tp_rank in 0..tp {
+            for pp_rank in 0..pp {
+                out.push(RankNamespace {
+                    tp_rank,
+                    pcp_rank,
+                    dcp_rank: tp_rank % dcp,
+                    pp_rank,
+                    group: 0,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dcp_ranks_follow_the_tp_rank() {
+        let keys: Vec<(u32, u32, u32)> = namespaces(2, 1, 2, 1)
+            .unwrap()
+            .iter()
+            .map(|ns| (ns.tp_rank, ns.dcp_rank, ns.pcp_rank))
+            .collect();
+        assert_eq!(keys, [(0, 0, 0), (1, 1, 0)]);
+        assert_eq!(namespaces(1, 1, 1, 2).unwrap().len(), 2);
+        assert_eq!(
+            namespaces(2, 1, 4, 1).unwrap_err(),
+            "--dcp-size 4 does not divide --tp-size 2"
+        );
+        assert_eq!(
+            namespaces(0, 1, 1, 1).unwrap_err(),
+            "--tp-size must be at least 1"
+        );
+    }
 
     #[test]
     fn preload_file_parses_hex_lines() {

@@ -147,17 +147,30 @@ pub(crate) struct Master {
     /// Pipeline-parallel ranks: one key namespace each (times --tp-size).
     #[arg(long, default_value_t = 1)]
     pub(crate) pp_size: u32,
+    /// Decode context-parallel size (vLLM's --decode-context-parallel-size): it
+    /// subdivides TP, so it must divide --tp-size; TP rank t writes `dcp{t % size}`.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) dcp_size: u32,
+    /// Prefill context-parallel ranks (vLLM's --prefill-context-parallel-size): one
+    /// key namespace each (times --tp-size and --pp-size).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) pcp_size: u32,
 }
 
 impl Master {
-    /// The key layout of `--model`, `--cache-prefix`, `--tp-size` and `--pp-size`.
+    /// The key layout of `--model`, `--cache-prefix` and the rank sizes.
     pub(crate) fn layout(&self) -> Result<KeyLayout, Failure> {
-        layout_of(
-            &self.model,
-            self.cache_prefix.as_deref(),
-            self.tp_size,
-            self.pp_size,
-        )
+        layout_of(&self.model, self.cache_prefix.as_deref(), self.sizes())
+    }
+
+    /// The rank sizes of the flags.
+    pub(crate) fn sizes(&self) -> RankSizes {
+        RankSizes {
+            tp: self.tp_size,
+            pp: self.pp_size,
+            dcp: self.dcp_size,
+            pcp: self.pcp_size,
+        }
     }
 
     /// The master client's settings: every wait bounded by `timeout`.
@@ -172,16 +185,80 @@ impl Master {
     }
 }
 
-/// A key layout: `model`, an optional cache prefix, `tp_size` x `pp_size` namespaces.
+/// The parallel sizes that decide a layout's rank namespaces (each at least 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RankSizes {
+    pub(crate) tp: u32,
+    pub(crate) pp: u32,
+    pub(crate) dcp: u32,
+    pub(crate) pcp: u32,
+}
+
+impl RankSizes {
+    /// The namespaces vLLM 0.33's lookup asks for a full-attention model whose TP
+    /// ranks each hold distinct heads (`_init_lookup_key_prefixes`): pcp-major, then
+    /// tp, then pp; with DCP each TP rank's `dcp_rank` is `tp_rank % dcp_size`.
+    ///
+    /// # Errors
+    /// A usage failure for a size of 0 or a DCP size that does not divide the TP size.
+    pub(crate) fn namespaces(self) -> Result<Vec<RankNamespace>, Failure> {
+        for (flag, size) in [
+            ("--tp-size", self.tp),
+            ("--pp-size", self.pp),
+            ("--dcp-size", self.dcp),
+            ("--pcp-size", self.pcp),
+        ] {
+            if size == 0 {
+                return Err(Failure::usage(format!("{flag} must be at least 1")));
+            }
+        }
+        if self.tp % self.dcp != 0 {
+            return Err(Failure::usage(format!(
+                "--dcp-size {} does not divide --tp-size {} (decode context parallelism \
+                 subdivides the TP ranks)",
+                self.dcp, self.tp
+            )));
+        }
+        let mut out = Vec::new();
+        for pcp_rank in 0..self.pcp {
+            for tp_rank in 0..self.tp {
+                for pp_rank in 0..self.pp {
+                    out.push(RankNamespace {
+                        tp_rank,
+                        pcp_rank,
+                        dcp_rank: tp_rank % self.dcp,
+                        pp_rank,
+                        group: 0,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The flags that give these sizes (`--tp-size 2 --dcp-size 2`), sizes of 1 other
+    /// than TP and PP left out.
+    pub(crate) fn flags(self) -> String {
+        let mut out = format!("--tp-size {} --pp-size {}", self.tp, self.pp);
+        if self.dcp > 1 {
+            out.push_str(&format!(" --dcp-size {}", self.dcp));
+        }
+        if self.pcp > 1 {
+            out.push_str(&format!(" --pcp-size {}", self.pcp));
+        }
+        out
+    }
+}
+
+/// A key layout: `model`, an optional cache prefix, the namespaces of `sizes`.
 pub(crate) fn layout_of(
     model: &str,
     cache_prefix: Option<&str>,
-    tp_size: u32,
-    pp_size: u32,
+    sizes: RankSizes,
 ) -> Result<KeyLayout, Failure> {
     KeyLayout::new(model)
         .with_cache_prefix(cache_prefix.map(str::to_owned))
-        .with_namespaces(RankNamespace::grid(tp_size, pp_size))
+        .with_namespaces(sizes.namespaces()?)
         .map_err(|e| Failure::usage(e.to_string()))
 }
 

@@ -7,7 +7,12 @@
 //! lookup probe --mooncake-master 'etcd://10.0.0.1:2379;10.0.0.2:2379' --mooncake-cluster-id prod ...
 //! lookup reset --endpoint tcp://127.0.0.1:5555
 //! lookup doctor --endpoint ipc:///tmp/lookup.sock --num-tokens 48 --hashes-file hashes.txt
+//! lookup hash --block-size 16 --tokens-file prompt-tokens.txt --out hashes.txt
 //! ```
+//!
+//! `hash` turns token ids into the block hashes vLLM 0.33's engine computes
+//! (`sha256` or `sha256_cbor`, with the engines' PYTHONHASHSEED and an optional
+//! `cache_salt`), one hex hash a line: the file `--hashes-file` reads.
 //!
 //! `probe` sends one lookup (`spec/wire.md`, either format) and prints the hit tokens,
 //! the tail-key boundaries and the round-trip time; `reset` sends one reset and prints
@@ -35,6 +40,7 @@
 mod args;
 mod doctor;
 mod exchange;
+mod hash;
 mod master;
 
 use std::process::ExitCode;
@@ -77,6 +83,9 @@ enum Cmd {
     /// Check why hits may be lost: reachability, wire format, prefetch, TTL against
     /// the lease, and whether the store holds any key of the configured layout.
     Doctor(doctor::DoctorArgs),
+    /// Turn token ids into the block-hash file `--hashes-file` reads (vLLM's sha256
+    /// or sha256_cbor block hashes, one hex hash a line).
+    Hash(hash::HashArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -136,6 +145,7 @@ fn main() -> ExitCode {
         Cmd::Probe(args) => runtime.block_on(probe(args)),
         Cmd::Reset(args) => runtime.block_on(reset(args)),
         Cmd::Doctor(args) => runtime.block_on(doctor::run(args)),
+        Cmd::Hash(args) => hash::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,11 +18,55 @@ use lookup_server::mooncake_master::key::KeyFormat;
 use lookup_server::mooncake_master::{KeyLayout, MasterClient, RankNamespace};
 
 use super::Report;
+use crate::args::RankSizes;
 
 /// Largest tensor-parallel size the alternatives scan.
 const MAX_TP: u32 = 8;
 /// Largest pipeline-parallel size the alternatives scan.
 const MAX_PP: u32 = 4;
+/// Largest prefill context-parallel size the alternatives scan.
+const MAX_PCP: u32 = 2;
+
+/// The namespaces the alternatives scan: TP ranks 0-7, PP ranks 0-3, PCP ranks 0-1,
+/// and every DCP rank a TP rank can carry (`dcp_rank = tp_rank % dcp_size`, so at most
+/// `tp_rank`).
+fn scan_namespaces() -> Vec<RankNamespace> {
+    let mut out = Vec::new();
+    for pcp_rank in 0..MAX_PCP {
+        for tp_rank in 0..MAX_TP {
+            for dcp_rank in 0..=tp_rank {
+                for pp_rank in 0..MAX_PP {
+                    out.push(RankNamespace {
+                        tp_rank,
+                        pcp_rank,
+                        dcp_rank,
+                        pp_rank,
+                        group: 0,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The sizes whose namespaces are exactly `found` (the namespaces holding the first
+/// block), or `None` when no sizes give that set: advice must make the lookup ask
+/// every rank that holds a shard, or it claims blocks some rank lacks (vLLM #46855).
+fn sizes_of(found: &[RankNamespace]) -> Option<RankSizes> {
+    let max = |f: fn(&RankNamespace) -> u32| found.iter().map(f).max().map(|m| m + 1);
+    let sizes = RankSizes {
+        tp: max(|ns| ns.tp_rank)?,
+        pp: max(|ns| ns.pp_rank)?,
+        dcp: max(|ns| ns.dcp_rank)?,
+        pcp: max(|ns| ns.pcp_rank)?,
+    };
+    let mut want = sizes.namespaces().ok()?;
+    let mut have = found.to_vec();
+    want.sort_by_key(|ns| (ns.pcp_rank, ns.tp_rank, ns.dcp_rank, ns.pp_rank));
+    have.sort_by_key(|ns| (ns.pcp_rank, ns.tp_rank, ns.dcp_rank, ns.pp_rank));
+    (want == have).then_some(sizes)
+}
 
 /// One way a writer may name its keys: the part before the rank namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,7 +131,7 @@ pub(crate) async fn check(
     };
     let configured = layout.block_keys(first);
     let namings = namings(layout);
-    let grid = RankNamespace::grid(MAX_TP, MAX_PP);
+    let grid = scan_namespaces();
     let mut keys = configured.clone();
     for naming in &namings {
         let format = KeyFormat::new(naming.cache_prefix.as_deref(), &naming.model, &grid);
@@ -108,6 +152,37 @@ pub(crate) async fn check(
     let prefix = KeyFormat::new(layout.cache_prefix(), layout.model(), layout.namespaces());
     let prefix = prefix.prefix(0).unwrap_or_default().to_owned();
     let present = mine.iter().filter(|&&p| p).count();
+    // The namespaces of the configured naming that hold the first block.
+    let found_here: Vec<RankNamespace> = grid
+        .iter()
+        .zip(scanned.iter().take(grid.len()))
+        .filter(|&(_, &present)| present)
+        .map(|(ns, _)| *ns)
+        .collect();
+    let unasked: Vec<RankNamespace> = found_here
+        .iter()
+        .filter(|ns| !layout.namespaces().contains(ns))
+        .copied()
+        .collect();
+    if present == configured.len() && !unasked.is_empty() {
+        // Ranks the layout does not ask hold shards too: a lookup under this layout
+        // claims blocks that those ranks may lack (vLLM #46855).
+        let fix = sizes_of(&found_here).map_or_else(
+            || "set the writers' parallel sizes by hand".to_owned(),
+            RankSizes::flags,
+        );
+        report.fail(
+            "keys",
+            &format!(
+                "the first block is stored under prefix {prefix}, and also in namespaces \
+                 the layout does not ask (the writers' ranks are {}): the lookup would \
+                 claim blocks those ranks lack",
+                describe_ranks(&found_here)
+            ),
+            &fix,
+        );
+        return;
+    }
     if present == configured.len() {
         report.ok(
             "keys",
@@ -145,8 +220,6 @@ pub(crate) async fn check(
         );
         return;
     };
-    let tp_size = ranks.iter().map(|ns| ns.tp_rank).max().unwrap_or(0) + 1;
-    let pp_size = ranks.iter().map(|ns| ns.pp_rank).max().unwrap_or(0) + 1;
     let same_naming = naming.model == layout.model()
         && naming.cache_prefix.as_deref() == layout.cache_prefix().filter(|p| !p.is_empty());
     let mut fix = Vec::new();
@@ -159,24 +232,56 @@ pub(crate) async fn check(
             None => "no --cache-prefix".to_owned(),
         });
     }
-    let configured_grid = layout.namespaces();
-    if RankNamespace::grid(tp_size, pp_size) != configured_grid {
-        fix.push(format!("--tp-size {tp_size} --pp-size {pp_size}"));
+    // The advice is checked before it is printed: the advised flags' namespaces must be
+    // exactly the ones holding the block, so that the lookup asks every shard.
+    let ranks_found = describe_ranks(&ranks);
+    let Some(sizes) = sizes_of(&ranks) else {
+        report.fail(
+            "keys",
+            &format!(
+                "the first block is stored as {} in namespaces {ranks_found}, which no \
+                 --tp-size, --pp-size, --dcp-size and --pcp-size give",
+                naming.describe()
+            ),
+            "set the writers' parallel sizes by hand (a layout this check does not know: \
+             MLA, store TP, several KV-cache groups)",
+        );
+        return;
+    };
+    let advised = sizes.namespaces().unwrap_or_default();
+    if advised != layout.namespaces() {
+        fix.push(sizes.flags());
     }
     let finding = if same_naming {
         format!(
             "{present} of {} namespace keys of the first block exist under prefix {prefix}: \
-             the writers' rank layout is tp {tp_size}, pp {pp_size}",
+             the writers' rank layout is {ranks_found}",
             configured.len()
         )
     } else {
         format!(
-            "no key with this prefix: {prefix} (the first block is stored as {}, tp \
-             {tp_size}, pp {pp_size})",
+            "no key with this prefix: {prefix} (the first block is stored as {}, \
+             {ranks_found})",
             naming.describe()
         )
     };
     report.fail("keys", &finding, &fix.join(" "));
+}
+
+/// `tp 2, pp 1` (and `, dcp 2`, `, pcp 2` when above 1) of the ranks holding a key,
+/// from their highest ranks.
+fn describe_ranks(found: &[RankNamespace]) -> String {
+    let max = |f: fn(&RankNamespace) -> u32| found.iter().map(f).max().unwrap_or(0) + 1;
+    let mut out = format!("tp {}, pp {}", max(|ns| ns.tp_rank), max(|ns| ns.pp_rank));
+    for (name, size) in [
+        ("dcp", max(|ns| ns.dcp_rank)),
+        ("pcp", max(|ns| ns.pcp_rank)),
+    ] {
+        if size > 1 {
+            out.push_str(&format!(", {name} {size}"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -201,5 +306,38 @@ mod tests {
             .map(Naming::describe)
             .collect();
         assert_eq!(plain, ["model m, no cache prefix"]);
+    }
+}
+
+#[cfg(test)]
+mod advice {
+    use super::*;
+
+    fn ns(tp_rank: u32, dcp_rank: u32) -> RankNamespace {
+        RankNamespace {
+            tp_rank,
+            dcp_rank,
+            ..RankNamespace::default()
+        }
+    }
+
+    #[test]
+    fn advice_names_every_rank_that_holds_a_shard() {
+        // TP 2 x DCP 2: tp 0 holds dcp 0, tp 1 holds dcp 1.
+        let sizes = sizes_of(&[ns(0, 0), ns(1, 1)]).unwrap();
+        assert_eq!(sizes.flags(), "--tp-size 2 --pp-size 1 --dcp-size 2");
+        assert_eq!(
+            sizes_of(&[ns(0, 0), ns(1, 0)]).unwrap().flags(),
+            "--tp-size 2 --pp-size 1"
+        );
+        // Only rank 0 holds the first block: its sizes are TP 1.
+        assert_eq!(
+            sizes_of(&[ns(0, 0)]).unwrap().flags(),
+            "--tp-size 1 --pp-size 1"
+        );
+        // A set no sizes give is never advised (here tp 1 without its dcp 0 sibling).
+        assert_eq!(sizes_of(&[ns(0, 0), ns(1, 1), ns(1, 0)]), None);
+        assert_eq!(sizes_of(&[ns(1, 1)]), None);
+        assert_eq!(describe_ranks(&[ns(0, 0), ns(1, 1)]), "tp 2, pp 1, dcp 2");
     }
 }
