@@ -103,7 +103,7 @@ class LookupKeyClient:
     def lookup(self, req_id, num_tokens, block_hashes, non_block=False):
         """The request's result, or ``None`` while pending when ``non_block``; the first
         call starts the lookup, the answering call consumes it (as vLLM's)."""
-        hit = self._native.lookup(str(req_id), int(num_tokens), [bytes(h) for h in block_hashes], non_block)
+        hit = self._native.lookup(str(req_id), int(num_tokens), block_hashes, non_block)
         if hit is None:
             return None
         return self._result(hit)
@@ -111,7 +111,7 @@ class LookupKeyClient:
     def prefetch(self, req_id, num_tokens, block_hashes):
         """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent
         only while ``lookup_prefetch_limit`` allows (0 by default: announce only)."""
-        self._native.prefetch(str(req_id), int(num_tokens), [bytes(h) for h in block_hashes])
+        self._native.prefetch(str(req_id), int(num_tokens), block_hashes)
 
     def answer_of(self, req_id):
         """``Answer`` of ``req_id``'s last lookup, or ``None``: tells a miss from an

@@ -97,10 +97,18 @@ fn reason(why: Unavailable) -> &'static str {
 
 impl NativeClient {
     /// The tracked request of `req_id`, announced at its first sight.
-    fn track(&mut self, req_id: &str, num_tokens: u32, block_hashes: &[Vec<u8>]) -> PyResult<()> {
+    /// `block_hashes` (a sequence of `bytes`) is read only then: a re-poll costs no
+    /// conversion.
+    fn track(
+        &mut self,
+        req_id: &str,
+        num_tokens: u32,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         if self.tracked.contains_key(req_id) {
             return Ok(());
         }
+        let block_hashes: Vec<Vec<u8>> = block_hashes.extract()?;
         let hash_len = block_hashes.first().map_or(0, Vec::len);
         if block_hashes.iter().any(|h| h.len() != hash_len) {
             return Err(PyValueError::new_err(format!(
@@ -185,10 +193,10 @@ impl NativeClient {
         py: Python<'_>,
         req_id: &str,
         num_tokens: u32,
-        block_hashes: Vec<Vec<u8>>,
+        block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
     ) -> PyResult<Option<u32>> {
-        self.track(req_id, num_tokens, &block_hashes)?;
+        self.track(req_id, num_tokens, block_hashes)?;
         let request = self.tracked[req_id].request.clone();
         let probe = if non_block {
             self.client.probe(&request, 0)
@@ -209,9 +217,9 @@ impl NativeClient {
         &mut self,
         req_id: &str,
         num_tokens: u32,
-        block_hashes: Vec<Vec<u8>>,
+        block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        self.track(req_id, num_tokens, &block_hashes)
+        self.track(req_id, num_tokens, block_hashes)
     }
 
     /// What `req_id`'s last answer rested on: `(kind, hit_tokens, reason)` with kind
