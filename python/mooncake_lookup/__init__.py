@@ -1,0 +1,137 @@
+"""vLLM 0.33's Mooncake store ``LookupKeyClient``, backed by the Rust ``LookupClient``.
+
+``LookupKeyClient(vllm_config)`` takes vLLM's config and answers as vLLM's class of
+the same name does (``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/
+worker.py``): ``lookup(req_id, num_tokens, block_hashes, non_block=False)`` (``None``
+until ready when ``non_block``), ``discard(req_id)``, ``reset() -> bool``,
+``close()``. What changes: every lookup has a timeout (``lookup_timeout_s``, 5 s by
+default) and answers 0 with ``answer_of(req_id).kind == "unavailable"`` instead of
+blocking forever; ``prefetch`` starts a lookup at arrival; the I/O runs on a Rust
+runtime thread and blocking waits release the GIL, so no Python thread is added.
+
+The transport comes from ``kv_connector_extra_config``:
+
+- default: vLLM's own ZeroMQ server on worker rank 0, at the ipc path vLLM derives
+  (``VLLM_RPC_BASE_PATH``, ``lookup_rpc_port``, the hostname, ``data_parallel_index``);
+- ``lookup_endpoint``: another ZeroMQ URL (``tcp://HOST:PORT``, ``ipc://PATH``), for
+  example a ``lookup-server``;
+- ``lookup_mooncake_master``: ask the Mooncake master directly, ``host:port`` or
+  ``etcd://h1:p1;h2:p2``, with keys of the model ``lookup_model`` (default: the last
+  path component of ``model_config.model``, as vLLM's worker keys them).
+"""
+
+import json
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ._native import NativeClient
+
+__all__ = ["Answer", "LookupKeyClient", "LookupResult", "endpoint_of"]
+
+# The keys this package reads beyond the Rust client's (which ignores them).
+TRANSPORT_KEYS = ("lookup_endpoint", "lookup_mooncake_master", "lookup_model")
+
+
+@dataclass
+class LookupResult:
+    """vLLM's ``MooncakeLookupResult``: ``hit_length`` tokens stored, and the tail-key
+    boundaries (always empty here: the Rust client reads a reply's hit length only)."""
+
+    hit_length: int
+    tail_key_boundaries: tuple = ()
+
+
+class Answer(NamedTuple):
+    """What a request's last answer rested on (``answer_of``): ``kind`` is ``"hit"``,
+    ``"miss"``, ``"not_needed"`` or ``"unavailable"``; ``hit_tokens`` the tokens stored
+    for a hit (else 0); ``reason`` why the store was unavailable (``"timed_out"``,
+    ``"transport"``, ``"not_sent"``, ``"malformed"``, ``"retrying"``, ``"closed"``)."""
+
+    kind: str
+    hit_tokens: int
+    reason: str | None
+
+
+def _result_type():
+    """vLLM's own result class when vLLM is importable, else ``LookupResult``."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+            MooncakeLookupResult,
+        )
+
+        return MooncakeLookupResult
+    except Exception:  # noqa: BLE001 - no vLLM (or no torch): same fields, our class
+        return LookupResult
+
+
+def endpoint_of(vllm_config) -> str:
+    """The ipc URL of vLLM's ``get_zmq_rpc_path_lookup``: ``VLLM_RPC_BASE_PATH`` (the
+    temp dir by default), ``lookup_rpc_port``, the hostname and the data-parallel
+    index."""
+    extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+    base = os.environ.get("VLLM_RPC_BASE_PATH", tempfile.gettempdir())
+    rpc_port = extra.get("lookup_rpc_port", 0)
+    dp_rank = vllm_config.parallel_config.data_parallel_index
+    host = socket.gethostname()
+    return f"ipc://{base}/lookup_rpc_port_{rpc_port}_host_{host}_dp_rank{dp_rank}"
+
+
+class LookupKeyClient:
+    """Drop-in for vLLM 0.33's ``LookupKeyClient`` (module docstring). Raises
+    ``ValueError`` for a bad ``kv_connector_extra_config`` key or address."""
+
+    def __init__(self, vllm_config):
+        extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+        block_size = int(vllm_config.cache_config.block_size)
+        master = extra.get("lookup_mooncake_master")
+        if master:
+            transport, target = "direct", str(master)
+        else:
+            transport, target = "zmq", str(extra.get("lookup_endpoint") or endpoint_of(vllm_config))
+        model = extra.get("lookup_model")
+        if model is None:
+            model_config = getattr(vllm_config, "model_config", None)
+            model = str(getattr(model_config, "model", "model")).rstrip("/").split("/")[-1]
+        rust_keys = {k: v for k, v in extra.items() if k not in TRANSPORT_KEYS}
+        self.endpoint = target
+        self._result = _result_type()
+        self._native = NativeClient(transport, target, block_size, json.dumps(rust_keys), model)
+
+    def lookup(self, req_id, num_tokens, block_hashes, non_block=False):
+        """The request's result, or ``None`` while pending when ``non_block``; the first
+        call starts the lookup, the answering call consumes it (as vLLM's)."""
+        hit = self._native.lookup(str(req_id), int(num_tokens), block_hashes, non_block)
+        if hit is None:
+            return None
+        return self._result(hit)
+
+    def prefetch(self, req_id, num_tokens, block_hashes):
+        """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent
+        only while ``lookup_prefetch_limit`` allows (0 by default: announce only)."""
+        self._native.prefetch(str(req_id), int(num_tokens), block_hashes)
+
+    def answer_of(self, req_id):
+        """``Answer`` of ``req_id``'s last lookup, or ``None``: tells a miss from an
+        unavailable store, which both answer 0."""
+        got = self._native.answer_of(str(req_id))
+        return None if got is None else Answer(*got)
+
+    def discard(self, req_id):
+        """Drop any queued, in-flight or answered lookup of ``req_id``."""
+        self._native.discard(str(req_id))
+
+    def reset(self):
+        """Wipe the store through the server; True on its acknowledgement, False on a
+        refusal or no answer within the timeout."""
+        return self._native.reset()
+
+    def close(self):
+        """Stop the I/O; later lookups answer 0 at once."""
+        self._native.close()
+
+    def stats(self):
+        """The Rust client's counters (``rpcs_sent``, ``late_replies``, ...)."""
+        return self._native.stats()

@@ -1,0 +1,286 @@
+//! The native half of the Python package `mooncake_lookup`: [`NativeClient`], one
+//! [`LookupClient`] keyed by vLLM's string request ids, with vLLM's
+//! `LookupKeyClient` semantics (`python/mooncake_lookup/__init__.py` derives the
+//! endpoint from the `VllmConfig` and wraps it).
+//!
+//! # Threads
+//!
+//! The client's I/O task runs on one tokio runtime per process ([`runtime`]: one
+//! worker thread, not a Python thread). Every call runs on the caller's Python
+//! thread; the only waits (a blocking `lookup`, `reset`) release the GIL while they
+//! sleep on the I/O task's reports.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use lookup_tokio::{
+    Answer, BlockHashes, KeyLayout, LookupClient, Probe, Request, RequestId, ResetOutcome,
+    Unavailable,
+};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+/// The process's runtime for every client's I/O task: one worker thread, started at
+/// the first client.
+fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("mooncake-lookup-io")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the lookup runtime: {e}")))
+}
+
+/// One tracked request: the numeric id the client knows it by, and its request.
+#[derive(Debug)]
+struct Tracked {
+    request: Request,
+}
+
+/// vLLM's `LookupKeyClient` over the Rust [`LookupClient`].
+///
+/// `NativeClient(transport, target, block_size, extra_config_json, model)`:
+/// `transport` is `"zmq"` (`target` a ZeroMQ URL, `ipc://...` or `tcp://...`) or
+/// `"direct"` (`target` the Mooncake master, `host:port` or `etcd://h1:p1;h2:p2`,
+/// keys `{model}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{hash hex}`); `block_size` in
+/// tokens; `extra_config_json` vLLM's `kv_connector_extra_config` as JSON (lookup keys
+/// read, others ignored: `KvConnectorExtraConfig`). `lookup_async` is always on in
+/// the client: whether a call waits is chosen per call, as vLLM's `non_block` does.
+///
+/// Raises `ValueError` for a bad key, transport or address, `RuntimeError` when the
+/// socket cannot be created.
+#[pyclass(module = "mooncake_lookup._native")]
+struct NativeClient {
+    client: LookupClient,
+    tracked: HashMap<String, Tracked>,
+    /// Each request's last answer, kept until `discard` (`answer_of`).
+    answers: HashMap<String, Answer>,
+    next_id: u64,
+}
+
+/// A hit length from an answer: the stored tokens of a hit, 0 for anything else.
+fn hit_length(answer: Option<Answer>) -> u32 {
+    match answer {
+        Some(Answer::Hit { hit_tokens }) => hit_tokens,
+        _ => 0,
+    }
+}
+
+/// The `(kind, hit_tokens, reason)` triple Python's `answer_of` wraps.
+fn answer_tuple(answer: Answer) -> (&'static str, u32, Option<&'static str>) {
+    match answer {
+        Answer::Hit { hit_tokens } => ("hit", hit_tokens, None),
+        Answer::Miss => ("miss", 0, None),
+        Answer::NotNeeded => ("not_needed", 0, None),
+        Answer::Unavailable(why) => ("unavailable", 0, Some(reason(why))),
+    }
+}
+
+fn reason(why: Unavailable) -> &'static str {
+    match why {
+        Unavailable::TimedOut => "timed_out",
+        Unavailable::Transport => "transport",
+        Unavailable::NotSent => "not_sent",
+        Unavailable::Malformed => "malformed",
+        Unavailable::Retrying => "retrying",
+        Unavailable::Closed => "closed",
+        _ => "other",
+    }
+}
+
+impl NativeClient {
+    /// The tracked request of `req_id`, announced at its first sight.
+    /// `block_hashes` (a sequence of `bytes`) is read only then: a re-poll costs no
+    /// conversion.
+    fn track(
+        &mut self,
+        req_id: &str,
+        num_tokens: u32,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if self.tracked.contains_key(req_id) {
+            return Ok(());
+        }
+        let block_hashes: Vec<Vec<u8>> = block_hashes.extract()?;
+        let hash_len = block_hashes.first().map_or(0, Vec::len);
+        if block_hashes.iter().any(|h| h.len() != hash_len) {
+            return Err(PyValueError::new_err(format!(
+                "request {req_id}: block hashes of different lengths"
+            )));
+        }
+        let hash_len = u16::try_from(hash_len)
+            .map_err(|_| PyValueError::new_err(format!("request {req_id}: hash too long")))?;
+        let data = Bytes::from(block_hashes.concat());
+        let block_hashes = BlockHashes::new(hash_len, data)
+            .map_err(|e| PyValueError::new_err(format!("request {req_id}: {e}")))?;
+        self.next_id += 1;
+        let request = Request {
+            request_id: RequestId(self.next_id),
+            num_tokens,
+            block_hashes,
+            skip_reading_external_kv: false,
+        };
+        self.client.on_new_request_with_id(&request, req_id);
+        self.tracked.insert(req_id.to_owned(), Tracked { request });
+        Ok(())
+    }
+
+    /// The request's answer is read: keep it for `answer_of`, end the request so that
+    /// a later lookup of the same id asks again (vLLM pops its future).
+    fn consume(&mut self, req_id: &str, request_id: RequestId) -> u32 {
+        let answer = self.client.answer_of(request_id);
+        if let Some(a) = answer {
+            self.answers.insert(req_id.to_owned(), a);
+        }
+        self.client.on_finished(request_id);
+        self.tracked.remove(req_id);
+        hit_length(answer)
+    }
+}
+
+#[pymethods]
+impl NativeClient {
+    #[new]
+    fn new(
+        transport: &str,
+        target: &str,
+        block_size: u32,
+        extra_config_json: &str,
+        model: &str,
+    ) -> PyResult<Self> {
+        let extra: serde_json::Value = serde_json::from_str(extra_config_json)
+            .map_err(|e| PyValueError::new_err(format!("kv_connector_extra_config: {e}")))?;
+        let builder = LookupClient::builder()
+            .kv_connector_extra_config_lenient(&extra)
+            .block_size(block_size)
+            .lookup_async(true);
+        let builder = match transport {
+            "zmq" => builder.zmq(target),
+            "direct" => builder.direct(target, KeyLayout::new(model)),
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "transport {other:?}: expected \"zmq\" or \"direct\""
+                )));
+            }
+        };
+        let rt = runtime()?;
+        let client = builder
+            .connect_with_handle(rt.handle())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Self {
+            client,
+            tracked: HashMap::new(),
+            answers: HashMap::new(),
+            next_id: 0,
+        })
+    }
+
+    /// vLLM's `lookup`: the hit length in tokens (0 for a miss or an unavailable
+    /// store; `answer_of` tells them apart), or `None` while pending when `non_block`.
+    /// The first call for `req_id` starts the lookup; the call that answers ends it.
+    /// A blocking call releases the GIL and waits at most `lookup_timeout_s` plus the
+    /// client's wait margin.
+    #[pyo3(signature = (req_id, num_tokens, block_hashes, non_block = false))]
+    fn lookup(
+        &mut self,
+        py: Python<'_>,
+        req_id: &str,
+        num_tokens: u32,
+        block_hashes: &Bound<'_, PyAny>,
+        non_block: bool,
+    ) -> PyResult<Option<u32>> {
+        self.track(req_id, num_tokens, block_hashes)?;
+        let request = self.tracked[req_id].request.clone();
+        let probe = if non_block {
+            self.client.probe(&request, 0)
+        } else {
+            let client = &mut self.client;
+            py.detach(|| client.probe_blocking(&request, 0))
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+        };
+        match probe {
+            Probe::Pending => Ok(None),
+            Probe::Ready { .. } => Ok(Some(self.consume(req_id, request.request_id))),
+        }
+    }
+
+    /// Starts `req_id`'s lookup ahead of its first `lookup` (a prefetch: sent when
+    /// `lookup_prefetch_limit` allows, rules 1-3). Never blocks.
+    fn prefetch(
+        &mut self,
+        req_id: &str,
+        num_tokens: u32,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.track(req_id, num_tokens, block_hashes)
+    }
+
+    /// What `req_id`'s last answer rested on: `(kind, hit_tokens, reason)` with kind
+    /// `"hit"`, `"miss"`, `"not_needed"` or `"unavailable"` (then `reason` is
+    /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"retrying"` or
+    /// `"closed"`), `None` when it has none (rule 11).
+    fn answer_of(&self, req_id: &str) -> Option<(&'static str, u32, Option<&'static str>)> {
+        self.answers.get(req_id).copied().map(answer_tuple)
+    }
+
+    /// vLLM's `discard`: drops `req_id`'s lookup, queued, in flight or answered, and
+    /// its last answer. Never blocks.
+    fn discard(&mut self, req_id: &str) {
+        if let Some(t) = self.tracked.remove(req_id) {
+            self.client.on_finished(t.request.request_id);
+        }
+        self.answers.remove(req_id);
+    }
+
+    /// vLLM's `reset`: drops every lookup (rule 13), asks the server to wipe the
+    /// store and waits for its answer (GIL released), at most `lookup_timeout_s` plus
+    /// the wait margin. True when the server acknowledged.
+    fn reset(&mut self, py: Python<'_>) -> PyResult<bool> {
+        self.tracked.clear();
+        self.answers.clear();
+        let client = &mut self.client;
+        let rt = runtime()?;
+        let outcome = py.detach(|| rt.block_on(client.reset_and_wait()));
+        Ok(matches!(outcome, Ok(ResetOutcome::Ok)))
+    }
+
+    /// vLLM's `close` (rule 14): stops the I/O task; later lookups answer 0 at once.
+    /// Idempotent.
+    fn close(&mut self) {
+        self.tracked.clear();
+        self.client.close();
+    }
+
+    /// Requests tracked (announced, not yet answered or discarded).
+    fn tracked_requests(&self) -> usize {
+        self.tracked.len()
+    }
+
+    /// The client's counters as a dict of ints: `rpcs_sent`, `late_replies`,
+    /// `socket_reopens`, `waits_gave_up`, `slots_in_use`, `open_rpcs`.
+    fn stats(&mut self) -> HashMap<&'static str, u64> {
+        let s = self.client.stats();
+        HashMap::from([
+            ("rpcs_sent", s.rpcs_sent),
+            ("late_replies", s.late_replies),
+            ("socket_reopens", s.socket_reopens),
+            ("waits_gave_up", s.waits_gave_up),
+            ("slots_in_use", s.slots_in_use as u64),
+            ("open_rpcs", s.open_rpcs as u64),
+        ])
+    }
+}
+
+/// The module `mooncake_lookup._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeClient>()?;
+    Ok(())
+}

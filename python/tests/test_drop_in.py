@@ -1,0 +1,201 @@
+"""mooncake_lookup.LookupKeyClient against vLLM 0.33.0's own LookupKeyServer and
+LookupKeyClient (from its wheel, conftest.py) and against `lookup-server`."""
+
+import multiprocessing
+import time
+
+import pytest
+import zmq
+
+import mooncake_lookup
+from conftest import StoreWorker, vllm_config
+
+BS = 16
+
+
+def h(i):
+    """Block hash i: 32 bytes of value i (vLLM's sha256 hashes are 32 bytes)."""
+    return bytes([i]) * 32
+
+
+PRESENT = [h(1), h(2), h(3)]
+# (num_tokens, block_hashes): full hit, partial hit, miss, no hashes, a prompt
+# shorter than a block, a prompt ending on a block boundary.
+CASES = [
+    (4 * BS + 1, [h(1), h(2), h(3), h(4)]),
+    (3 * BS + 5, [h(1), h(2), h(9)]),
+    (2 * BS + 1, [h(7), h(8)]),
+    (5, []),
+    (BS - 1, [h(1)]),
+    (2 * BS, [h(1), h(2)]),
+]
+
+
+def wait_ready(client, req_id, num_tokens, hashes, polls=10_000):
+    """Polls with non_block=True until an answer; returns (answer, polls that were None)."""
+    for n in range(polls):
+        got = client.lookup(req_id, num_tokens, hashes, non_block=True)
+        if got is not None:
+            return got, n
+        time.sleep(0.001)
+    pytest.fail(f"{req_id}: no answer after {polls} polls")
+
+
+@pytest.fixture
+def vllm_server(vllm_classes, rpc_base):
+    worker = StoreWorker(vllm_classes.MooncakeLookupResult, BS, PRESENT)
+    server = vllm_classes.LookupKeyServer(worker, vllm_config(BS))
+    yield worker
+    # Left open: vLLM's close() from another thread aborts libzmq while its server
+    # thread blocks in recv (each test binds its own ipc path, in its own dir).
+    server.running = False
+
+
+def test_endpoint_is_vllms(vllm_classes, rpc_base):
+    cfg = vllm_config(BS, lookup_rpc_port=7)
+    assert mooncake_lookup.endpoint_of(cfg) == vllm_classes.get_zmq_rpc_path_lookup(cfg)
+    cfg.parallel_config.data_parallel_index = 3
+    assert mooncake_lookup.endpoint_of(cfg) == vllm_classes.get_zmq_rpc_path_lookup(cfg)
+
+
+def test_answers_equal_vllms_client_on_vllms_server(vllm_classes, vllm_server):
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    theirs = vllm_classes.LookupKeyClient(vllm_config(BS))
+    try:
+        for i, (num_tokens, hashes) in enumerate(CASES):
+            want = theirs.lookup(f"v{i}", num_tokens, hashes)
+            got = ours.lookup(f"o{i}", num_tokens, hashes)
+            assert (got.hit_length, got.tail_key_boundaries) == (
+                want.hit_length, want.tail_key_boundaries), (num_tokens, len(hashes))
+            # The same bytes on the wire back: vLLM's encoder of our result.
+            assert vllm_classes.encode_lookup_response(
+                vllm_classes.MooncakeLookupResult(got.hit_length, got.tail_key_boundaries)
+            ) == vllm_classes.encode_lookup_response(want)
+        assert [ours.answer_of(f"o{i}").kind for i in range(len(CASES))] == [
+            "hit", "hit", "miss", "not_needed", "not_needed", "hit"]
+        assert ours.answer_of("o0") == mooncake_lookup.Answer("hit", 3 * BS, None)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_non_block_answers_none_then_the_result(vllm_server):
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    try:
+        assert ours.lookup("r", 4 * BS + 1, PRESENT, non_block=True) is None
+        got, _ = wait_ready(ours, "r", 4 * BS + 1, PRESENT)
+        assert got.hit_length == 3 * BS
+        # Consumed: the next call starts a new lookup (vLLM pops its future).
+        assert ours.lookup("r", 4 * BS + 1, PRESENT, non_block=True) is None
+        ours.discard("r")
+        assert ours._native.tracked_requests() == 0
+        assert ours.answer_of("r") is None
+    finally:
+        ours.close()
+
+
+def test_prefetch_sends_at_arrival_and_lookup_reads_it(vllm_server):
+    ours = mooncake_lookup.LookupKeyClient(
+        vllm_config(BS, lookup_prefetch_limit=4, lookup_prefetch_ttl_s=30.0))
+    try:
+        ours.prefetch("p", 4 * BS + 1, PRESENT)
+        for _ in range(10_000):
+            if vllm_server.lookups == 1:
+                break
+            time.sleep(0.001)
+        assert vllm_server.lookups == 1
+        got, _ = wait_ready(ours, "p", 4 * BS + 1, PRESENT)
+        assert got.hit_length == 3 * BS
+        assert vllm_server.lookups == 1
+        assert ours.stats()["rpcs_sent"] == 1
+    finally:
+        ours.close()
+
+
+def test_reset_wipes_vllms_store(vllm_classes, vllm_server):
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    try:
+        assert ours.lookup("a", 4 * BS + 1, PRESENT).hit_length == 3 * BS
+        assert ours.reset() is True
+        assert vllm_server.present == set()
+        assert ours.lookup("b", 4 * BS + 1, PRESENT).hit_length == 0
+        assert ours.answer_of("b").kind == "miss"
+    finally:
+        ours.close()
+
+
+def test_answers_equal_vllms_client_on_lookup_server(vllm_classes, lookup_server):
+    endpoint = lookup_server([x.hex() for x in PRESENT])
+    assert endpoint == mooncake_lookup.endpoint_of(vllm_config(BS))
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    theirs = vllm_classes.LookupKeyClient(vllm_config(BS))
+    try:
+        for i, (num_tokens, hashes) in enumerate(CASES):
+            want = theirs.lookup(f"v{i}", num_tokens, hashes)
+            got = ours.lookup(f"o{i}", num_tokens, hashes)
+            assert (got.hit_length, got.tail_key_boundaries) == (
+                want.hit_length, want.tail_key_boundaries), (num_tokens, len(hashes))
+        assert theirs.reset() is True
+        assert ours.lookup("after", 4 * BS + 1, PRESENT).hit_length == 0
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_lookup_endpoint_key_chooses_a_tcp_server(lookup_server):
+    lookup_server([x.hex() for x in PRESENT])
+    # The same server through the endpoint key (its ipc URL, given explicitly).
+    endpoint = mooncake_lookup.endpoint_of(vllm_config(BS))
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_endpoint=endpoint))
+    try:
+        assert ours.endpoint == endpoint
+        assert ours.lookup("x", 4 * BS + 1, PRESENT).hit_length == 3 * BS
+    finally:
+        ours.close()
+
+
+def test_silent_server_is_unavailable_where_vllms_client_blocks(vllm_classes, rpc_base):
+    """A server that takes requests and never answers (a hung worker): ours answers 0,
+    unavailable, within lookup_timeout_s; vLLM's own lookup is still blocked after."""
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind(mooncake_lookup.endpoint_of(vllm_config(BS)))
+    # vLLM's client in a child process: blocked forever, it is killed, not joined.
+    blocked = multiprocessing.get_context("fork").Process(
+        target=lambda: vllm_classes.LookupKeyClient(vllm_config(BS)).lookup(
+            "v", 4 * BS + 1, PRESENT), daemon=True)
+    blocked.start()
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_timeout_s=0.3))
+    try:
+        got = ours.lookup("o", 4 * BS + 1, PRESENT)
+        assert got.hit_length == 0
+        assert ours.answer_of("o") == mooncake_lookup.Answer("unavailable", 0, "timed_out")
+        blocked.join(1.0)
+        assert blocked.is_alive() and blocked.exitcode is None
+    finally:
+        blocked.kill()
+        blocked.join()
+        ours.close()
+        silent.close()
+        ctx.term()
+
+
+def test_dead_server_is_unavailable(rpc_base):
+    """No server at the ipc path: unavailable (transport), never read as a miss."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_timeout_s=0.3))
+    try:
+        assert ours.lookup("o", 4 * BS + 1, PRESENT).hit_length == 0
+        assert ours.answer_of("o") == mooncake_lookup.Answer("unavailable", 0, "transport")
+        ours.close()
+        assert ours.lookup("c", 4 * BS + 1, PRESENT).hit_length == 0
+        assert ours.answer_of("c").kind == "unavailable"
+    finally:
+        ours.close()
+
+
+def test_bad_extra_config_is_a_value_error(rpc_base):
+    with pytest.raises(ValueError, match="lookup_timeout_s"):
+        mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_timeout_s=-1.0))
+    with pytest.raises(ValueError):
+        mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_mooncake_master="not-a-host"))

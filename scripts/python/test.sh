@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds and installs the Python package mooncake_lookup (pip install ./python, maturin
+# fetched by pip as the build backend) into the project venv, then runs its pytest
+# suite (python/tests) against vLLM 0.33.0's own lookup classes, read from its released
+# wheel (downloaded once, without dependencies, into target/vllm-wheel), and against
+# `lookup-server` (built here, debug).
+#
+# Environment: MATURIN_PEP517_ARGS (default --profile dev), PYTHON (default python3), VLLM_VENV (default <repo>/.venv),
+# VLLM_WHEEL_DIR (default <repo>/target/vllm-wheel), CARGO_TARGET_DIR (shared by the
+# wheel build and lookup-server). Extra arguments go to pytest.
+set -euo pipefail
+
+VLLM_VERSION="0.33.0"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+VENV="${VLLM_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+WHEEL_DIR="${VLLM_WHEEL_DIR:-$ROOT/target/vllm-wheel}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "== creating venv $VENV" >&2
+    "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install --quiet "pytest>=8" "pyzmq==27.3.0"
+
+WHEEL="$(ls "$WHEEL_DIR"/vllm-"$VLLM_VERSION"-*.whl 2>/dev/null | head -n 1 || true)"
+if [ -z "$WHEEL" ]; then
+    echo "== downloading vllm==$VLLM_VERSION (wheel only, no dependencies) into $WHEEL_DIR" >&2
+    mkdir -p "$WHEEL_DIR"
+    "${PIP[@]}" download --quiet --no-deps --only-binary=:all: -d "$WHEEL_DIR" "vllm==$VLLM_VERSION"
+    WHEEL="$(ls "$WHEEL_DIR"/vllm-"$VLLM_VERSION"-*.whl | head -n 1)"
+fi
+
+echo "== building lookup-server" >&2
+cargo build --quiet -p lookup-cli --bin lookup-server
+echo "== pip install ./python (debug profile: the tests need no optimised build)" >&2
+MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" "${PIP[@]}" install --quiet --force-reinstall --no-deps "$ROOT/python"
+
+cd "$ROOT/python"
+MOONCAKE_LOOKUP_VLLM_WHEEL="$WHEEL" LOOKUP_SERVER_BIN="$CARGO_TARGET_DIR/debug/lookup-server" \
+    exec "$VENV/bin/python" -m pytest -q tests "$@"
