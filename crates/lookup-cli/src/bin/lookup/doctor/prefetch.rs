@@ -138,7 +138,7 @@ async fn prefetch_once(
     config.core.lookup_prefetch_ttl = lookup_core::duration_from_secs(args.lookup_prefetch_ttl_s)
         .map_err(|e| format!("--lookup-prefetch-ttl-s: {e}"))?;
     config.core.lookup_timeout = timeout;
-    let mut client = LookupClient::connect(config).map_err(|e| e.to_string())?;
+    let mut client = LookupClient::connect_lazy(config).map_err(|e| e.to_string())?;
     let req = Request {
         request_id: RequestId(1),
         num_tokens: args.prompt.num_tokens,
