@@ -118,10 +118,7 @@ fn max_pending_age_s_is_read_and_must_be_positive() {
     );
     let keys = strict(json!({"max_pending_age_s": 0.25})).unwrap();
     assert_eq!(keys.max_pending_age, Duration::from_millis(250));
-    assert_eq!(
-        keys.core(16).max_pending_age,
-        Duration::from_millis(250)
-    );
+    assert_eq!(keys.core(16).max_pending_age, Duration::from_millis(250));
     assert_eq!(
         strict(json!({"max_pending_age_s": 0})).unwrap_err(),
         "kv_connector_extra_config key `max_pending_age_s`: 0 is not a positive number of seconds"

@@ -140,6 +140,39 @@ async fn a_ttl_not_below_the_configured_lease_is_warned_about_at_connect() {
     assert_eq!(fake.lease_calls(), 0, "a miss reads no lease");
 }
 
+/// Once per cause: a TTL warned about at connect against the configured lease (10 s)
+/// is not warned about again when the master reports a lease it also outlives (5 s).
+#[tokio::test]
+async fn a_ttl_above_both_leases_is_warned_about_once() {
+    let logs = Logs::capture();
+    let fake = FakeMaster::start(Behaviour::Answer).await;
+    fake.store(&layout().chain_keys(&BlockHashes::from_u64s(&[1, 2, 3]), 3));
+    fake.report_lease(Duration::from_secs(5));
+    let direct = DirectConfig::parse(&fake.addr, layout()).expect("master address");
+    let mut config = ClientConfig::new(direct, B);
+    config.core.lookup_prefetch_ttl = Duration::from_secs(10);
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
+    assert_eq!(
+        client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
+        hit(48)
+    );
+    let reported = LeaseTtl {
+        ttl: Duration::from_secs(5),
+        source: LeaseSource::Master,
+    };
+    eventually("the lease is read", || {
+        client.master_lease() == Some(reported)
+    })
+    .await;
+    let warnings = logs.containing("is not below");
+    assert_eq!(warnings.len(), 1, "{:#?}", logs.lines());
+    assert!(
+        warnings[0].contains("(10 s, configured)"),
+        "{}",
+        warnings[0]
+    );
+}
+
 #[tokio::test]
 async fn the_zeromq_client_checks_the_store_lease_it_is_given() {
     let logs = Logs::capture();
