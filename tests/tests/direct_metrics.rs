@@ -35,7 +35,7 @@ async fn direct_metrics_gauge_outcomes_and_latency() {
     config.client_label = Some("engine".to_owned());
     config.core.lookup_prefetch_limit = 8;
     config.core.max_in_flight = 2;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let reqs = [request(1, 3 * B, &[1, 2]), request(2, 3 * B, &[1, 3])];
     for req in &reqs {
         client.on_new_request(req);

@@ -120,7 +120,7 @@ async fn exporter_reports_a_known_sequence() {
         .zmq_mut()
         .expect("zmq")
         .reopen_after_timeouts = 2;
-    let mut s = LookupClient::connect(config).expect("connect");
+    let mut s = LookupClient::connect_lazy(config).expect("connect");
     let r20 = request(20, 50, &[21, 22, 23]);
     let r21 = request(21, 50, &[31, 32, 33]);
     let r22 = request(22, 50, &[41, 42, 43]);
@@ -147,7 +147,7 @@ async fn exporter_reports_a_known_sequence() {
     silent.stop().await;
 
     // --- A prefetching client against the real server, one RPC on the wire at a time.
-    let mut a = LookupClient::connect(async_config(&endpoint, 8, 1)).expect("connect");
+    let mut a = LookupClient::connect_lazy(async_config(&endpoint, 8, 1)).expect("connect");
     let r0 = request(100, 40, &[1, 2]);
     a.on_new_request(&r0);
     until_client(&mut a, "r0 sent", |c| c.stats().rpcs_sent == 1).await;
@@ -186,7 +186,7 @@ async fn exporter_reports_a_known_sequence() {
     // --- A result that outlives its TTL is looked up again at the probe.
     let mut config = async_config(&endpoint, 1, 1);
     config.core.lookup_prefetch_ttl = Duration::from_millis(50);
-    let mut t = LookupClient::connect(config).expect("connect");
+    let mut t = LookupClient::connect_lazy(config).expect("connect");
     let r10 = request(10, 50, &[1, 2, 3]);
     t.on_new_request(&r10);
     until_client(&mut t, "r10 answered", |c| c.stats().core.hits == 1).await;

@@ -293,7 +293,7 @@ async fn cell(
         config.core.lookup_async = true;
         config.core.lookup_prefetch_limit = 64;
         config.core.max_in_flight = 64;
-        let mut client = LookupClient::connect(config)?;
+        let mut client = LookupClient::connect_lazy(config)?;
         // Connected before the clock starts.
         let warm = Request {
             request_id: RequestId(u64::MAX),

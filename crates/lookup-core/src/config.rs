@@ -52,6 +52,12 @@ pub struct Config {
     /// counted in [`Stats::prefetch_backlog_full`](crate::Stats::prefetch_backlog_full).
     /// Probe lookups are never refused. Default 65,536.
     pub max_queued: u32,
+    /// *Ours* (`max_pending_age_s`): how long a lookup RPC may wait for the wire
+    /// (queued behind `max_in_flight` others) before it ends unsent, answering 0
+    /// hits as unavailable (`Failed(NotSent)`), so that it never waits without bound
+    /// behind a slow server nor takes the wire once stale (rule 17). The driver
+    /// applies it. Must be positive. Default 5 s (vLLM's `lookup_timeout_s`).
+    pub max_pending_age: Duration,
 }
 
 impl Config {
@@ -70,6 +76,7 @@ impl Config {
             lookup_share: true,
             max_in_flight: 1,
             max_queued: 65_536,
+            max_pending_age: Duration::from_secs(5),
         }
     }
 
@@ -77,7 +84,7 @@ impl Config {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the key: `block_size` 0; `max_in_flight` or
-    /// `max_queued` 0. (A negative, NaN or infinite number of seconds cannot be a
+    /// `max_queued` 0; a zero `max_pending_age_s`. (A negative, NaN or infinite number of seconds cannot be a
     /// [`Duration`], and a `lookup_timeout_s` of 0: the reader of vLLM's keys rejects
     /// them, naming the key.)
     pub fn validate(&self) -> Result<(), Error> {
@@ -90,6 +97,12 @@ impl Config {
         }
         if self.max_queued == 0 {
             return bad("max_queued", "must be at least 1".into());
+        }
+        if self.max_pending_age.is_zero() {
+            return bad(
+                "max_pending_age_s",
+                "must be positive (0 would fail every queued lookup unsent)".into(),
+            );
         }
         Ok(())
     }

@@ -343,6 +343,47 @@ impl<T> Dispatcher<T> {
         }
     }
 
+    /// A queued RPC that must not wait longer (the driver's `max_pending_age`,
+    /// `spec/behaviour.md` rule 17) ends now with `failure`, unsent: its ticket is
+    /// claimed as if released, and its event carries `sent_at == at == now`. Returns
+    /// false, with no event, when `rpc_id` is not queued, or was cancelled (then it is
+    /// dropped as [`poll_transmit`](Self::poll_transmit) would drop it).
+    pub fn fail_queued(&mut self, rpc_id: RpcId, failure: RpcFailure, now: Instant) -> bool {
+        let Some(Entry::Queued { ticket, .. }) = self.entries.get(&rpc_id) else {
+            return false;
+        };
+        let claimed = ticket.claim();
+        let Some(Entry::Queued { tag, .. }) = self.entries.remove(&rpc_id) else {
+            unreachable!("checked queued above");
+        };
+        self.queued -= 1;
+        // Its id in the reset or awaited queue goes stale and is skipped when reached.
+        self.prefetch.remove(&rpc_id);
+        self.compact();
+        if !claimed {
+            return false;
+        }
+        if failure == RpcFailure::Transport {
+            self.stats.rpcs_failed_transport += 1;
+        }
+        self.events.push_back((
+            WireEvent {
+                rpc_id,
+                result: Err(failure),
+                sent_at: now,
+                at: now,
+            },
+            tag,
+        ));
+        true
+    }
+
+    /// True while `rpc_id` waits for the wire.
+    #[must_use]
+    pub fn is_queued(&self, rpc_id: RpcId) -> bool {
+        matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. }))
+    }
+
     /// The connection was dropped: every RPC on the wire except `keep` (a reset about
     /// to be written to the new connection) fails with [`RpcFailure::Transport`], as
     /// its reply can no longer arrive; queued ones stay queued. Returns how many failed.

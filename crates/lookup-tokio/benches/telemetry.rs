@@ -51,7 +51,7 @@ fn measure(c: &mut Criterion, runtime: &tokio::runtime::Runtime, label: &str) {
         )
         .unwrap()
     };
-    let mut client = LookupClient::connect_with_handle(
+    let mut client = LookupClient::connect_lazy_with_handle(
         config(server.local_endpoint().clone()),
         runtime.handle(),
     )
@@ -90,7 +90,8 @@ fn measure(c: &mut Criterion, runtime: &tokio::runtime::Runtime, label: &str) {
         .unwrap()
         .port();
     let endpoint: Endpoint = format!("tcp://127.0.0.1:{port}").parse().unwrap();
-    let mut client = LookupClient::connect_with_handle(config(endpoint), local.handle()).unwrap();
+    let mut client =
+        LookupClient::connect_lazy_with_handle(config(endpoint), local.handle()).unwrap();
     let reqs: Vec<Request> = (2..4098).map(request).collect();
     let mut i = 0usize;
     c.bench_function(&format!("arrival_then_finish/{label}"), |b| {

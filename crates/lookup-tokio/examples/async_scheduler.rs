@@ -97,8 +97,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .lookup_prefetch_limit(8)
         .probe_budget(Duration::from_millis(50))
         .client_label("engine-0")
-        .connect()
-        .await?;
+        // A scheduler starts whether or not its store is up yet: lazy.
+        .connect_lazy()?;
 
     // The front end: announces each arrival, then hands the request to the scheduler.
     let handle = client.handle();

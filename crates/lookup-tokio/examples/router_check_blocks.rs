@@ -111,13 +111,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         master_stats.batch_exist_calls, master_stats.keys_asked
     );
 
-    // With the master gone, the check is an error, not "0 blocks".
+    // With the master gone, the strict connect fails with the reason, and a lazy
+    // client's check is an error, not "0 blocks".
     drop(master);
-    let mut client = LookupClient::builder()
-        .direct("127.0.0.1:1", KeyLayout::new("Qwen3-8B"))
-        .block_size(BLOCK)
-        .connect()
-        .await?;
+    let down = || {
+        LookupClient::builder()
+            .direct("127.0.0.1:1", KeyLayout::new("Qwen3-8B"))
+            .block_size(BLOCK)
+    };
+    match down().connect().await {
+        Err(error @ lookup_tokio::Error::Unreachable { .. }) => println!("connect: {error}"),
+        Err(error) => return Err(error.into()),
+        Ok(_) => return Err("connect to a down master succeeded".into()),
+    }
+    let mut client = down().connect_lazy()?;
     match check_blocks(&mut client, RequestId(9), &chains[0]).await {
         Err(CheckError::Unavailable(why)) => println!("master down: unavailable ({why:?})"),
         Ok(hits) => return Err(format!("a down master answered {hits} blocks").into()),

@@ -54,7 +54,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut client = LookupClient::builder()
         .zmq_endpoint(server.local_endpoint().clone())
         .block_size(BLOCK)
-        .connect_with_handle(runtime.handle())?;
+        // A scheduler starts whether or not its store is up yet: lazy.
+        .connect_lazy_with_handle(runtime.handle())?;
 
     // The scheduler's thread: one blocking probe per request, then allocate and
     // finish; a local (GPU) hit of one block is taken off the external tokens.

@@ -19,10 +19,20 @@ pub enum Error {
     /// ended (the runtime that hosted it shut down).
     #[error("the lookup client is closed")]
     Closed,
-    /// Caller misuse: `LookupClient::connect` was called outside a tokio runtime
-    /// (use `LookupClient::connect_with_handle`).
-    #[error("LookupClient::connect needs a tokio runtime; use connect_with_handle")]
+    /// Caller misuse: `LookupClient::connect_lazy` was called outside a tokio runtime
+    /// (use `LookupClient::connect_lazy_with_handle`).
+    #[error("LookupClient::connect_lazy needs a tokio runtime; use connect_lazy_with_handle")]
     NoRuntime,
+    /// I/O: the strict `LookupClient::connect` found that the lookup server (the
+    /// master) did not answer within `ClientConfig::connect_timeout`, for `why`.
+    #[error("{target} does not answer: {why}")]
+    Unreachable {
+        /// Where lookups go (`Transport::target`).
+        target: String,
+        /// Why: no socket file, a stale one, a refused port, no ZeroMQ greeting, the
+        /// master's connect error, or the bound.
+        why: String,
+    },
     /// Caller misuse: `LookupClient::probe_blocking` was called on a thread of a
     /// current-thread tokio runtime, where blocking would stop the I/O task.
     #[error("probe_blocking called on a current-thread runtime's thread; use probe_wait")]

@@ -75,7 +75,7 @@ pub use client::{
 };
 pub use error::Error;
 pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig};
-pub use io::zmq::{EndpointUnreachable, check_reachable};
+pub use io::peer::{EndpointUnreachable, LIVENESS_BOUND, check_alive, check_reachable};
 /// Where the lookup server listens (`spec/wire.md`, "Transport").
 pub use lookup_core::Endpoint;
 /// The core's types a scheduler names, so that one dependency line is enough.

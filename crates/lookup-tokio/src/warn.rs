@@ -1,5 +1,6 @@
 //! Rate-limited warnings: each kind at most once per [`WARN_EVERY`], the first at once
-//! (`spec/behaviour.md` rule 11: failures are logged once per kind).
+//! (`spec/behaviour.md` rule 11: failures are logged once per kind), every one
+//! counted in `lookup_warnings_total{kind}`, printed or not.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -14,9 +15,19 @@ pub(crate) const WARN_EVERY: Duration = Duration::from_secs(10);
 #[derive(Debug, Default)]
 pub(crate) struct WarnLimiter {
     last: HashMap<&'static str, (Instant, u64)>,
+    /// The `client` label of `lookup_warnings_total`, if known.
+    label: Option<String>,
 }
 
 impl WarnLimiter {
+    /// A limiter whose counter series carry `client = label`.
+    pub(crate) fn labelled(label: &str) -> Self {
+        Self {
+            last: HashMap::new(),
+            label: Some(label.to_owned()),
+        }
+    }
+
     /// Whether a warning of `kind` is due at `now`: `Some(suppressed since the last
     /// one)` when it is, `None` (and one more suppressed) when not.
     fn admit(&mut self, kind: &'static str, now: Instant) -> Option<u64> {
@@ -38,6 +49,14 @@ impl WarnLimiter {
 
     /// Logs `message` as a warning of `kind` if one is due at `now`.
     pub(crate) fn warn(&mut self, kind: &'static str, now: Instant, message: fmt::Arguments<'_>) {
+        // Warnings are rare: a registry look-up per warning costs nothing that matters.
+        match &self.label {
+            Some(client) => {
+                metrics::counter!("lookup_warnings_total", "client" => client.clone(), "kind" => kind)
+                    .increment(1);
+            }
+            None => metrics::counter!("lookup_warnings_total", "kind" => kind).increment(1),
+        }
         match self.admit(kind, now) {
             Some(0) => tracing::warn!(kind, "{message}"),
             Some(suppressed) => tracing::warn!(kind, suppressed, "{message}"),

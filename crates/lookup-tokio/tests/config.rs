@@ -107,6 +107,31 @@ fn a_mistyped_value_is_an_error_naming_the_key() {
     );
 }
 
+/// `max_pending_age_s` is read as float seconds into `Config::max_pending_age`
+/// (default 5 s), and 0 is refused naming the key, by the reader and by
+/// `Config::validate`.
+#[test]
+fn max_pending_age_s_is_read_and_must_be_positive() {
+    assert_eq!(
+        strict(json!({})).unwrap().max_pending_age,
+        Duration::from_secs(5)
+    );
+    let keys = strict(json!({"max_pending_age_s": 0.25})).unwrap();
+    assert_eq!(keys.max_pending_age, Duration::from_millis(250));
+    assert_eq!(keys.core(16).max_pending_age, Duration::from_millis(250));
+    assert_eq!(
+        strict(json!({"max_pending_age_s": 0})).unwrap_err(),
+        "kv_connector_extra_config key `max_pending_age_s`: 0 is not a positive number of seconds"
+    );
+    let mut core = Config::new(16);
+    core.max_pending_age = Duration::ZERO;
+    assert_eq!(
+        core.validate().unwrap_err().to_string(),
+        "invalid configuration `max_pending_age_s`: must be positive (0 would fail every \
+         queued lookup unsent)"
+    );
+}
+
 #[test]
 fn an_unknown_key_is_an_error_unless_lenient() {
     let extra = json!({"lookup_asnyc": true, "lookup_prefetch_limit": 8});
@@ -115,7 +140,7 @@ fn an_unknown_key_is_an_error_unless_lenient() {
         "kv_connector_extra_config key `lookup_asnyc`: unknown key (known: enable_lookup, \
          lookup_async, load_async, lookup_prefetch_limit, lookup_prefetch_ttl_s, \
          lookup_timeout_s, lookup_priority, lookup_share, max_in_flight, max_queued, \
-         lookup_rpc_port)"
+         max_pending_age_s, lookup_rpc_port)"
     );
     let keys = lenient(extra).unwrap();
     assert_eq!(keys.lookup_prefetch_limit, 8);
@@ -306,7 +331,8 @@ fn the_direct_transport_holds_its_own_settings() {
 
 #[test]
 fn connect_outside_a_runtime_is_an_error() {
-    let err = LookupClient::connect(ClientConfig::zmq("tcp://127.0.0.1:1".parse().unwrap(), 16))
-        .expect_err("no runtime");
+    let err =
+        LookupClient::connect_lazy(ClientConfig::zmq("tcp://127.0.0.1:1".parse().unwrap(), 16))
+            .expect_err("no runtime");
     assert!(matches!(err, Error::NoRuntime), "{err}");
 }

@@ -56,7 +56,7 @@ async fn lookup_span_carries_request_and_outcome() {
     let mut config = ClientConfig::zmq(server.local_endpoint().clone(), 16);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 4;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let req = Request {
         request_id: RequestId(7),
         num_tokens: 50,

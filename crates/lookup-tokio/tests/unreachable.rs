@@ -29,7 +29,7 @@ const READY_ZERO: Probe = Probe::Ready {
 async fn probes_fail_fast(endpoint: Endpoint) -> (Duration, Duration, u64) {
     let mut config = ClientConfig::zmq(endpoint, 16);
     config.core.lookup_timeout = Duration::from_secs(30);
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let t0 = Instant::now();
     assert_eq!(client.probe_wait(&req(1), 0).await, READY_ZERO);
     let first = t0.elapsed();
@@ -65,7 +65,7 @@ async fn first_visible_error(endpoint: Endpoint) -> Duration {
     config.core.lookup_timeout = Duration::from_secs(30);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 4;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let t0 = Instant::now();
     client.on_new_request(&req(7));
     let deadline = t0 + Duration::from_secs(30);

@@ -93,6 +93,18 @@ impl ChildServer {
         self.child.id()
     }
 
+    /// Sends `signal` (`"STOP"`, `"CONT"`) with `kill(1)`: a stopped server keeps its
+    /// socket and connections (the kernel still accepts into its backlog) but
+    /// answers nothing, not even a ZeroMQ greeting.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill(1)");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
     /// SIGKILL, then reap: the server gets no chance to close its socket or unlink
     /// its ipc file.
     pub fn kill(&mut self) {

@@ -186,7 +186,7 @@ impl Harness {
     /// Connects a client with `config` (inside the current tokio runtime).
     pub fn connect(config: ClientConfig) -> Self {
         let timeout = config.core.timeout();
-        let client = LookupClient::connect(config).expect("connect");
+        let client = LookupClient::connect_lazy(config).expect("connect");
         Self {
             client,
             timeout,

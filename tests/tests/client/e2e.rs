@@ -78,7 +78,8 @@ async fn prefetch_then_two_probes_is_one_rpc() {
     for endpoint in [dir.ipc("lookup.sock"), free_tcp()] {
         let server = FakeServer::reference(&endpoint, B, &[1, 2, 3]);
         server.pause();
-        let mut client = LookupClient::connect(async_config(&endpoint, 4, 1)).expect("connect");
+        let mut client =
+            LookupClient::connect_lazy(async_config(&endpoint, 4, 1)).expect("connect");
         let req = request(1, 64, &[1, 2, 3, 4]);
         client.on_new_request(&req);
         until(LIMIT, "server got the prefetch", || server.lookups() == 1).await;
@@ -116,7 +117,7 @@ async fn prefetch_cap_and_uncapped_probe() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[10, 20, 30]);
     server.pause();
-    let mut client = LookupClient::connect(async_config(&endpoint, 2, 4)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 2, 4)).expect("connect");
     let reqs = [
         request(1, 32, &[10, 11]),
         request(2, 32, &[20, 21]),
@@ -168,7 +169,7 @@ async fn refresh_ignores_stale_reply() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1, 2, 3]);
     server.pause();
-    let mut client = LookupClient::connect(async_config(&endpoint, 4, 4)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 4, 4)).expect("connect");
     let short = request(1, 32, &[1, 2]); // reference hit 16 (full-hit rule)
     let grown = request(1, 48, &[1, 2, 3]); // 32
     let other = request(1, 48, &[1, 2, 9]); // 32, but a different chain
@@ -205,7 +206,7 @@ async fn finish_while_queued_and_in_flight() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1]);
     server.pause();
-    let mut client = LookupClient::connect(async_config(&endpoint, 4, 1)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 4, 1)).expect("connect");
     let a = request(1, 32, &[1, 2]);
     let b = request(2, 32, &[3, 4]);
     let c = request(3, 32, &[5, 6]);
@@ -283,7 +284,7 @@ async fn preempt_and_reset() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1, 2]);
     server.pause();
-    let mut client = LookupClient::connect(async_config(&endpoint, 4, 4)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 4, 4)).expect("connect");
     let a = request(1, 48, &[1, 2, 3]);
     let b = request(2, 48, &[1, 2, 4]);
     client.on_new_request(&a);
@@ -320,7 +321,7 @@ async fn full_prompt_guard_and_local_hit() {
     let server = FakeServer::start(&endpoint, |_, num_tokens, _| {
         Answer::Hit(num_tokens / B * B)
     });
-    let mut client = LookupClient::connect(async_config(&endpoint, 0, 1)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 0, 1)).expect("connect");
     let full = request(1, 32, &[1, 2]);
     assert_eq!(probe_ready(&mut client, &full, 0).await, ready(16));
     assert_eq!(client.probe(&full, 16), ready(0));
@@ -349,7 +350,7 @@ async fn silent_server_then_second_server() {
         .zmq_mut()
         .expect("zmq")
         .reopen_after_timeouts = 2;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let a = request(1, 32, &[1, 2]);
     let b = request(2, 32, &[3, 4]);
     client.on_new_request(&a);
@@ -410,7 +411,7 @@ async fn late_reply_is_dropped_and_counted() {
         .zmq_mut()
         .expect("zmq")
         .reopen_after_timeouts = 0;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let a = request(1, 48, &[1, 2, 3]);
     assert_eq!(probe_ready(&mut client, &a, 0).await, ready(0));
     assert_eq!(client.stats().core.failed_timed_out, 1);
@@ -448,7 +449,7 @@ async fn malformed_replies_are_zero_and_counted() {
         let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Answer::Raw(replies[i % n].clone())
     });
-    let mut client = LookupClient::connect(async_config(&endpoint, 0, 1)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 0, 1)).expect("connect");
     for id in 0..n as u64 {
         let req = request(id, 40, &[1, 2]);
         assert_eq!(
@@ -481,7 +482,7 @@ async fn foreign_and_unknown_replies_are_dropped() {
             vec![id(1), Bytes::new(), hit.clone()],
         ])
     });
-    let mut client = LookupClient::connect(async_config(&endpoint, 0, 1)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 0, 1)).expect("connect");
     let req = request(1, 40, &[1, 2]);
     assert_eq!(probe_ready(&mut client, &req, 0).await, ready(16));
     let stats = client.stats();
@@ -502,7 +503,7 @@ async fn identical_prompts_share_one_rpc() {
     let server = FakeServer::reference(&endpoint, B, &[1, 2, 3]);
     // Held, so that a fast reply cannot end the RPC between the arrivals.
     server.pause();
-    let mut client = LookupClient::connect(async_config(&endpoint, 8, 1)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 8, 1)).expect("connect");
     let reqs: Vec<Request> = (0..3).map(|i| request(i, 64, &[1, 2, 3, 4])).collect();
     for req in &reqs {
         client.on_new_request(req);

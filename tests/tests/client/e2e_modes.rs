@@ -13,7 +13,7 @@ async fn sync_probe_wait_both_formats() {
         let server = FakeServer::reference(&endpoint, B, &[1, 2]);
         let mut config = ClientConfig::zmq(endpoint.clone(), B);
         config.transport.zmq_mut().expect("zmq").format = format;
-        let mut client = LookupClient::connect(config).expect("connect");
+        let mut client = LookupClient::connect_lazy(config).expect("connect");
         let req = request(1, 60, &[1, 2, 3]);
         assert_eq!(client.probe_wait(&req, 0).await, ready(32), "{format}");
         assert_eq!(client.probe_wait(&req, 16).await, ready(16), "{format}");
@@ -54,7 +54,7 @@ async fn msgpack_reset_is_not_sent() {
     let server = FakeServer::reference(&endpoint, B, &[]);
     let mut config = ClientConfig::zmq(endpoint.clone(), B);
     config.transport.zmq_mut().expect("zmq").format = Format::MsgpackHex;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     assert_eq!(
         client.reset_and_wait().await.expect("open"),
         ResetOutcome::TimedOut
@@ -74,7 +74,7 @@ async fn sync_probe_wait_is_bounded() {
     let server = FakeServer::silent(&endpoint);
     let mut config = ClientConfig::zmq(endpoint.clone(), B);
     config.core.lookup_timeout = Duration::from_millis(200);
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let req = request(1, 32, &[1, 2]);
     let answer = tokio::time::timeout(LIMIT, client.probe_wait(&req, 0))
         .await
@@ -97,9 +97,11 @@ fn probe_blocking_from_a_plain_thread() {
     let dir = TempDir::new("blocking");
     let endpoint = dir.ipc("lookup.sock");
     let server = runtime.block_on(async { FakeServer::reference(&endpoint, B, &[1, 2]) });
-    let mut client =
-        LookupClient::connect_with_handle(ClientConfig::zmq(endpoint.clone(), B), runtime.handle())
-            .expect("connect");
+    let mut client = LookupClient::connect_lazy_with_handle(
+        ClientConfig::zmq(endpoint.clone(), B),
+        runtime.handle(),
+    )
+    .expect("connect");
     let answers = std::thread::spawn(move || {
         let a = client
             .probe_blocking(&request(1, 48, &[1, 2, 3]), 0)
@@ -131,7 +133,7 @@ fn probe_blocking_inside_runtimes() {
     multi.block_on(async {
         let server = FakeServer::reference(&endpoint, B, &[1, 2]);
         let mut client =
-            LookupClient::connect(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
+            LookupClient::connect_lazy(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
         let answer = tokio::spawn(async move {
             let answer = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
             client.close();
@@ -148,7 +150,7 @@ fn probe_blocking_inside_runtimes() {
         .expect("runtime");
     single.block_on(async {
         let mut client =
-            LookupClient::connect(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
+            LookupClient::connect_lazy(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
         let refused = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
         assert!(
             matches!(refused, Err(Error::BlockingInRuntime)),
@@ -163,7 +165,7 @@ fn probe_blocking_inside_runtimes() {
 #[test]
 fn connect_outside_a_runtime_is_an_error() {
     let endpoint: Endpoint = "tcp://127.0.0.1:1".parse().expect("endpoint");
-    let err = LookupClient::connect(ClientConfig::zmq(endpoint, B)).expect_err("no runtime");
+    let err = LookupClient::connect_lazy(ClientConfig::zmq(endpoint, B)).expect_err("no runtime");
     assert!(matches!(err, Error::NoRuntime), "{err:?}");
 }
 
@@ -171,7 +173,7 @@ fn connect_outside_a_runtime_is_an_error() {
 #[tokio::test]
 async fn invalid_config_is_refused() {
     let endpoint: Endpoint = "tcp://127.0.0.1:1".parse().expect("endpoint");
-    let err = LookupClient::connect(ClientConfig::zmq(endpoint, 0)).expect_err("block size 0");
+    let err = LookupClient::connect_lazy(ClientConfig::zmq(endpoint, 0)).expect_err("block size 0");
     assert!(matches!(err, Error::Core(_)), "{err:?}");
 }
 
@@ -183,7 +185,7 @@ async fn max_in_flight_four_out_of_order() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1, 2, 3, 4]);
     server.pause();
-    let mut client = LookupClient::connect(async_config(&endpoint, 0, 4)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 0, 4)).expect("connect");
     // Request i has its first i blocks present: hit 16 * i (capped below 80 tokens).
     // Hashes are chained in vLLM, so the last one tells chains apart: keep it unique.
     let reqs: Vec<Request> = (0..6u64)
@@ -222,7 +224,7 @@ async fn close_with_lookups_in_flight() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1, 2]);
     server.pause();
-    let mut client = LookupClient::connect(async_config(&endpoint, 8, 2)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 8, 2)).expect("connect");
     let reqs: Vec<Request> = (0..5).map(|i| request(i, 48, &[1, 2, 10 + i])).collect();
     for req in &reqs {
         client.on_new_request(req);
@@ -258,7 +260,7 @@ async fn ineligible_requests_send_nothing() {
     let dir = TempDir::new("s6");
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1]);
-    let mut client = LookupClient::connect(async_config(&endpoint, 8, 1)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 8, 1)).expect("connect");
     let mut skip = request(1, 32, &[1, 2]);
     skip.skip_reading_external_kv = true;
     let short = request(2, 15, &[]);

@@ -163,7 +163,7 @@ async fn our_client_against_python_rep_server() {
         wait_for_socket_file(&endpoint);
         let mut config = ClientConfig::zmq(endpoint.clone(), B);
         config.transport.zmq_mut().expect("zmq").format = format;
-        let mut client = LookupClient::connect(config).expect("connect");
+        let mut client = LookupClient::connect_lazy(config).expect("connect");
         let a = request(1, 60, &[1, 2, 3]);
         let b = request(2, 48, &[1, 9, 3]);
         // msgpack-hex sends 48 (floored): all three blocks, so the full-hit rule applies.

@@ -141,7 +141,7 @@ async fn ten_clients_thousand_lookups_each() {
             config.core.lookup_prefetch_limit = 16;
             config.core.max_in_flight = 4;
         }
-        let mut client = LookupClient::connect(config).expect("connect");
+        let mut client = LookupClient::connect_lazy(config).expect("connect");
         tasks.push(tokio::spawn(async move {
             let mut wrong = 0;
             if sync {
@@ -222,7 +222,7 @@ async fn server_restart_mid_run() {
         .zmq_mut()
         .expect("zmq")
         .reopen_after_timeouts = 3;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
 
     // Like a scheduler step loop: each step probes every waiting request of the batch
     // once, and finishes those that are ready. The server goes down right after the

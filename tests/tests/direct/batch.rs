@@ -264,10 +264,10 @@ async fn a_batched_direct_client_answers_bursts_as_an_unbatched_one_mooncake_mas
     let mut writer = Writer::start(&master);
     put_all(&mut writer, &stored);
     let mut batched =
-        LookupClient::connect(direct(&master, &layouts[0], BatchConfig::default(), 1024))
+        LookupClient::connect_lazy(direct(&master, &layouts[0], BatchConfig::default(), 1024))
             .expect("batched");
     let mut unbatched =
-        LookupClient::connect(direct(&master, &layouts[0], BatchConfig::unbatched(), 1024))
+        LookupClient::connect_lazy(direct(&master, &layouts[0], BatchConfig::unbatched(), 1024))
             .expect("unbatched");
     let mut start = 0;
     let mut mismatches = Vec::new();
@@ -347,7 +347,7 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     let mut batch = BatchConfig::default();
     batch.presence.enabled = true;
     let config = direct(&master, &layout, batch, 1024);
-    let mut client = LookupClient::connect(config).expect("client");
+    let mut client = LookupClient::connect_lazy(config).expect("client");
     let keys_asked = |client: &mut LookupClient| client.stats().master.map_or(0, |m| m.keys_asked);
 
     // A prompt of 6 blocks (97 tokens): 12 keys asked, all present.

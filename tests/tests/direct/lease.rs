@@ -36,7 +36,7 @@ async fn stored_and_client() -> (std::sync::Arc<FakeMaster>, LookupClient) {
     let fake = FakeMaster::start(Behaviour::Answer).await;
     fake.store(&layout().chain_keys(&BlockHashes::from_u64s(&[1, 2, 3]), 3));
     let direct = DirectConfig::parse(&fake.addr, layout()).expect("master address");
-    let client = LookupClient::connect(ClientConfig::new(direct, B)).expect("connect");
+    let client = LookupClient::connect_lazy(ClientConfig::new(direct, B)).expect("connect");
     (fake, client)
 }
 
@@ -122,7 +122,7 @@ async fn a_ttl_not_below_the_configured_lease_is_warned_about_at_connect() {
     let direct = DirectConfig::parse(&fake.addr, layout()).expect("master address");
     let mut config = ClientConfig::new(direct, B);
     config.core.lookup_prefetch_ttl = Duration::from_secs(10);
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     assert_eq!(
         client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
         hit(0)
@@ -140,16 +140,49 @@ async fn a_ttl_not_below_the_configured_lease_is_warned_about_at_connect() {
     assert_eq!(fake.lease_calls(), 0, "a miss reads no lease");
 }
 
+/// Once per cause: a TTL warned about at connect against the configured lease (10 s)
+/// is not warned about again when the master reports a lease it also outlives (5 s).
+#[tokio::test]
+async fn a_ttl_above_both_leases_is_warned_about_once() {
+    let logs = Logs::capture();
+    let fake = FakeMaster::start(Behaviour::Answer).await;
+    fake.store(&layout().chain_keys(&BlockHashes::from_u64s(&[1, 2, 3]), 3));
+    fake.report_lease(Duration::from_secs(5));
+    let direct = DirectConfig::parse(&fake.addr, layout()).expect("master address");
+    let mut config = ClientConfig::new(direct, B);
+    config.core.lookup_prefetch_ttl = Duration::from_secs(10);
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
+    assert_eq!(
+        client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
+        hit(48)
+    );
+    let reported = LeaseTtl {
+        ttl: Duration::from_secs(5),
+        source: LeaseSource::Master,
+    };
+    eventually("the lease is read", || {
+        client.master_lease() == Some(reported)
+    })
+    .await;
+    let warnings = logs.containing("is not below");
+    assert_eq!(warnings.len(), 1, "{:#?}", logs.lines());
+    assert!(
+        warnings[0].contains("(10 s, configured)"),
+        "{}",
+        warnings[0]
+    );
+}
+
 #[tokio::test]
 async fn the_zeromq_client_checks_the_store_lease_it_is_given() {
     let logs = Logs::capture();
     let mut zmq = ZmqConfig::new(free_tcp());
     let endpoint = zmq.endpoint.url();
     zmq.store_lease_ttl = Some(Duration::from_secs(5));
-    let _below = LookupClient::connect(ClientConfig::new(zmq.clone(), B)).expect("connect");
+    let _below = LookupClient::connect_lazy(ClientConfig::new(zmq.clone(), B)).expect("connect");
     assert!(logs.containing("is not below").is_empty(), "2 s < 5 s");
     zmq.store_lease_ttl = Some(Duration::from_secs(2));
-    let _at = LookupClient::connect(ClientConfig::new(zmq, B)).expect("connect");
+    let _at = LookupClient::connect_lazy(ClientConfig::new(zmq, B)).expect("connect");
     let warnings = logs.containing("is not below");
     assert_eq!(warnings.len(), 1, "{:#?}", logs.lines());
     assert!(

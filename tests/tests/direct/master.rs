@@ -148,9 +148,10 @@ async fn direct_and_via_server_agree_on_500_random_chains_mooncake_master() {
     )
     .expect("bind");
     let mut via_server =
-        LookupClient::connect(ClientConfig::zmq(server.local_endpoint().clone(), B))
+        LookupClient::connect_lazy(ClientConfig::zmq(server.local_endpoint().clone(), B))
             .expect("zmq client");
-    let mut direct = LookupClient::connect(direct_config(&master, &layout, 6)).expect("direct");
+    let mut direct =
+        LookupClient::connect_lazy(direct_config(&master, &layout, 6)).expect("direct");
 
     let mut hits = 0;
     let mut mismatches = Vec::new();
@@ -216,7 +217,7 @@ async fn direct_prefetch_end_to_end_mooncake_master() {
     let mut config = direct_config(&master, &layout, 1024);
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 4;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let req = request(1, 87, &ids);
     client.on_new_request(&req);
     let deadline = Instant::now() + LIMIT;
@@ -266,7 +267,8 @@ async fn direct_master_stopped_fails_open_then_recovers_mooncake_master() {
     let ids: Vec<u64> = (801..805).collect();
     let keys = layout.chain_keys(&BlockHashes::from_u64s(&ids), ids.len());
     writer.put(&keys);
-    let mut client = LookupClient::connect(direct_config(&master, &layout, 1024)).expect("connect");
+    let mut client =
+        LookupClient::connect_lazy(direct_config(&master, &layout, 1024)).expect("connect");
     let ask = |id: u64| -> Request { request(id, 4 * B + 1, &ids) };
     assert_eq!(client.probe_wait(&ask(1), 0).await, ready(64));
     client.on_finished(RequestId(1));

@@ -60,7 +60,7 @@ async fn direct_lookups_apply_the_server_rules() {
     fake.store(&all[..7]);
     fake.store(&all[8..]);
     // Four keys per call: two whole blocks.
-    let mut client = LookupClient::connect(config(&fake.addr, 4)).expect("connect");
+    let mut client = LookupClient::connect_lazy(config(&fake.addr, 4)).expect("connect");
 
     // 83 tokens: five blocks asked; block 3 misses a rank, so the run is 3 blocks.
     let req = request(1, 5 * B + 3, &ids);
@@ -114,7 +114,7 @@ async fn direct_reset_is_refused_without_a_call() {
     let fake = FakeMaster::start(Behaviour::Answer).await;
     let ids = [21, 22];
     fake.store(&keys(&ids));
-    let mut client = LookupClient::connect(config(&fake.addr, 1024)).expect("connect");
+    let mut client = LookupClient::connect_lazy(config(&fake.addr, 1024)).expect("connect");
     assert_eq!(
         client.reset_and_wait().await.expect("reset"),
         ResetOutcome::Failed
@@ -132,7 +132,7 @@ async fn direct_silent_master_times_out_and_fails_open() {
     let mut config = config(&fake.addr, 1024);
     config.core.lookup_timeout = Duration::from_millis(200);
     // The master client's own call timeout is longer: the lookup's timeout decides.
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let req = request(1, 3 * B, &[31, 32, 33]);
     assert_eq!(client.probe_wait(&req, 0).await, ready(0));
     let mut ended = Vec::new();
@@ -182,7 +182,7 @@ async fn direct_timeouts_in_a_row_replace_the_master_connection() {
 #[tokio::test]
 async fn direct_malformed_master_reply_is_a_malformed_lookup() {
     let fake = FakeMaster::start(Behaviour::Garbage).await;
-    let mut client = LookupClient::connect(config(&fake.addr, 1024)).expect("connect");
+    let mut client = LookupClient::connect_lazy(config(&fake.addr, 1024)).expect("connect");
     let req = request(1, 3 * B, &[41, 42, 43]);
     assert_eq!(client.probe_wait(&req, 0).await, ready(0));
     assert_eq!(lookup_outcomes(&mut client), [LookupOutcome::Malformed]);
@@ -200,7 +200,7 @@ async fn direct_pipelines_up_to_max_in_flight_lookups() {
     let mut config = ClientConfig::new(direct, B);
     config.core.lookup_async = true;
     config.core.max_in_flight = 4;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let reqs: Vec<_> = (0..5u64)
         .map(|i| request(i, 3 * B, &[100 + i, 200 + i]))
         .collect();
@@ -244,7 +244,7 @@ async fn direct_batches_what_is_released_while_a_call_is_in_flight() {
     let mut config = ClientConfig::new(direct, B);
     config.core.lookup_async = true;
     config.core.max_in_flight = 4;
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let reqs: Vec<_> = (0..5u64)
         .map(|i| request(i, 3 * B, &[100 + i, 200 + i]))
         .collect();
@@ -300,7 +300,7 @@ async fn direct_master_not_up_fails_fast_then_recovers() {
         .direct_mut()
         .expect("direct")
         .connect_backoff = Duration::from_millis(5);
-    let mut client = LookupClient::connect(config).expect("connect succeeds without a master");
+    let mut client = LookupClient::connect_lazy(config).expect("connect succeeds without a master");
     let ids = [51, 52];
     let req = request(1, 3 * B, &ids);
     assert_eq!(client.probe_wait(&req, 0).await, ready(0));
@@ -340,7 +340,7 @@ async fn direct_master_not_up_fails_fast_then_recovers() {
 async fn direct_bad_settings_are_refused_at_connect() {
     let mut direct = DirectConfig::parse("127.0.0.1:1", layout()).expect("master address");
     direct.master_config.chunk_keys = 0;
-    let err = LookupClient::connect(ClientConfig::new(direct, B)).expect_err("chunk_keys 0");
+    let err = LookupClient::connect_lazy(ClientConfig::new(direct, B)).expect_err("chunk_keys 0");
     assert!(
         matches!(
             err,

@@ -314,7 +314,7 @@ async fn mooncake_master_lookup_client_end_to_end() {
     let ids = chain(701, 5);
     stack.put_blocks(&ids[..3]);
     let mut client =
-        LookupClient::connect(ClientConfig::zmq(stack.server.local_endpoint().clone(), B))
+        LookupClient::connect_lazy(ClientConfig::zmq(stack.server.local_endpoint().clone(), B))
             .expect("client");
     let req = Request {
         request_id: RequestId(1),

@@ -64,7 +64,7 @@ fn direct_client(master: &Master, ttl: Duration, presence: bool) -> LookupClient
     direct.batch.presence.enabled = presence;
     let mut config = ClientConfig::new(direct, B);
     config.core.lookup_prefetch_ttl = ttl;
-    LookupClient::connect(config).expect("connect")
+    LookupClient::connect_lazy(config).expect("connect")
 }
 
 async fn until(what: &str, mut check: impl FnMut() -> bool) {

@@ -64,7 +64,7 @@ pub(crate) fn growth_cost(
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = 64;
     config.core.lookup_share = false;
-    let mut client = LookupClient::connect_with_handle(config, runtime.handle())?;
+    let mut client = LookupClient::connect_lazy_with_handle(config, runtime.handle())?;
     let mut samples = Vec::with_capacity(count);
     let (mut max_cpu_ns, mut max_cpu_at) = (0, 0);
     for i in 0..count {

@@ -126,7 +126,7 @@ pub(crate) fn sync_loop(
         Placement::OneThread => {
             let runtime = super::peers::current_thread_runtime()?;
             runtime.block_on(async {
-                let mut client = LookupClient::connect(config)?;
+                let mut client = LookupClient::connect_lazy(config)?;
                 let mut answers = Answers::new(payload);
                 let mut start = Instant::now();
                 for i in 0..warmup + count {
@@ -145,7 +145,7 @@ pub(crate) fn sync_loop(
         }
         Placement::TwoThreads => {
             let runtime = actor_runtime()?;
-            let mut client = LookupClient::connect_with_handle(config, runtime.handle())?;
+            let mut client = LookupClient::connect_lazy_with_handle(config, runtime.handle())?;
             let mut answers = Answers::new(payload);
             let mut start = Instant::now();
             for i in 0..warmup + count {
@@ -184,7 +184,7 @@ pub(crate) fn batch_loop(
     let config = config(endpoint, payload, true, limit, max_in_flight);
     let runtime = super::peers::current_thread_runtime()?;
     runtime.block_on(async {
-        let mut client = LookupClient::connect(config)?;
+        let mut client = LookupClient::connect_lazy(config)?;
         let mut answers = Answers::new(payload);
         batches(&mut client, payload, &mut answers, 0, warmup, batch).await;
         let start = Instant::now();
@@ -265,7 +265,7 @@ pub(crate) fn probe_cost(
     match placement {
         Placement::OneThread => {
             let runtime = super::peers::current_thread_runtime()?;
-            let mut client = LookupClient::connect_with_handle(config, runtime.handle())?;
+            let mut client = LookupClient::connect_lazy_with_handle(config, runtime.handle())?;
             // The actor runs only while the caller waits in the runtime. The step ends
             // on a blocking-pool thread's sleep, not on a tokio timer, which would round
             // it up to whole milliseconds and make steps longer than the Python side's.
@@ -298,7 +298,7 @@ pub(crate) fn probe_cost(
         }
         Placement::TwoThreads => {
             let runtime = actor_runtime()?;
-            let mut client = LookupClient::connect_with_handle(config, runtime.handle())?;
+            let mut client = LookupClient::connect_lazy_with_handle(config, runtime.handle())?;
             let costs = probe_loop(
                 &mut client,
                 payload,

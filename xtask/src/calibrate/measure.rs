@@ -166,7 +166,7 @@ async fn through_client(
     config.core.lookup_async = false;
     config.core.lookup_share = false;
     config.core.max_in_flight = 1;
-    let mut client = LookupClient::connect(config).context("connecting the lookup client")?;
+    let mut client = LookupClient::connect_lazy(config).context("connecting the lookup client")?;
     let mut next_id = 0;
     let mut points: Vec<(u32, bool, u32, Vec<f64>)> = [true, false]
         .into_iter()

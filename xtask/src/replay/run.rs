@@ -147,7 +147,7 @@ async fn run_one(
     // for it.
     let mut clients = Vec::with_capacity(configs.len());
     for config in configs {
-        clients.push(LookupClient::connect(config).context("connecting a lookup client")?);
+        clients.push(LookupClient::connect_lazy(config).context("connecting a lookup client")?);
     }
     let t0 = Instant::now() + Duration::from_millis(200);
     let reqs = Prepared::from_trace(

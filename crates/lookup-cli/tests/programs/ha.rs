@@ -109,7 +109,7 @@ async fn mooncake_ha_programs_through_etcd_and_reset_by_opt_in_only() {
         MasterAddr::parse(&cluster.addr(), Some(&cluster.cluster_id)).expect("master address");
     let mut direct = DirectConfig::new(master, layout.clone());
     direct.master_config = MasterConfig::default();
-    let mut client = LookupClient::connect(ClientConfig::new(direct, B)).expect("client");
+    let mut client = LookupClient::connect_lazy(ClientConfig::new(direct, B)).expect("client");
     let req = Request {
         request_id: RequestId(1),
         num_tokens: 65,

@@ -23,8 +23,7 @@ use crate::{DirectConfig, Endpoint, Error, KeyLayout, Transport, ZmqConfig};
 ///     .lookup_async(true)
 ///     .lookup_prefetch_limit(32)
 ///     .lookup_timeout(Duration::from_secs(2))
-///     .connect()
-///     .await?;
+///     .connect_lazy()?;
 /// # drop(client); Ok(()) }
 /// ```
 ///
@@ -32,7 +31,11 @@ use crate::{DirectConfig, Endpoint, Error, KeyLayout, Transport, ZmqConfig};
 /// [`direct`](Self::direct) or [`transport`](Self::transport)). The block size
 /// defaults to vLLM's 16 tokens. Every other setting has `spec/behaviour.md`'s
 /// default. A setting that does not parse is kept as an error: the first one is
-/// returned by [`build`](Self::build) / [`connect`](Self::connect).
+/// returned by [`build`](Self::build) / [`connect`](Self::connect) /
+/// [`connect_lazy`](Self::connect_lazy). [`connect`](Self::connect) is strict (it
+/// fails when the server does not answer within
+/// [`connect_timeout`](Self::connect_timeout)); [`connect_lazy`](Self::connect_lazy)
+/// returns at once, as a scheduler that starts before its store wants.
 #[derive(Debug)]
 #[must_use]
 pub struct ClientBuilder {
@@ -42,6 +45,7 @@ pub struct ClientBuilder {
     wait_margin: Option<Duration>,
     probe_budget: Option<Duration>,
     client_label: Option<String>,
+    connect_timeout: Option<Duration>,
     error: Option<Error>,
 }
 
@@ -54,6 +58,7 @@ impl Default for ClientBuilder {
             wait_margin: None,
             probe_budget: None,
             client_label: None,
+            connect_timeout: None,
             error: None,
         }
     }
@@ -169,6 +174,13 @@ impl ClientBuilder {
         self
     }
 
+    /// `max_pending_age_s`: how long a lookup may wait for the wire before it ends
+    /// unsent as unavailable (default 5 s; must be positive).
+    pub fn max_pending_age(mut self, age: Duration) -> Self {
+        self.core.max_pending_age = age;
+        self
+    }
+
     /// Most lookup RPCs on the wire at once (default 1).
     pub fn max_in_flight(mut self, n: u32) -> Self {
         self.core.max_in_flight = n;
@@ -238,24 +250,53 @@ impl ClientBuilder {
             config.probe_budget = budget;
         }
         config.client_label = self.client_label;
+        if let Some(bound) = self.connect_timeout {
+            config.connect_timeout = bound;
+        }
         Ok(config)
     }
 
-    /// [`build`](Self::build), then [`LookupClient::connect`] on the current tokio
-    /// runtime.
+    /// [`ClientConfig::connect_timeout`] (default 1 s): how long the strict
+    /// [`connect`](Self::connect) waits for the server to answer.
+    pub fn connect_timeout(mut self, bound: Duration) -> Self {
+        self.connect_timeout = Some(bound);
+        self
+    }
+
+    /// [`build`](Self::build), then the strict [`LookupClient::connect`] on the current
+    /// tokio runtime: fails with the reason when the server does not answer within
+    /// [`connect_timeout`](Self::connect_timeout).
     ///
     /// # Errors
     /// As [`build`](Self::build) and [`LookupClient::connect`].
     pub async fn connect(self) -> Result<LookupClient, Error> {
-        LookupClient::connect(self.build()?)
+        LookupClient::connect(self.build()?).await
     }
 
-    /// [`build`](Self::build), then [`LookupClient::connect_with_handle`]: for a
-    /// thread-based scheduler, the I/O task runs on `runtime`.
+    /// [`build`](Self::build), then [`LookupClient::connect_lazy`] on the current tokio
+    /// runtime: returns at once; a server that is not up yet is not an error.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build) and [`LookupClient::connect_lazy`].
+    pub fn connect_lazy(self) -> Result<LookupClient, Error> {
+        LookupClient::connect_lazy(self.build()?)
+    }
+
+    /// [`build`](Self::build), then the strict [`LookupClient::connect_with_handle`]:
+    /// for a thread-based scheduler, the I/O task runs on `runtime`.
     ///
     /// # Errors
     /// As [`build`](Self::build) and [`LookupClient::connect_with_handle`].
     pub fn connect_with_handle(self, runtime: &Handle) -> Result<LookupClient, Error> {
         LookupClient::connect_with_handle(self.build()?, runtime)
+    }
+
+    /// [`build`](Self::build), then [`LookupClient::connect_lazy_with_handle`]: for a
+    /// thread-based scheduler, the I/O task runs on `runtime`; returns at once.
+    ///
+    /// # Errors
+    /// As [`build`](Self::build) and [`LookupClient::connect_lazy_with_handle`].
+    pub fn connect_lazy_with_handle(self, runtime: &Handle) -> Result<LookupClient, Error> {
+        LookupClient::connect_lazy_with_handle(self.build()?, runtime)
     }
 }

@@ -26,7 +26,8 @@ use crate::{Endpoint, Transport};
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ClientConfig {
-    /// The lookup lifecycle's configuration (validated by [`LookupClient::connect`]).
+    /// The lookup lifecycle's configuration (validated by [`LookupClient::connect`]
+    /// and [`LookupClient::connect_lazy`]).
     pub core: Config,
     /// How lookups reach the store, with that transport's settings:
     /// [`Transport::Zmq`] or [`Transport::Direct`].
@@ -48,6 +49,11 @@ pub struct ClientConfig {
     /// adding up ([`crate::metrics`]). `None` (the default): where lookups go,
     /// [`Transport::target`] (a vLLM worker's ipc path names its DP rank).
     pub client_label: Option<String>,
+    /// How long the strict [`LookupClient::connect`] waits for the server to answer
+    /// (the ZeroMQ handshake completes; with the direct transport, the master
+    /// connects) before it fails with the reason. [`LookupClient::connect_lazy`]
+    /// does not wait. Default 1 s.
+    pub connect_timeout: Duration,
 }
 
 impl ClientConfig {
@@ -62,6 +68,7 @@ impl ClientConfig {
             wait_margin: Duration::from_millis(100),
             probe_budget: Duration::ZERO,
             client_label: None,
+            connect_timeout: Duration::from_secs(1),
         }
     }
 
@@ -109,10 +116,17 @@ pub struct ClientStats {
     pub recv_errors: u64,
     /// Failed attempts to open a socket.
     pub open_errors: u64,
-    /// Times the endpoint was found with nothing listening: a missing ipc socket
-    /// file or a refused tcp port ([`Transport::Zmq`]). Lookups then fail fast as
-    /// unavailable (warned about, naming the endpoint) until something listens.
+    /// Outages of the server ([`Transport::Zmq`]), one per outage: it closed the
+    /// connection (its process died), nothing listens (a missing ipc socket file, a
+    /// stale one, a refused tcp port), or it is stopped or hung (no ZeroMQ greeting
+    /// within [`LIVENESS_BOUND`](crate::LIVENESS_BOUND), checked after a lookup timed
+    /// out). The lookups on the wire then fail at once, and new ones fail fast as
+    /// unavailable (warned about once, naming the endpoint and the cause) until it is
+    /// back.
     pub endpoint_unreachable: u64,
+    /// Lookups that waited `max_pending_age` in the queue and ended unsent
+    /// (`Failed(NotSent)`, answered 0 hits as unavailable).
+    pub lookups_expired: u64,
     /// Events dropped because nobody polled them ([`ClientConfig::event_capacity`]);
     /// the core's [`Stats::events_dropped`].
     pub events_dropped: u64,

@@ -30,6 +30,7 @@ use crate::Error;
 /// | `lookup_share` (ours) | bool | true | [`Config::lookup_share`] |
 /// | `max_in_flight` (ours) | integer >= 1 | 1 | [`Config::max_in_flight`] |
 /// | `max_queued` (ours) | integer >= 1 | 65,536 | [`Config::max_queued`] |
+/// | `max_pending_age_s` (ours) | seconds > 0 | 5.0 | [`Config::max_pending_age`] |
 /// | `lookup_rpc_port` | integer >= 0 | 0 | [`lookup_rpc_port`](Self::lookup_rpc_port): the name in the worker's ipc path ([`Endpoint::vllm`](crate::Endpoint::vllm)) |
 ///
 /// vLLM 0.33's other connector keys ([`VLLM_STORE_KEYS`]: the store's, not the
@@ -61,6 +62,9 @@ pub struct KvConnectorExtraConfig {
     pub max_in_flight: u32,
     /// `max_queued`.
     pub max_queued: u32,
+    /// `max_pending_age_s`, float seconds, positive.
+    #[serde(rename = "max_pending_age_s", with = "positive_seconds")]
+    pub max_pending_age: Duration,
     /// `lookup_rpc_port`: a name in the worker's ipc path, not a TCP port.
     pub lookup_rpc_port: u32,
 }
@@ -82,7 +86,7 @@ pub const VLLM_STORE_KEYS: [&str; 10] = [
 ];
 
 /// The keys [`KvConnectorExtraConfig`] reads.
-const LOOKUP_KEYS: [&str; 11] = [
+const LOOKUP_KEYS: [&str; 12] = [
     "enable_lookup",
     "lookup_async",
     "load_async",
@@ -93,6 +97,7 @@ const LOOKUP_KEYS: [&str; 11] = [
     "lookup_share",
     "max_in_flight",
     "max_queued",
+    "max_pending_age_s",
     "lookup_rpc_port",
 ];
 
@@ -111,6 +116,7 @@ impl Default for KvConnectorExtraConfig {
             lookup_share: c.lookup_share,
             max_in_flight: c.max_in_flight,
             max_queued: c.max_queued,
+            max_pending_age: c.max_pending_age,
             lookup_rpc_port: 0,
         }
     }
@@ -124,7 +130,7 @@ impl KvConnectorExtraConfig {
     /// [`Error::ExtraConfig`] naming the key: a key that is neither read here nor one
     /// of [`VLLM_STORE_KEYS`] (a typo such as `lookup_asnyc` must not silently keep
     /// the default), a value of the wrong type, or seconds that are negative, NaN,
-    /// infinite (or, for `lookup_timeout_s`, zero); key `kv_connector_extra_config`
+    /// infinite (or, for `lookup_timeout_s` and `max_pending_age_s`, zero); key `kv_connector_extra_config`
     /// when `extra` is not an object.
     pub fn from_kv_connector_extra_config(extra: &Value) -> Result<Self, Error> {
         Self::read(extra, false)
@@ -184,6 +190,7 @@ impl KvConnectorExtraConfig {
         core.lookup_share = self.lookup_share;
         core.max_in_flight = self.max_in_flight;
         core.max_queued = self.max_queued;
+        core.max_pending_age = self.max_pending_age;
     }
 
     /// A [`Config`] with these keys and `block_size` tokens per block.

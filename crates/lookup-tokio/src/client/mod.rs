@@ -21,6 +21,7 @@ use mooncake_master::{BatchStats, Coalescer, MasterClient};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -32,7 +33,7 @@ pub use handle::LookupHandle;
 use crate::clock;
 use crate::io::direct::DirectWire;
 use crate::io::zmq::{ZmqWire, open_dealer};
-use crate::io::{IoConfig, IoLinks, IoTask, ToIo, TransportStats, Wire};
+use crate::io::{IoConfig, IoLinks, IoTask, Link, ToIo, TransportStats, Wire};
 use crate::warn::WarnLimiter;
 use crate::{Error, Transport};
 use handle::Announce;
@@ -97,7 +98,7 @@ const READY_ZERO: Probe = Probe::Ready {
 /// let server = LookupServer::bind(&"tcp://127.0.0.1:0".parse()?, ServerConfig::new(16, layout), index)?;
 ///
 /// // Sync mode (vLLM's default): the probe waits for the answer.
-/// let mut client = LookupClient::connect(ClientConfig::zmq(server.local_endpoint().clone(), 16))?;
+/// let mut client = LookupClient::connect_lazy(ClientConfig::zmq(server.local_endpoint().clone(), 16))?;
 /// let req = Request {
 ///     request_id: RequestId(7),
 ///     num_tokens: 50,
@@ -140,46 +141,104 @@ pub struct LookupClient {
     announced: UnboundedReceiver<Announce>,
     /// Kept so that [`handle`](Self::handle) can make more.
     announce: UnboundedSender<Announce>,
+    /// What the I/O task knows of its connection (the strict connect waits on it).
+    link: watch::Receiver<Link>,
 }
 
 impl LookupClient {
-    /// Connects to the server of [`Transport::Zmq`] (or, with [`Transport::Direct`], to the master)
-    /// and spawns the I/O task on the current tokio runtime. The socket connects in
-    /// the background: a server that is not up yet is not an error. The client checks
-    /// that something listens at the endpoint: while nothing does (a missing ipc
-    /// socket file, a refused tcp port) lookups fail fast as unavailable, warned about
-    /// naming the endpoint, and they go out again as soon as a server binds. The direct transport
-    /// connects to the master in the background too: lookups wait for the first
-    /// attempt, and fail open while the master cannot be reached.
+    /// Strict connect (tonic's `connect`): [`connect_lazy`](Self::connect_lazy), then
+    /// waits at most [`ClientConfig::connect_timeout`] (1 s by default) for the server
+    /// to answer: the ZeroMQ handshake with the lookup server completes, or with
+    /// [`Transport::Direct`] the master connects. For a router or a CLI, which wants
+    /// to know now; a scheduler that must start before its store uses
+    /// [`connect_lazy`](Self::connect_lazy).
+    ///
+    /// # Errors
+    /// As [`connect_lazy`](Self::connect_lazy); [`Error::Unreachable`] with the reason
+    /// when the server does not answer within the bound (no socket file, a stale one,
+    /// a refused port, no ZeroMQ greeting, the master's connect error, or the bound
+    /// itself).
+    pub async fn connect(config: ClientConfig) -> Result<Self, Error> {
+        let bound = config.connect_timeout;
+        let target = config.transport.target();
+        let client = Self::connect_lazy(config)?;
+        let mut link = client.link.clone();
+        match wait_up(&mut link, bound).await {
+            Ok(()) => Ok(client),
+            Err(why) => Err(Error::Unreachable { target, why }),
+        }
+    }
+
+    /// As [`connect`](Self::connect) (strict), the I/O task on `runtime`, blocking the
+    /// calling thread for at most [`ClientConfig::connect_timeout`]: for schedulers
+    /// that do not run inside tokio. Never call it on a thread of `runtime` itself.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), except [`Error::NoRuntime`].
+    pub fn connect_with_handle(config: ClientConfig, runtime: &Handle) -> Result<Self, Error> {
+        let bound = config.connect_timeout;
+        let target = config.transport.target();
+        let client = Self::connect_lazy_with_handle(config, runtime)?;
+        let mut link = client.link.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        runtime.spawn(async move {
+            let _ = tx.send(wait_up(&mut link, bound).await);
+        });
+        // The task's own bound answers first; this one only guards a runtime that
+        // does not run it.
+        match rx.recv_timeout(bound.saturating_add(Duration::from_millis(100))) {
+            Ok(Ok(())) => Ok(client),
+            Ok(Err(why)) => Err(Error::Unreachable { target, why }),
+            Err(_) => Err(Error::Unreachable {
+                target,
+                why: format!("no answer within {bound:?} (is the runtime running?)"),
+            }),
+        }
+    }
+
+    /// Lazy connect (tonic's `connect_lazy`): connects to the server of
+    /// [`Transport::Zmq`] (or, with [`Transport::Direct`], to the master) and spawns
+    /// the I/O task on the current tokio runtime, without waiting. The socket connects
+    /// in the background: a server that is not up yet is not an error, which is what
+    /// a scheduler that starts before its store wants. The client watches the
+    /// connection ([`ClientStats::endpoint_unreachable`]): while nothing listens at
+    /// the endpoint (a missing ipc socket file, a refused tcp port), once the server
+    /// closed the connection (its process died), or once it is found stopped after a
+    /// lookup timed out, lookups fail at once as unavailable, warned about once naming
+    /// the endpoint and the cause, and they go out again as soon as ZeroMQ connects
+    /// again. The direct transport connects to the master in the background too:
+    /// lookups wait for the first attempt, and fail open while the master cannot be
+    /// reached.
     ///
     /// A `lookup_prefetch_ttl_s` that is not below the store's read lease is logged
-    /// as a warning (a cached result could then outlive the lease that keeps its
+    /// as a warning, once (a cached result could then outlive the lease that keeps its
     /// blocks in the store): with the direct transport against
     /// [`DirectConfig::lease_ttl`](crate::DirectConfig::lease_ttl) when the master
-    /// connects, then against the lease the master reports at the first hit
-    /// ([`master_lease`](Self::master_lease)); with ZeroMQ against
-    /// [`ZmqConfig::store_lease_ttl`](crate::ZmqConfig::store_lease_ttl) when set.
+    /// connects, or against the lease the master reports at the first hit
+    /// ([`master_lease`](Self::master_lease)) when only that one is exceeded; with
+    /// ZeroMQ against [`ZmqConfig::store_lease_ttl`](crate::ZmqConfig::store_lease_ttl)
+    /// when set.
     ///
     /// # Errors
     /// [`Error::NoRuntime`] outside a tokio runtime (use
-    /// [`connect_with_handle`](Self::connect_with_handle));
+    /// [`connect_lazy_with_handle`](Self::connect_lazy_with_handle));
     /// [`Error::Core`] for an invalid `config.core`; [`Error::Zmq`] when the socket
     /// cannot be created or the endpoint is refused by ZeroMQ;
     /// [`Error::InvalidClientConfig`] for a direct transport setting that cannot work
     /// ([`DirectConfig::validate`](crate::DirectConfig::validate)).
-    pub fn connect(config: ClientConfig) -> Result<Self, Error> {
+    pub fn connect_lazy(config: ClientConfig) -> Result<Self, Error> {
         let handle = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        Self::connect_with_handle(config, &handle)
+        Self::connect_lazy_with_handle(config, &handle)
     }
 
-    /// As [`connect`](Self::connect), spawning the I/O task on `runtime`, for
+    /// As [`connect_lazy`](Self::connect_lazy), spawning the I/O task on `runtime`, for
     /// schedulers that do not run inside tokio. Keep the runtime alive as long as the
     /// client (a current-thread runtime must be driven by another thread).
     ///
     /// # Errors
-    /// As [`connect`](Self::connect), except [`Error::NoRuntime`].
+    /// As [`connect_lazy`](Self::connect_lazy), except [`Error::NoRuntime`].
     #[tracing::instrument(level = "debug", skip_all, fields(endpoint = %config.transport.target()))]
-    pub fn connect_with_handle(config: ClientConfig, runtime: &Handle) -> Result<Self, Error> {
+    pub fn connect_lazy_with_handle(config: ClientConfig, runtime: &Handle) -> Result<Self, Error> {
         // The socket registers with the runtime's reactor, and the task's timer with
         // its clock: enter it first.
         let _entered = runtime.enter();
@@ -198,6 +257,8 @@ impl LookupClient {
                     backoff: zmq.reopen_backoff,
                     reopen_after_timeouts: zmq.reopen_after_timeouts,
                     timeout,
+                    call_timeout: None,
+                    max_pending_age: config.core.max_pending_age,
                     label: config.label(),
                 };
                 let context = tmq::Context::new();
@@ -221,6 +282,8 @@ impl LookupClient {
                     // breaks; a hung one is replaced after timeouts in a row.
                     reopen_after_timeouts: direct.reopen_after_timeouts,
                     timeout,
+                    call_timeout: Some(direct.master_config.call_timeout),
+                    max_pending_age: config.core.max_pending_age,
                     label: config.label(),
                 };
                 let cell = Arc::new(OnceLock::new());
@@ -242,7 +305,7 @@ impl LookupClient {
     }
 
     /// A builder of the configuration, then of the client:
-    /// `LookupClient::builder().zmq("tcp://127.0.0.1:5555").lookup_async(true).connect().await`
+    /// `LookupClient::builder().zmq("tcp://127.0.0.1:5555").lookup_async(true).connect_lazy()`
     /// ([`ClientBuilder`]).
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
@@ -267,12 +330,16 @@ impl LookupClient {
                 backoff: zmq.reopen_backoff,
                 reopen_after_timeouts: zmq.reopen_after_timeouts,
                 timeout: config.core.timeout(),
+                call_timeout: None,
+                max_pending_age: config.core.max_pending_age,
                 label: config.label(),
             },
             Transport::Direct(direct) => IoConfig {
                 backoff: direct.connect_backoff,
                 reopen_after_timeouts: direct.reopen_after_timeouts,
                 timeout: config.core.timeout(),
+                call_timeout: Some(direct.master_config.call_timeout),
+                max_pending_age: config.core.max_pending_age,
                 label: config.label(),
             },
         };
@@ -301,6 +368,7 @@ impl LookupClient {
             cancel,
             task,
             transport,
+            link,
         } = spawned;
         let (announce, announced) = tokio::sync::mpsc::unbounded_channel();
         Self {
@@ -320,6 +388,7 @@ impl LookupClient {
             batch,
             announced,
             announce,
+            link,
         }
     }
 
@@ -511,6 +580,7 @@ impl LookupClient {
             recv_errors: load(&t.recv_errors),
             open_errors: load(&t.open_errors),
             endpoint_unreachable: load(&t.unreachable),
+            lookups_expired: load(&t.expired),
             events_dropped: self.core.stats().events_dropped,
             waits_gave_up: self.waits_gave_up,
             prefetch_inactive: prefetch_inactive(self.core.config()).is_some(),
@@ -656,6 +726,20 @@ struct Spawned {
     cancel: CancellationToken,
     task: JoinHandle<()>,
     transport: Arc<TransportStats>,
+    link: watch::Receiver<Link>,
+}
+
+/// Waits at most `bound` for the I/O task to find the server up: `Err` names why not.
+async fn wait_up(link: &mut watch::Receiver<Link>, bound: Duration) -> Result<(), String> {
+    let known = link.wait_for(|l| *l != Link::Unknown);
+    match tokio::time::timeout(bound, known).await {
+        Ok(Ok(state)) => match &*state {
+            Link::Down(why) => Err(why.clone()),
+            Link::Up | Link::Unknown => Ok(()),
+        },
+        Ok(Err(_)) => Err("the client's I/O task ended".to_owned()),
+        Err(_) => Err(format!("no answer within {bound:?}")),
+    }
 }
 
 /// Spawns the I/O task driving `wire` on `runtime`.
@@ -664,6 +748,7 @@ fn spawn<W: Wire>(wire: W, config: &ClientConfig, io: &IoConfig, runtime: &Handl
     let (event_tx, wire_events) = tokio::sync::mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let transport = Arc::new(TransportStats::default());
+    let (link_tx, link) = watch::channel(Link::Unknown);
     let task = IoTask::new(
         wire,
         Dispatcher::new(&config.core),
@@ -673,6 +758,7 @@ fn spawn<W: Wire>(wire: W, config: &ClientConfig, io: &IoConfig, runtime: &Handl
             events: event_tx,
             cancel: cancel.clone(),
             stats: Arc::clone(&transport),
+            link: link_tx,
         },
     );
     Spawned {
@@ -681,6 +767,7 @@ fn spawn<W: Wire>(wire: W, config: &ClientConfig, io: &IoConfig, runtime: &Handl
         cancel,
         task: runtime.spawn(task.run()),
         transport,
+        link,
     }
 }
 

@@ -13,6 +13,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tracing::Span;
 
+use super::peer::EndpointUnreachable;
 use super::{SendError, Wire, WireInput};
 use crate::clock;
 use crate::warn::WarnLimiter;
@@ -32,6 +33,9 @@ pub(crate) struct Knobs {
     pub(crate) stalled: bool,
     /// Attempts to open a connection that still fail.
     pub(crate) open_failures: u32,
+    /// False: the server is stopped, so the liveness check the task asks for after
+    /// a timeout finds it silent (the wire then reports it down, once).
+    pub(crate) alive: bool,
 }
 
 impl Default for Knobs {
@@ -43,6 +47,7 @@ impl Default for Knobs {
             hit: |_| 0,
             stalled: false,
             open_failures: 0,
+            alive: true,
         }
     }
 }
@@ -67,6 +72,10 @@ pub(crate) struct FakeWire {
     /// Replies due, earliest first (ties by sequence).
     due: BTreeMap<(Instant, u64), (RpcId, Reply)>,
     seq: u64,
+    /// Found stopped by a liveness check: writes fail fast.
+    down: bool,
+    /// An input to report before any reply.
+    report: Option<WireInput<Reply>>,
 }
 
 impl FakeWire {
@@ -81,6 +90,8 @@ impl FakeWire {
             open: true,
             due: BTreeMap::new(),
             seq: 0,
+            down: false,
+            report: None,
         };
         (wire, knobs, record)
     }
@@ -107,7 +118,7 @@ impl Wire for FakeWire {
     }
 
     async fn send(&mut self, out: Outgoing, _span: &Span) -> Result<(), SendError> {
-        if !self.open {
+        if !self.open || self.down {
             return Err(SendError::NotConnected);
         }
         let knobs = self.knobs.lock().expect("knobs").clone();
@@ -140,7 +151,21 @@ impl Wire for FakeWire {
         Ok(())
     }
 
+    fn lookups_timed_out(&mut self) {
+        let alive = self.knobs.lock().expect("knobs").alive;
+        if !alive && !self.down {
+            self.down = true;
+            self.report = Some(WireInput::Unreachable(EndpointUnreachable::Silent {
+                endpoint: "fake".to_owned(),
+                bound: super::peer::LIVENESS_BOUND,
+            }));
+        }
+    }
+
     async fn next(&mut self) -> WireInput<Reply> {
+        if let Some(input) = self.report.take() {
+            return input;
+        }
         let Some((&(at, _), _)) = self.due.first_key_value() else {
             return std::future::pending().await;
         };

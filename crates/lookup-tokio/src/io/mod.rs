@@ -9,6 +9,7 @@
 //! [`WireEvent`], one per RPC that ended.
 
 pub(crate) mod direct;
+pub(crate) mod peer;
 pub(crate) mod zmq;
 
 #[cfg(test)]
@@ -16,6 +17,7 @@ pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 use lookup_core::timer::Backoff;
 use lookup_core::{Command, Dispatcher, Outgoing, Reply, RpcBody, RpcFailure, RpcId, WireEvent};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tracing::Span;
@@ -33,6 +36,7 @@ use tracing::field::Empty;
 use crate::clock;
 use crate::metrics::{ActorMetrics, ReopenReason};
 use crate::warn::WarnLimiter;
+use peer::EndpointUnreachable;
 
 /// What the handle sends the I/O task: a command of the core, and the span of the
 /// lookup it belongs to ([`Span::none`] for others, or when debug tracing is off).
@@ -56,9 +60,12 @@ pub(crate) struct TransportStats {
     pub(crate) recv_errors: AtomicU64,
     /// Attempts to open a connection that failed.
     pub(crate) open_errors: AtomicU64,
-    /// Times the endpoint was found with nothing listening (a missing ipc socket
-    /// file, a refused tcp port).
+    /// Times the server was found down: nothing listening (a missing ipc socket
+    /// file, a refused tcp port), its connection closed, or stopped (no greeting).
+    /// One per outage.
     pub(crate) unreachable: AtomicU64,
+    /// Lookups that waited `max_pending_age` in the queue and ended unsent.
+    pub(crate) expired: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -80,10 +87,11 @@ pub(crate) enum WireInput<P> {
     ConnectFailed(String),
     /// A message without a valid envelope: dropped.
     BadEnvelope,
-    /// Nothing listens where the wire leads (no socket file, a refused port): the
-    /// RPCs on it fail now, and new ones fail fast until [`WireInput::Reachable`].
-    Unreachable(String),
-    /// Something listens again where the wire leads.
+    /// The server is gone (it closed the connection, nothing listens, it is stopped):
+    /// the RPCs on the wire fail now, and new ones fail fast until
+    /// [`WireInput::Reachable`]. Reported once per outage.
+    Unreachable(EndpointUnreachable),
+    /// The server is there and alive again.
     Reachable,
 }
 
@@ -161,6 +169,12 @@ pub(crate) struct IoConfig {
     pub(crate) reopen_after_timeouts: u32,
     /// `lookup_timeout_s` (the dispatcher's; here for warnings).
     pub(crate) timeout: Duration,
+    /// The transport's own per-call deadline, when it has one (the direct transport:
+    /// the master client's `call_timeout`), for warnings naming what fired.
+    pub(crate) call_timeout: Option<Duration>,
+    /// `max_pending_age`: a lookup queued longer ends unsent (`spec/behaviour.md`
+    /// rule 17).
+    pub(crate) max_pending_age: Duration,
     /// The `client` label of the task's metric series.
     pub(crate) label: String,
 }
@@ -175,14 +189,31 @@ pub(crate) struct IoLinks {
     pub(crate) cancel: CancellationToken,
     /// Counters the handle reads.
     pub(crate) stats: Arc<TransportStats>,
+    /// What the task knows of its connection, for the strict connect.
+    pub(crate) link: watch::Sender<Link>,
+}
+
+/// What the I/O task knows of its connection: published for `LookupClient::connect`
+/// (strict), which waits for [`Link::Up`] and fails with [`Link::Down`]'s reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Link {
+    /// Nothing known yet: a connection attempt is under way.
+    Unknown,
+    /// The server (the master) answered: the ZeroMQ handshake completed, or the
+    /// direct transport connected.
+    Up,
+    /// The server is gone or the connect failed, for this reason.
+    Down(String),
 }
 
 /// What the task keeps per RPC beside the dispatcher's record: its tracing span (the
-/// lookup's while queued, the `rpc` span once written) and whether it is a reset.
+/// lookup's while queued, the `rpc` span once written), whether it is a reset, and
+/// whether it was written (so that only those leave the `lookup_in_flight` gauge).
 #[derive(Debug)]
 pub(crate) struct Tag {
     span: Span,
     is_reset: bool,
+    written: bool,
 }
 
 /// What woke the task.
@@ -208,7 +239,18 @@ pub(crate) struct IoTask<W: Wire> {
     /// The instant `sleep` is armed for; `None` when disarmed or after it fired.
     armed: Option<Instant>,
     timeout: Duration,
+    call_timeout: Option<Duration>,
+    max_pending_age: Duration,
+    /// Lookups in the order they were queued, with when: the oldest queued one ends
+    /// unsent once older than `max_pending_age`. Ids sent or cancelled meanwhile are
+    /// dropped when they reach the front.
+    ages: VecDeque<(Instant, RpcId)>,
     timeouts_in_a_row: u32,
+    /// The dispatcher's `rpcs_timed_out` as of the last turn: the `lookup_timeout_s`
+    /// deadlines that fired since (the transport's own call timeouts are not among
+    /// them).
+    timed_out_seen: u64,
+    link: watch::Sender<Link>,
     warn: WarnLimiter,
     metrics: ActorMetrics,
 }
@@ -229,6 +271,7 @@ impl<W: Wire> IoTask<W> {
             events,
             cancel,
             stats,
+            link,
         } = links;
         Self {
             wire,
@@ -242,8 +285,13 @@ impl<W: Wire> IoTask<W> {
             sleep: Box::pin(clock::sleep_until(clock::now())),
             armed: None,
             timeout: config.timeout,
+            call_timeout: config.call_timeout,
+            max_pending_age: config.max_pending_age,
+            ages: VecDeque::new(),
             timeouts_in_a_row: 0,
-            warn: WarnLimiter::default(),
+            timed_out_seen: 0,
+            link,
+            warn: WarnLimiter::labelled(&config.label),
             metrics: ActorMetrics::new(&config.label),
         }
     }
@@ -265,10 +313,10 @@ impl<W: Wire> IoTask<W> {
             match wake {
                 Wake::Cancelled | Wake::Command(None) => break,
                 Wake::Command(Some(command)) => {
-                    self.take(command);
+                    self.take(command, now);
                     // Take everything already queued, so one turn sends a whole batch.
                     while let Ok(command) = self.commands.try_recv() {
-                        self.take(command);
+                        self.take(command, now);
                     }
                 }
                 Wake::Input(input) => self.on_input(input, now),
@@ -276,6 +324,7 @@ impl<W: Wire> IoTask<W> {
             }
             // Checked here rather than trusting the Sleep (STYLE.md rule 10).
             self.dispatcher.handle_timeout(now);
+            self.expire(now);
             if self.dispatcher.poll_reopen() {
                 self.reopen(now, None, ReopenReason::Timeouts);
             }
@@ -295,15 +344,61 @@ impl<W: Wire> IoTask<W> {
         tracing::debug!(on_wire, "lookup I/O task stopped");
     }
 
-    fn take(&mut self, (command, span): ToIo) {
-        let is_reset = matches!(
-            command,
+    fn take(&mut self, (command, span): ToIo, now: Instant) {
+        let (is_reset, lookup) = match &command {
             Command::Send {
                 body: RpcBody::Reset,
                 ..
-            }
+            } => (true, None),
+            Command::Send { rpc_id, .. } => (false, Some(*rpc_id)),
+            _ => (false, None),
+        };
+        self.dispatcher.push(
+            command,
+            Tag {
+                span,
+                is_reset,
+                written: false,
+            },
         );
-        self.dispatcher.push(command, Tag { span, is_reset });
+        if let Some(rpc_id) = lookup {
+            self.ages.push_back((now, rpc_id));
+        }
+    }
+
+    /// Ends unsent every lookup queued longer than `max_pending_age`, so that none
+    /// waits behind a slow server without bound, nor takes the wire when it is stale
+    /// (`spec/behaviour.md` rule 17).
+    fn expire(&mut self, now: Instant) {
+        let mut expired = 0_u64;
+        while let Some(&(queued_at, rpc_id)) = self.ages.front() {
+            if !self.dispatcher.is_queued(rpc_id) {
+                self.ages.pop_front();
+            } else if now.saturating_duration_since(queued_at) >= self.max_pending_age {
+                self.ages.pop_front();
+                if self
+                    .dispatcher
+                    .fail_queued(rpc_id, RpcFailure::NotSent, now)
+                {
+                    expired += 1;
+                }
+            } else {
+                break;
+            }
+        }
+        if expired > 0 {
+            self.stats.expired.fetch_add(expired, Ordering::Relaxed);
+            self.warn.warn(
+                "queued_too_long",
+                now,
+                format_args!(
+                    "{expired} lookup(s) to {} waited max_pending_age = {:?} in the queue \
+                     unsent; they answer 0 hits as unavailable",
+                    self.wire.name(),
+                    self.max_pending_age
+                ),
+            );
+        }
     }
 
     fn on_input(&mut self, input: WireInput<W::Payload>, now: Instant) {
@@ -327,6 +422,21 @@ impl<W: Wire> IoTask<W> {
                 }
             }
             WireInput::Failed { rpc_id, failure } => {
+                if let (RpcFailure::TimedOut, Some(call_timeout)) = (failure, self.call_timeout) {
+                    self.warn.warn(
+                        "call_timeout",
+                        now,
+                        format_args!(
+                            "a query to {} was unanswered within the master client's \
+                             call_timeout = {call_timeout:?} (MasterConfig::call_timeout); \
+                             the lookup answers 0 hits as unavailable",
+                            self.wire.name()
+                        ),
+                    );
+                }
+                if failure == RpcFailure::TimedOut {
+                    self.wire.lookups_timed_out();
+                }
                 self.dispatcher.handle_send_failed(rpc_id, failure, now);
             }
             WireInput::Broken(error) => {
@@ -341,6 +451,7 @@ impl<W: Wire> IoTask<W> {
             WireInput::Connected => {
                 tracing::debug!(wire = self.wire.name(), "connected");
                 self.backoff.reset();
+                self.link.send_replace(Link::Up);
             }
             WireInput::ConnectFailed(error) => {
                 bump(&self.stats.open_errors);
@@ -353,22 +464,29 @@ impl<W: Wire> IoTask<W> {
                     ),
                 );
                 self.reopen_at = Some(now + self.backoff.next_delay());
+                self.link.send_replace(Link::Down(error));
             }
             WireInput::Unreachable(why) => {
                 bump(&self.stats.unreachable);
+                let failed = self.dispatcher.fail_on_wire(None, now);
                 self.warn.warn(
-                    "unreachable",
+                    why.kind(),
                     now,
                     format_args!(
-                        "lookup endpoint {} unreachable: {why}; lookups fail fast as \
-                         unavailable until it answers",
+                        "lookup server {} is down: {why}; {failed} lookup(s) on the wire \
+                         failed, and lookups fail at once as unavailable until it is back",
                         self.wire.name()
                     ),
                 );
-                self.dispatcher.fail_on_wire(None, now);
+                self.link.send_replace(Link::Down(why.to_string()));
             }
             WireInput::Reachable => {
-                tracing::info!(wire = self.wire.name(), "lookup endpoint reachable again");
+                tracing::info!(
+                    wire = self.wire.name(),
+                    "lookup server is back; lookups go out again"
+                );
+                self.backoff.reset();
+                self.link.send_replace(Link::Up);
             }
             WireInput::BadEnvelope => {
                 bump(&self.stats.bad_envelopes);
@@ -404,6 +522,9 @@ impl<W: Wire> IoTask<W> {
                 Ok(()) => {
                     if is_lookup {
                         self.metrics.lookup_on_wire();
+                        if let Some(tag) = self.dispatcher.tag_mut(rpc_id) {
+                            tag.written = true;
+                        }
                     }
                 }
                 Err(SendError::NotConnected) => {
@@ -468,9 +589,8 @@ impl<W: Wire> IoTask<W> {
 
     /// Carries every ended RPC to the handle, closing its span and its gauge share.
     fn forward(&mut self, now: Instant) {
-        let mut timed_out = 0;
         while let Some((event, tag)) = self.dispatcher.poll_event() {
-            if !tag.is_reset {
+            if tag.written {
                 self.metrics.lookup_off_wire();
             }
             let outcome = match event.result() {
@@ -478,10 +598,7 @@ impl<W: Wire> IoTask<W> {
                 Ok(Reply::Reset { ok: true }) => "ok",
                 Ok(Reply::Reset { ok: false }) => "failed",
                 Ok(Reply::Lookup { .. }) => "replied",
-                Err(RpcFailure::TimedOut) => {
-                    timed_out += 1;
-                    "timed_out"
-                }
+                Err(RpcFailure::TimedOut) => "timed_out",
                 Err(RpcFailure::Transport) => "failed",
                 Err(RpcFailure::NotSent) => "not_sent",
             };
@@ -495,14 +612,20 @@ impl<W: Wire> IoTask<W> {
             // The handle is gone only when the client was dropped; the token ends us.
             let _ = self.events.send(event);
         }
-        if timed_out > 0 {
+        let fired = self.dispatcher.stats().rpcs_timed_out - self.timed_out_seen;
+        if fired > 0 {
+            self.timed_out_seen += fired;
             self.wire.lookups_timed_out();
-            self.timeouts_in_a_row += timed_out;
+            self.timeouts_in_a_row = self
+                .timeouts_in_a_row
+                .saturating_add(u32::try_from(fired).unwrap_or(u32::MAX));
             self.warn.warn(
                 "timeout",
                 now,
                 format_args!(
-                    "lookup RPC to {} unanswered after {:?} ({} in a row)",
+                    "lookup RPC to {} unanswered within lookup_timeout_s = {:?} ({} in a \
+                     row); it answers 0 hits as unavailable, and the client checks that \
+                     the server is alive",
                     self.wire.name(),
                     self.timeout,
                     self.timeouts_in_a_row
@@ -558,10 +681,13 @@ impl<W: Wire> IoTask<W> {
 
     /// Arms the one Sleep for the earliest deadline or reopen attempt.
     fn arm(&mut self) {
-        let next = match (self.dispatcher.poll_timeout(), self.reopen_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let expiry = self.ages.front().map(|&(queued_at, _)| {
+            lookup_core::timer::deadline_after(queued_at, self.max_pending_age)
+        });
+        let next = [self.dispatcher.poll_timeout(), self.reopen_at, expiry]
+            .into_iter()
+            .flatten()
+            .min();
         if next != self.armed {
             if let Some(at) = next {
                 self.sleep.as_mut().reset(at.into());

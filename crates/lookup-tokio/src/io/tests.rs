@@ -135,6 +135,100 @@ async fn three_timeouts_in_a_row_reopen_the_connection_once() {
     assert_eq!(record.lock().unwrap().opens, 1);
 }
 
+/// A stopped server (SIGSTOP: the connection stays, nothing answers) costs one
+/// timeout, not `reopen_after_timeouts` of them: the liveness check run after the
+/// first finds it silent, the nine lookups behind it fail at once as unavailable
+/// (one written while the check ran, eight never), and a new lookup fails fast too.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_server_costs_one_timeout_then_the_queue_fails_fast() {
+    let _only = process_wide().await;
+    let knobs = Knobs {
+        stalled: true,
+        alive: false,
+        ..Knobs::default()
+    };
+    let (wire, _, record) = FakeWire::new(11, knobs);
+    let mut cfg = config(200);
+    cfg.core.max_in_flight = 1;
+    let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
+    for id in 1..=10 {
+        client.on_new_request(&req(id, 2));
+    }
+    tokio::time::sleep(201 * MS).await;
+    client.drive();
+    let stats = client.stats();
+    assert_eq!(stats.core.failed_timed_out, 1);
+    assert_eq!(stats.core.failed_transport, 9);
+    assert_eq!(stats.endpoint_unreachable, 1);
+    assert_eq!(stats.socket_reopens, 0);
+    // The next lookup went out while the check ran (a live server answers it), and
+    // failed with the queue when the check found the server stopped.
+    assert_eq!(record.lock().unwrap().sent.len(), 2);
+    // A lookup started now fails at once, unwritten.
+    let late = req(11, 2);
+    client.on_new_request(&late);
+    client.wait_progress(Duration::from_millis(1)).await;
+    assert_eq!(client.probe(&late, 0), ready(0));
+    let stats = client.stats();
+    assert_eq!(
+        (stats.core.failed_timed_out, stats.core.failed_transport),
+        (1, 10)
+    );
+    assert_eq!(record.lock().unwrap().sent.len(), 2);
+}
+
+/// `max_pending_age`: behind one hung RPC (`max_in_flight` 1, a 10 s timeout), the
+/// two lookups queued end unsent as unavailable once they waited 300 ms, and never
+/// take the wire; the hung one still ends at its own timeout.
+#[tokio::test(start_paused = true)]
+async fn lookups_queued_longer_than_max_pending_age_end_unsent() {
+    let _only = process_wide().await;
+    let knobs = Knobs {
+        stalled: true,
+        ..Knobs::default()
+    };
+    let (wire, _, record) = FakeWire::new(12, knobs);
+    let mut cfg = config(10_000);
+    cfg.core.max_in_flight = 1;
+    cfg.core.max_pending_age = 300 * MS;
+    let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
+    let t0 = Instant::now();
+    for id in 1..=3 {
+        client.on_new_request(&req(id, 2));
+    }
+    tokio::time::sleep(299 * MS).await;
+    client.drive();
+    assert_eq!(client.stats().lookups_expired, 0);
+    client.wait_progress(Duration::from_millis(10)).await;
+    assert_eq!(Instant::now() - t0, 300 * MS);
+    let stats = client.stats();
+    assert_eq!(stats.lookups_expired, 2);
+    let outcomes: Vec<(Vec<RequestId>, LookupOutcome)> = events(&mut client)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::LookupDone {
+                request_ids,
+                outcome,
+                ..
+            } => Some((request_ids, outcome)),
+            _ => None,
+        })
+        .collect();
+    let not_sent = LookupOutcome::Failed(RpcFailure::NotSent);
+    assert_eq!(
+        outcomes,
+        vec![
+            (vec![RequestId(2)], not_sent),
+            (vec![RequestId(3)], not_sent)
+        ]
+    );
+    assert_eq!(record.lock().unwrap().sent.len(), 1);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let stats = client.stats();
+    assert_eq!(stats.core.failed_timed_out, 1);
+    assert_eq!(record.lock().unwrap().sent.len(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn failed_opens_retry_after_a_doubling_backoff_capped_at_one_second() {
     let _only = process_wide().await;

@@ -1,10 +1,10 @@
 //! The ZeroMQ transport: a DEALER socket to a lookup server (`spec/wire.md`,
 //! "Transport"). Each RPC goes out as `[rpc_id u64 BE, "", frames...]`, so that an
-//! unmodified REP peer echoes the id and replies are matched by it (NOTES.md).
+//! unmodified REP peer echoes the id and replies are matched by it (NOTES.md). The
+//! socket's monitor and liveness checks ([`super::peer`]) tell when the server is
+//! gone, so that lookups fail at once rather than at their timeouts.
 
 use std::future::Future;
-use std::io::ErrorKind;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -15,81 +15,22 @@ use lookup_core::wire::{self, Format};
 use lookup_core::{Outgoing, Reply, RpcBody, RpcId};
 use tracing::Span;
 
+use super::peer::{EndpointUnreachable, LIVENESS_BOUND, Monitor, PeerEvent, check_alive};
 use super::{SendError, Wire, WireInput};
 use crate::Endpoint;
 use crate::warn::WarnLimiter;
 
-/// A reachability check of the endpoint: `Err` names what is missing.
-type Check = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+/// A check of the endpoint under way: `Err` names what is missing.
+type Check = Pin<Box<dyn Future<Output = Result<(), EndpointUnreachable>> + Send>>;
 
-/// Why nothing listens at an endpoint, as [`check_reachable`] finds it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum EndpointUnreachable {
-    /// `ipc://PATH`: no file at the path (a typo, or the server has not bound yet).
-    #[error("no socket file at {}", .0.display())]
-    NoSocketFile(PathBuf),
-    /// `ipc://PATH`: the file is there but nothing accepts on it (a stale socket left
-    /// by a server that died).
-    #[error("nothing listens on {}", .0.display())]
-    NothingListens(PathBuf),
-    /// `tcp://HOST:PORT`: the connection was refused (nothing listens on the port).
-    #[error("connection refused at tcp port {0}")]
-    Refused(String),
-    /// Another error of the connect, with the endpoint's path or address.
-    #[error("{endpoint}: {error}")]
-    Other {
-        /// The ipc path or the tcp `host:port`.
-        endpoint: String,
-        /// The operating system's error.
-        error: String,
-    },
-}
-
-/// Whether something listens at `endpoint`, in the time a connect takes (a missing
-/// ipc socket file or a refused tcp port answers at once; issue "never a silent
-/// miss", `spec/wire.md`, "Transport"). ZeroMQ itself never says: it queues messages
-/// for a peer that may come, so without this check a typo in the path reads as a
-/// silent server and costs `lookup_timeout_s` per lookup. A tcp connect that cannot
-/// tell within 1 s counts as reachable. The probe connection is closed at once; a
-/// REP or ROUTER server ignores it.
-///
-/// # Errors
-/// [`EndpointUnreachable`], naming the path or the port.
-pub async fn check_reachable(endpoint: &Endpoint) -> Result<(), EndpointUnreachable> {
-    match endpoint {
-        Endpoint::Ipc(path) => match tokio::net::UnixStream::connect(path).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                Err(EndpointUnreachable::NoSocketFile(path.clone()))
-            }
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-                Err(EndpointUnreachable::NothingListens(path.clone()))
-            }
-            Err(e) => Err(EndpointUnreachable::Other {
-                endpoint: path.display().to_string(),
-                error: e.to_string(),
-            }),
-        },
-        Endpoint::Tcp(addr) => {
-            let connect = tokio::net::TcpStream::connect(addr.as_str());
-            match tokio::time::timeout(Duration::from_secs(1), connect).await {
-                Ok(Ok(_)) | Err(_) => Ok(()),
-                Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused => {
-                    Err(EndpointUnreachable::Refused(addr.clone()))
-                }
-                Ok(Err(e)) => Err(EndpointUnreachable::Other {
-                    endpoint: format!("tcp {addr}"),
-                    error: e.to_string(),
-                }),
-            }
+/// [`check_alive`] of `endpoint` with the client's bound, after `delay`.
+fn alive_after(endpoint: Endpoint, delay: Duration) -> Check {
+    Box::pin(async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
-    }
-}
-
-/// [`check_reachable`] with the reason as text, for the wire's warnings.
-async fn reachable(endpoint: Endpoint) -> Result<(), String> {
-    check_reachable(&endpoint).await.map_err(|e| e.to_string())
+        check_alive(&endpoint, LIVENESS_BOUND).await
+    })
 }
 
 /// Bytes of the RPC-id envelope frame: the core's `RpcId`, u64 big-endian.
@@ -100,17 +41,43 @@ const RPC_ID_BYTES: usize = 8;
 /// that announces more, before reserving any memory for it.
 pub(crate) const MAX_REPLY_BYTES: i64 = 64 * 1024;
 
+/// First wait before ZeroMQ connects again after a connect failed or the server
+/// closed the connection (`ZMQ_RECONNECT_IVL`, ms); it doubles up to
+/// [`RECONNECT_MAX_MS`]. libzmq's default is 100 ms, constant.
+const RECONNECT_MS: i32 = 10;
+/// Longest wait between ZeroMQ's connect attempts (`ZMQ_RECONNECT_IVL_MAX`, ms): a
+/// restarted server is connected to at most this long after it binds.
+pub(crate) const RECONNECT_MAX_MS: i32 = 100;
+
 /// Opens a DEALER socket connected to `url`, with linger 0 so that dropping it with
-/// unanswered requests never blocks (NOTES.md, STYLE.md rule 10), and
-/// [`MAX_REPLY_BYTES`] so that a hostile peer's length claim is never allocated.
-pub(crate) fn open_dealer(context: &tmq::Context, url: &str) -> tmq::Result<tmq::dealer::Dealer> {
-    tmq::dealer(context)
-        .set_linger(0)
-        .set_maxmsgsize(MAX_REPLY_BYTES)
-        .connect(url)
+/// unanswered requests never blocks (NOTES.md, STYLE.md rule 10),
+/// [`MAX_REPLY_BYTES`] so that a hostile peer's length claim is never allocated, a
+/// reconnect every 10 ms doubling to [`RECONNECT_MAX_MS`], and its [`Monitor`]
+/// started before the connect so that no connection event is missed.
+pub(crate) fn open_dealer(
+    context: &tmq::Context,
+    url: &str,
+) -> tmq::Result<(tmq::dealer::Dealer, Monitor)> {
+    let socket = context.socket(zmq::DEALER)?;
+    socket.set_linger(0)?;
+    socket.set_maxmsgsize(MAX_REPLY_BYTES)?;
+    socket.set_reconnect_ivl(RECONNECT_MS)?;
+    socket.set_reconnect_ivl_max(RECONNECT_MAX_MS)?;
+    let monitor = Monitor::start(context, &socket)?;
+    socket.connect(url)?;
+    let dealer = <tmq::dealer::Dealer as tmq::FromZmqSocket<_>>::from_zmq_socket(socket)?;
+    Ok((dealer, monitor))
 }
 
-/// The DEALER socket and what encoding needs.
+/// The DEALER socket, its monitor, and what encoding needs.
+///
+/// The server is *down* from the moment the monitor reports the connection closed,
+/// or a check finds nothing alive at the endpoint (at each open, after a lookup timed
+/// out, after a failed connect), until the monitor reports a handshake or a check
+/// finds it alive again. While down, writes fail fast ([`SendError::NotConnected`]):
+/// nothing waits for a timeout on a server that is known to be gone. While nothing
+/// listens, each write first checks again with a connect (which fails at once), so
+/// that the first lookup after a server binds goes out.
 pub(crate) struct ZmqWire {
     url: String,
     format: Format,
@@ -119,25 +86,51 @@ pub(crate) struct ZmqWire {
     /// is connected, so a write completes at once unless the high-water mark is hit.
     send_timeout: Duration,
     context: tmq::Context,
-    socket: Option<tmq::dealer::Dealer>,
+    socket: Option<(tmq::dealer::Dealer, Monitor)>,
     endpoint: Endpoint,
-    /// The reachability check under way, if any: one at each open, and again after
-    /// a wait (100 ms doubling to 1 s) while nothing listens.
+    /// The check under way, if any: one at each open, one after a lookup timed out,
+    /// and again after a wait (100 ms doubling to 1 s) while the server is down.
     check: Option<Check>,
-    unreachable: bool,
+    down: Down,
     recheck: Backoff,
 }
 
+/// Whether the server is down, and how a write can tell that it is back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Down {
+    /// Up, or not known to be down.
+    No,
+    /// Nothing listens (no socket file, a stale one, a refused port; a killed
+    /// server): a connect fails at once, so each write checks again first, and the
+    /// lookups go out the moment a server binds.
+    NothingListens,
+    /// Stopped, hung, partitioned or not ZeroMQ: a connect alone cannot tell; the
+    /// liveness checks (and the monitor's handshake) bring it back.
+    Silent,
+}
+
+impl Down {
+    fn of(why: &EndpointUnreachable) -> Self {
+        match why {
+            EndpointUnreachable::NoSocketFile(_)
+            | EndpointUnreachable::NothingListens(_)
+            | EndpointUnreachable::Refused(_)
+            | EndpointUnreachable::Closed(_) => Self::NothingListens,
+            _ => Self::Silent,
+        }
+    }
+}
+
 impl ZmqWire {
-    /// A wire owning `socket` (opened by the caller with [`open_dealer`], so that a bad
-    /// endpoint is an error of `connect`).
+    /// A wire owning `socket` and its monitor (opened by the caller with
+    /// [`open_dealer`], so that a bad endpoint is an error of `connect`).
     pub(crate) fn new(
         endpoint: Endpoint,
         format: Format,
         block_size: u32,
         send_timeout: Duration,
         context: tmq::Context,
-        socket: tmq::dealer::Dealer,
+        socket: (tmq::dealer::Dealer, Monitor),
     ) -> Self {
         Self {
             url: endpoint.url(),
@@ -146,30 +139,61 @@ impl ZmqWire {
             send_timeout,
             context,
             socket: Some(socket),
-            check: Some(Box::pin(reachable(endpoint.clone()))),
+            check: Some(alive_after(endpoint.clone(), Duration::ZERO)),
             endpoint,
-            unreachable: false,
+            down: Down::No,
             recheck: Backoff::new(Duration::from_millis(100), Duration::from_secs(1)),
         }
     }
 
-    /// A check ended: what to report, and the next check while nothing listens.
-    fn checked(&mut self, result: Result<(), String>) -> Option<WireInput<Vec<Bytes>>> {
+    /// The server is down for `why`: reported once (the first of an outage), and
+    /// checked again after the recheck backoff.
+    fn went_down(&mut self, why: EndpointUnreachable) -> Option<WireInput<Vec<Bytes>>> {
+        let delay = self.recheck.next_delay();
+        self.check = Some(alive_after(self.endpoint.clone(), delay));
+        let first = self.down == Down::No;
+        if first || Down::of(&why) == Down::Silent {
+            self.down = Down::of(&why);
+        }
+        first.then_some(WireInput::Unreachable(why))
+    }
+
+    /// The server is there and alive: reported when it was down.
+    fn came_up(&mut self) -> Option<WireInput<Vec<Bytes>>> {
+        self.check = None;
+        self.recheck.reset();
+        let was_down = std::mem::replace(&mut self.down, Down::No) != Down::No;
+        was_down.then_some(WireInput::Reachable)
+    }
+
+    /// A check ended: what to report, and the next check while the server is down.
+    fn checked(
+        &mut self,
+        result: Result<(), EndpointUnreachable>,
+    ) -> Option<WireInput<Vec<Bytes>>> {
         match result {
-            Ok(()) => {
-                self.check = None;
-                self.recheck.reset();
-                std::mem::take(&mut self.unreachable).then_some(WireInput::Reachable)
+            Ok(()) => self.came_up(),
+            Err(why) => self.went_down(why),
+        }
+    }
+
+    /// A monitor event: what to report.
+    fn on_event(&mut self, event: PeerEvent) -> Option<WireInput<Vec<Bytes>>> {
+        match event {
+            PeerEvent::Up => self.came_up().or(Some(WireInput::Connected)),
+            PeerEvent::Disconnected => {
+                self.went_down(EndpointUnreachable::Closed(self.url.clone()))
             }
-            Err(why) => {
-                let delay = self.recheck.next_delay();
-                let endpoint = self.endpoint.clone();
-                self.check = Some(Box::pin(async move {
-                    tokio::time::sleep(delay).await;
-                    reachable(endpoint).await
-                }));
-                let first = !std::mem::replace(&mut self.unreachable, true);
-                first.then_some(WireInput::Unreachable(why))
+            PeerEvent::HandshakeFailed => {
+                self.went_down(EndpointUnreachable::NotZeroMq(self.url.clone()))
+            }
+            PeerEvent::Retrying => {
+                // A connect failed: name the reason with a check now, unless one is
+                // under way or the outage is known.
+                if self.down == Down::No && self.check.is_none() {
+                    self.check = Some(alive_after(self.endpoint.clone(), Duration::ZERO));
+                }
+                None
             }
         }
     }
@@ -199,19 +223,26 @@ impl Wire for ZmqWire {
             RpcBody::Reset => wire::encode_reset(self.format)
                 .map_err(|error| SendError::NotSent(format!("reset: {error}")))?,
         };
-        if self.unreachable {
-            // Check again now (a connect to a missing file or a refused port fails
-            // at once), so that lookups fail fast while nothing listens and go out
-            // again the moment a server binds.
-            if reachable(self.endpoint.clone()).await.is_err() {
-                return Err(SendError::NotConnected);
+        match self.down {
+            Down::No => {}
+            // Known stopped: fail fast; a liveness check or the monitor brings it back.
+            Down::Silent => return Err(SendError::NotConnected),
+            Down::NothingListens => {
+                // A connect to a missing file or a refused port fails at once: check
+                // again now, so that lookups fail fast while nothing listens and go
+                // out the moment a server binds (ZeroMQ delivers them once it
+                // reconnects, within its reconnect interval). The greeting too: a
+                // listener of a process being killed still accepts for a moment.
+                if check_alive(&self.endpoint, LIVENESS_BOUND).await.is_err() {
+                    return Err(SendError::NotConnected);
+                }
+                self.down = Down::No;
+                self.check = None;
+                self.recheck.reset();
+                tracing::info!(endpoint = %self.endpoint, "lookup server is back; lookups go out again");
             }
-            self.unreachable = false;
-            self.check = None;
-            self.recheck.reset();
-            tracing::info!(endpoint = %self.endpoint, "lookup endpoint reachable again");
         }
-        let Some(socket) = self.socket.as_mut() else {
+        let Some((socket, _)) = self.socket.as_mut() else {
             return Err(SendError::NotConnected);
         };
         let mut message: Vec<tmq::Message> = Vec::with_capacity(frames.len() + 2);
@@ -228,6 +259,14 @@ impl Wire for ZmqWire {
         }
     }
 
+    fn lookups_timed_out(&mut self) {
+        // A timeout alone cannot tell a slow server from a stopped one: ask whether
+        // it is alive (rule 17), so that a stopped server costs one timeout.
+        if self.down == Down::No && self.check.is_none() {
+            self.check = Some(alive_after(self.endpoint.clone(), Duration::ZERO));
+        }
+    }
+
     async fn next(&mut self) -> WireInput<Vec<Bytes>> {
         loop {
             let check = async {
@@ -236,22 +275,33 @@ impl Wire for ZmqWire {
                     None => std::future::pending().await,
                 }
             };
+            let (socket, monitor) = match self.socket.as_mut() {
+                Some((socket, monitor)) => (Some(socket), Some(monitor)),
+                None => (None, None),
+            };
             let socket = async {
-                match self.socket.as_mut() {
+                match socket {
                     Some(socket) => socket.next().await,
                     None => std::future::pending().await,
                 }
             };
-            // Both are cancel-safe: the check stays stored until it completes, and a
-            // DEALER reads a whole multipart in one poll.
-            tokio::select! {
+            let event = async {
+                match monitor {
+                    Some(monitor) => monitor.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // All are cancel-safe: the check stays stored until it completes, and a
+            // DEALER (a PAIR) reads a whole multipart in one poll. Replies first: one
+            // that arrived before the connection closed is still applied.
+            let input = tokio::select! {
                 biased;
                 message = socket => return parse(message),
-                result = check => {
-                    if let Some(input) = self.checked(result) {
-                        return input;
-                    }
-                }
+                event = event => self.on_event(event),
+                result = check => self.checked(result),
+            };
+            if let Some(input) = input {
+                return input;
             }
         }
     }
@@ -304,7 +354,7 @@ impl Wire for ZmqWire {
         let socket = open_dealer(&self.context, &self.url).map_err(|e| e.to_string())?;
         self.socket = Some(socket);
         if self.check.is_none() {
-            self.check = Some(Box::pin(reachable(self.endpoint.clone())));
+            self.check = Some(alive_after(self.endpoint.clone(), Duration::ZERO));
         }
         Ok(())
     }

@@ -43,6 +43,7 @@
 //! | `lookup_prefetch_slots_in_use` | gauge | lookups | — | arrival-time lookups not ended (rule 3) |
 //! | `lookup_socket_reopens_total` | counter | reopens | `reason` | sockets dropped and opened again: `timeouts` (rule 17), `reset` (rule 13), `error` |
 //! | `lookup_late_replies_total` | counter | replies | — | replies dropped because their RPC had ended (rule 17) |
+//! | `lookup_warnings_total` | counter | warnings | `kind` | every warning of the client's I/O task and handle, printed or suppressed by the once-per-10-s limit: `peer_closed`, `peer_unreachable`, `peer_hung`, `peer_no_answer`, `peer_not_zeromq`, `timeout`, `call_timeout`, `queued_too_long`, `send_error`, `recv_error`, `open_error`, `malformed`, `bad_envelope`, `not_sent`, `wait_gave_up`, and the direct transport's own |
 //! | `lookup_resets_total` | counter | resets | `outcome` | reset RPCs ended: `ok`, `failed`, `timed_out` |
 //! | `lookup_tokens_queried_total` | counter | tokens | — | prompt tokens (`num_tokens`) of the lookup RPCs the store answered (hit or miss) |
 //! | `lookup_hit_tokens_total` | counter | tokens | — | hit tokens those answers claimed (from the start of the prompt, before the local hit is taken off) |
@@ -183,6 +184,11 @@ pub fn describe() {
         "lookup_resets_total",
         Unit::Count,
         "Reset RPCs ended, by outcome"
+    );
+    describe_counter!(
+        "lookup_warnings_total",
+        Unit::Count,
+        "Warnings of the client, by kind, printed or suppressed by the rate limit"
     );
 }
 

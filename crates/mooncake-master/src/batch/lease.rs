@@ -175,6 +175,7 @@ impl Lease {
         match result {
             Ok(ttl) => {
                 self.reads += 1;
+                let before = self.current();
                 self.reported = Some(ttl);
                 self.publish();
                 let now = self.current();
@@ -185,7 +186,9 @@ impl Lease {
                     "the Mooncake master reports a read lease of {} s",
                     ttl.as_secs_f64()
                 );
-                for &check in &self.checks {
+                // Once per cause: a TTL already warned about against the configured
+                // lease is not warned about again for the reported one.
+                for &check in self.checks.iter().filter(|c| c.ttl < before.ttl) {
                     warn_if_outlived(check, now, addr);
                 }
             }

@@ -121,7 +121,7 @@ async fn prefetch_once(
                 .map_err(|e| format!("--mooncake-master: {e}"))?;
             let mut direct = DirectConfig::new(master, layout);
             direct.master_config = args.master.config(timeout);
-            // The client's own connect-time check then agrees with the ttl line.
+            // The lease the client goes by until the master reports its own.
             direct.lease_ttl = lookup_core::duration_from_secs(args.lease_ttl_s)
                 .map_err(|e| format!("--lease-ttl-s: {e}"))?;
             ClientConfig::new(direct, block_size)
@@ -135,10 +135,12 @@ async fn prefetch_once(
     };
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = args.lookup_prefetch_limit;
-    config.core.lookup_prefetch_ttl = lookup_core::duration_from_secs(args.lookup_prefetch_ttl_s)
-        .map_err(|e| format!("--lookup-prefetch-ttl-s: {e}"))?;
+    // `--lookup-prefetch-ttl-s` is checked against the lease by the `ttl` line, its one
+    // report: this client only times one prefetch read by one probe, so a zero TTL
+    // (each result read once) serves, and it does not warn about the same cause again.
+    config.core.lookup_prefetch_ttl = Duration::ZERO;
     config.core.lookup_timeout = timeout;
-    let mut client = LookupClient::connect(config).map_err(|e| e.to_string())?;
+    let mut client = LookupClient::connect_lazy(config).map_err(|e| e.to_string())?;
     let req = Request {
         request_id: RequestId(1),
         num_tokens: args.prompt.num_tokens,

@@ -1,0 +1,284 @@
+//! Whether the lookup server behind a ZeroMQ endpoint is there and alive: the checks
+//! the client runs ([`check_reachable`], [`check_alive`]), the reasons they give
+//! ([`EndpointUnreachable`]), and the connection events of the DEALER socket's
+//! monitor ([`Monitor`], NOTES.md "Connection events from ZeroMQ"). ZeroMQ itself
+//! never fails a message queued for a peer that is gone: these are the only signals
+//! (`spec/wire.md`, "Transport"; RELIABILITY.md, "Dead and hung servers").
+
+use std::io::ErrorKind;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::Endpoint;
+
+/// Bound of [`check_alive`] (connect plus the server's first greeting byte) as the
+/// client runs it: after a lookup timed out, and while the server is down. 500 ms:
+/// a live libzmq answers a connect at once from its I/O thread, whatever its
+/// application thread does, so only a stopped, hung or unreachable process misses it.
+pub const LIVENESS_BOUND: Duration = Duration::from_millis(500);
+
+/// Why nothing (alive) answers at an endpoint, as [`check_reachable`],
+/// [`check_alive`] and the socket monitor find it. Each reads as a dead or stopped
+/// server, never as a slow one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndpointUnreachable {
+    /// `ipc://PATH`: no file at the path (a typo, or the server has not bound yet).
+    #[error("no socket file at {}", .0.display())]
+    NoSocketFile(PathBuf),
+    /// `ipc://PATH`: the file is there but nothing accepts on it (a stale socket left
+    /// by a server that died).
+    #[error("nothing listens on {} (a stale socket file: the server is dead)", .0.display())]
+    NothingListens(PathBuf),
+    /// `tcp://HOST:PORT`: the connection was refused (nothing listens on the port).
+    #[error("connection refused at tcp port {0} (nothing listens: the server is dead)")]
+    Refused(String),
+    /// The server closed the connection the client had (its process ended or it
+    /// closed its socket), as the socket monitor reports it.
+    #[error("the server at {0} closed the connection (its process ended or closed its socket)")]
+    Closed(String),
+    /// The connection was accepted but no ZeroMQ greeting came within `bound`: the
+    /// server process is stopped (SIGSTOP) or hung.
+    #[error(
+        "the server at {endpoint} accepted a connection but sent no ZeroMQ greeting within \
+         {bound:?} (the process is stopped or hung)"
+    )]
+    Silent {
+        /// The ipc path or the tcp `host:port`.
+        endpoint: String,
+        /// How long the check waited.
+        bound: Duration,
+    },
+    /// A tcp connect got no answer within `bound` (the host is down or partitioned
+    /// away).
+    #[error(
+        "tcp connect to {endpoint} unanswered within {bound:?} (the host is down or \
+         partitioned away)"
+    )]
+    NoAnswer {
+        /// The tcp `host:port` (or ipc path).
+        endpoint: String,
+        /// How long the check waited.
+        bound: Duration,
+    },
+    /// Something answered that is not a ZeroMQ server (its first byte is not a ZMTP
+    /// greeting, or the ZeroMQ handshake failed).
+    #[error("{0} does not answer as a ZeroMQ server")]
+    NotZeroMq(String),
+    /// Another error of the connect, with the endpoint's path or address.
+    #[error("{endpoint}: {error}")]
+    Other {
+        /// The ipc path or the tcp `host:port`.
+        endpoint: String,
+        /// The operating system's error.
+        error: String,
+    },
+}
+
+impl EndpointUnreachable {
+    /// The warning kind of this cause (a `kind` field of the WARN and the `kind`
+    /// label of `lookup_client_warnings_total`).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::NoSocketFile(_) | Self::NothingListens(_) | Self::Refused(_) => {
+                "peer_unreachable"
+            }
+            Self::Closed(_) => "peer_closed",
+            Self::Silent { .. } => "peer_hung",
+            Self::NoAnswer { .. } => "peer_no_answer",
+            Self::NotZeroMq(_) => "peer_not_zeromq",
+            Self::Other { .. } => "peer_error",
+        }
+    }
+}
+
+/// Whether something listens at `endpoint`, in the time a connect takes (a missing
+/// ipc socket file or a refused tcp port answers at once; `spec/wire.md`,
+/// "Transport"). ZeroMQ itself never says: it queues messages for a peer that may
+/// come, so without this check a typo in the path reads as a silent server and costs
+/// `lookup_timeout_s` per lookup. A tcp connect that cannot tell within 1 s counts as
+/// reachable. The probe connection is closed at once; a REP or ROUTER server ignores
+/// it. [`check_alive`] also tells a stopped server.
+///
+/// # Errors
+/// [`EndpointUnreachable`], naming the path or the port.
+pub async fn check_reachable(endpoint: &Endpoint) -> Result<(), EndpointUnreachable> {
+    match endpoint {
+        Endpoint::Ipc(path) => tokio::net::UnixStream::connect(path)
+            .await
+            .map(drop)
+            .map_err(|e| ipc_error(path, &e)),
+        Endpoint::Tcp(addr) => {
+            let connect = tokio::net::TcpStream::connect(addr.as_str());
+            match tokio::time::timeout(Duration::from_secs(1), connect).await {
+                Ok(Ok(_)) | Err(_) => Ok(()),
+                Ok(Err(e)) => Err(tcp_error(addr, &e)),
+            }
+        }
+    }
+}
+
+/// Whether a live ZeroMQ server answers at `endpoint` within `bound`: a connect, then
+/// the first byte of the ZMTP greeting (`0xFF`), which libzmq sends from its I/O
+/// thread as soon as it accepts, before reading anything. A stopped (SIGSTOP) or hung
+/// process, whose kernel still accepts into the listen backlog, sends nothing; a
+/// partitioned host does not even answer the connect. The check's connection is
+/// closed at once (the server counts a failed handshake, nothing else).
+///
+/// # Errors
+/// [`EndpointUnreachable`]: the reasons of [`check_reachable`], and
+/// [`Silent`](EndpointUnreachable::Silent), [`NoAnswer`](EndpointUnreachable::NoAnswer),
+/// [`NotZeroMq`](EndpointUnreachable::NotZeroMq).
+pub async fn check_alive(endpoint: &Endpoint, bound: Duration) -> Result<(), EndpointUnreachable> {
+    let deadline = tokio::time::Instant::now() + bound;
+    let no_answer = || EndpointUnreachable::NoAnswer {
+        endpoint: endpoint.to_string(),
+        bound,
+    };
+    match endpoint {
+        Endpoint::Ipc(path) => {
+            let stream = tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(path))
+                .await
+                .map_err(|_| no_answer())?
+                .map_err(|e| ipc_error(path, &e))?;
+            greeting(stream, deadline, endpoint, bound).await
+        }
+        Endpoint::Tcp(addr) => {
+            let connect = tokio::net::TcpStream::connect(addr.as_str());
+            let stream = tokio::time::timeout_at(deadline, connect)
+                .await
+                .map_err(|_| no_answer())?
+                .map_err(|e| tcp_error(addr, &e))?;
+            greeting(stream, deadline, endpoint, bound).await
+        }
+    }
+}
+
+/// Reads the first greeting byte by `deadline`.
+async fn greeting<S: AsyncRead + Unpin>(
+    mut stream: S,
+    deadline: tokio::time::Instant,
+    endpoint: &Endpoint,
+    bound: Duration,
+) -> Result<(), EndpointUnreachable> {
+    let mut first = [0_u8; 1];
+    match tokio::time::timeout_at(deadline, stream.read(&mut first)).await {
+        Ok(Ok(1)) if first[0] == 0xFF => Ok(()),
+        Ok(Ok(0)) => Err(EndpointUnreachable::Closed(endpoint.to_string())),
+        Ok(Ok(_)) => Err(EndpointUnreachable::NotZeroMq(endpoint.to_string())),
+        Ok(Err(e)) if e.kind() == ErrorKind::ConnectionReset => {
+            Err(EndpointUnreachable::Closed(endpoint.to_string()))
+        }
+        Ok(Err(e)) => Err(EndpointUnreachable::Other {
+            endpoint: endpoint.to_string(),
+            error: e.to_string(),
+        }),
+        Err(_) => Err(EndpointUnreachable::Silent {
+            endpoint: endpoint.to_string(),
+            bound,
+        }),
+    }
+}
+
+fn ipc_error(path: &std::path::Path, e: &std::io::Error) -> EndpointUnreachable {
+    match e.kind() {
+        ErrorKind::NotFound => EndpointUnreachable::NoSocketFile(path.to_owned()),
+        ErrorKind::ConnectionRefused => EndpointUnreachable::NothingListens(path.to_owned()),
+        _ => EndpointUnreachable::Other {
+            endpoint: path.display().to_string(),
+            error: e.to_string(),
+        },
+    }
+}
+
+fn tcp_error(addr: &str, e: &std::io::Error) -> EndpointUnreachable {
+    if e.kind() == ErrorKind::ConnectionRefused {
+        EndpointUnreachable::Refused(addr.to_owned())
+    } else {
+        EndpointUnreachable::Other {
+            endpoint: format!("tcp {addr}"),
+            error: e.to_string(),
+        }
+    }
+}
+
+/// A connection event of the DEALER socket, as its monitor reports it (libzmq's
+/// `ZMQ_EVENT_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PeerEvent {
+    /// The ZeroMQ handshake with the server completed: it is there and alive.
+    Up,
+    /// The server closed the connection (`DISCONNECTED`).
+    Disconnected,
+    /// A connect attempt failed and is retried (`CONNECT_RETRIED`, `CLOSED`).
+    Retrying,
+    /// The handshake failed: what answered is not a (compatible) ZeroMQ server.
+    HandshakeFailed,
+}
+
+/// libzmq's event numbers (`zmq.h`, stable since 4.3).
+const EVENT_CLOSED: u16 = 0x0080;
+const EVENT_CONNECT_RETRIED: u16 = 0x0004;
+const EVENT_DISCONNECTED: u16 = 0x0200;
+const EVENT_HANDSHAKE_FAILED_NO_DETAIL: u16 = 0x0800;
+const EVENT_HANDSHAKE_SUCCEEDED: u16 = 0x1000;
+const EVENT_HANDSHAKE_FAILED_PROTOCOL: u16 = 0x2000;
+const EVENT_HANDSHAKE_FAILED_AUTH: u16 = 0x4000;
+const EVENTS: u16 = EVENT_CLOSED
+    | EVENT_CONNECT_RETRIED
+    | EVENT_DISCONNECTED
+    | EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | EVENT_HANDSHAKE_SUCCEEDED
+    | EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | EVENT_HANDSHAKE_FAILED_AUTH;
+
+/// Monitors of this process get distinct inproc names.
+static MONITORS: AtomicU64 = AtomicU64::new(0);
+
+/// The reading end of a socket's monitor: a PAIR on the socket's context, connected
+/// to the monitor's inproc address before the socket connects, so no event is lost.
+pub(crate) struct Monitor {
+    pair: tmq::pair::Pair,
+}
+
+impl Monitor {
+    /// Starts monitoring `socket` (not connected yet) for the events [`PeerEvent`]
+    /// names.
+    pub(crate) fn start(context: &tmq::Context, socket: &zmq::Socket) -> tmq::Result<Self> {
+        let n = MONITORS.fetch_add(1, Ordering::Relaxed);
+        let address = format!("inproc://lookup-tokio-monitor-{}-{n}", std::process::id());
+        socket.monitor(&address, i32::from(EVENTS))?;
+        let pair = tmq::pair(context).set_linger(0).connect(&address)?;
+        Ok(Self { pair })
+    }
+
+    /// The next event this client acts on; other events are skipped. Cancel-safe (a
+    /// PAIR reads a whole two-frame event in one poll). Pending forever once the
+    /// monitor ended.
+    pub(crate) async fn next(&mut self) -> PeerEvent {
+        loop {
+            let Some(Ok(message)) = self.pair.next().await else {
+                return std::future::pending().await;
+            };
+            let Some(header) = message.iter().next() else {
+                continue;
+            };
+            let Some(event) = header.get(..2) else {
+                continue;
+            };
+            match u16::from_ne_bytes([event[0], event[1]]) {
+                EVENT_HANDSHAKE_SUCCEEDED => return PeerEvent::Up,
+                EVENT_DISCONNECTED => return PeerEvent::Disconnected,
+                EVENT_CONNECT_RETRIED | EVENT_CLOSED => return PeerEvent::Retrying,
+                EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | EVENT_HANDSHAKE_FAILED_PROTOCOL
+                | EVENT_HANDSHAKE_FAILED_AUTH => return PeerEvent::HandshakeFailed,
+                _ => {}
+            }
+        }
+    }
+}
