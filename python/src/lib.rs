@@ -172,7 +172,7 @@ impl NativeClient {
         };
         let rt = runtime()?;
         let client = builder
-            .connect_with_handle(rt.handle())
+            .connect_lazy_with_handle(rt.handle())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
             client,

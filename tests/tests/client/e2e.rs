@@ -249,7 +249,7 @@ async fn a_lookup_after_reset_waits_for_the_reset_with_4_in_flight() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1, 2]);
     server.pause_resets();
-    let mut client = LookupClient::connect(async_config(&endpoint, 0, 4)).expect("connect");
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 0, 4)).expect("connect");
     let reset = client.reset().expect("open");
     let req = request(1, 48, &[1, 2, 3]);
     assert_eq!(client.probe(&req, 0), Probe::Pending);

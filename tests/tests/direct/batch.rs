@@ -443,7 +443,8 @@ async fn a_master_restarted_at_the_same_address_ends_the_presence_cache_mooncake
     writer.put(&stored);
     let mut batch = BatchConfig::default();
     batch.presence.enabled = true;
-    let mut client = LookupClient::connect(direct(&master, &layout, batch, 1024)).expect("client");
+    let mut client =
+        LookupClient::connect_lazy(direct(&master, &layout, batch, 1024)).expect("client");
     let mut next_id = 0u64;
     let mut ask = || {
         next_id += 1;

@@ -162,7 +162,7 @@ async fn direct_timeouts_in_a_row_replace_the_master_connection() {
     let fake = FakeMaster::start(Behaviour::Silent).await;
     let mut config = config(&fake.addr, 1024);
     config.core.lookup_timeout = Duration::from_millis(100);
-    let mut client = LookupClient::connect(config).expect("connect");
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     for i in 0..3u64 {
         let req = request(i, 3 * B, &[61 + i, 62 + i]);
         assert_eq!(client.probe_wait(&req, 0).await, ready(0));

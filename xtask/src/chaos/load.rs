@@ -168,7 +168,7 @@ pub fn connect(
     config.core.lookup_prefetch_ttl = settings.ttl;
     config.core.lookup_timeout = settings.lookup_timeout;
     config.wait_margin = settings.wait_margin;
-    Ok(LookupClient::connect(config)?)
+    Ok(LookupClient::connect_lazy(config)?)
 }
 
 /// Looks up the prompts in turn until `stop`, from `first` on, and returns the
