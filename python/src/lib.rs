@@ -1,11 +1,11 @@
-//! The native half of the Python package `mooncake_lookup`: [`NativeClient`], one
+//! The native half of the Python package `mooncake_lookup`: `NativeClient`, one
 //! [`LookupClient`] keyed by vLLM's string request ids, with vLLM's
 //! `LookupKeyClient` semantics (`python/mooncake_lookup/__init__.py` derives the
 //! endpoint from the `VllmConfig` and wraps it).
 //!
 //! # Threads
 //!
-//! The client's I/O task runs on one tokio runtime per process ([`runtime`]: one
+//! The client's I/O task runs on one tokio runtime per process (`runtime`: one
 //! worker thread, not a Python thread). Every call runs on the caller's Python
 //! thread; the only waits (a blocking `lookup`, `reset`) release the GIL while they
 //! sleep on the I/O task's reports.
