@@ -18,7 +18,7 @@
 //!   high-availability cluster, whose leader the client finds in etcd (through its
 //!   v3 JSON gateway) and follows across failovers.
 //! - [`batch`]: lookups answered together: the union of their keys, deduplicated,
-//!   chunked, with an early stop per lookup ([`Coalescer`]), and a presence
+//!   chunked, with an early stop per lookup ([`Coalescer`]), and an opt-in presence
 //!   cache backed by the master's read lease.
 //! - [`key`]: store keys of KV blocks as vLLM writes them (`spec/wire.md`):
 //!   [`KeyLayout`] turns a chain of block hashes into the keys to ask about.

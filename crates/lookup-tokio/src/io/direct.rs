@@ -117,7 +117,7 @@ pub struct DirectConfig {
     /// 0 never reopens on timeouts. Default 3, as [`ZmqConfig`](crate::ZmqConfig).
     pub reopen_after_timeouts: u32,
     /// Batching across lookups and the lease-backed presence cache
-    /// ([`BatchConfig`]: batching and the presence cache on by default). Lookups the I/O task
+    /// ([`BatchConfig`]: batching on, cache off by default). Lookups the I/O task
     /// releases in one pass, and those released while a batch is asking the master,
     /// share `BatchExistKey` calls: the union of their keys, each key once, chunked,
     /// with an early stop per lookup; each still gets its own answer, timeout and

@@ -68,7 +68,7 @@ pub struct BatchConfig {
     /// Batches asking the master at once before new lookups wait for one to end.
     /// Default 1.
     pub max_batches_in_flight: usize,
-    /// The lease-backed presence cache (on by default).
+    /// The lease-backed presence cache (off by default).
     pub presence: PresenceCacheConfig,
     /// Whether the master's read lease is read (one `GetReplicaList` per leader, for
     /// the first key a batch finds present; it leases that key again, which its

@@ -22,10 +22,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PresenceCacheConfig {
-    /// Whether the cache is used. Default `true` (`cargo xtask chaos` finds no answer
-    /// past the lease bound with it on, across restarts, wipes, removals, a leader kill
-    /// and etcd down). `false`: every lookup asks the master about every key of its
-    /// run, as vLLM's worker does.
+    /// Whether the cache is used. Default `false`: every lookup asks the master about
+    /// every key of its run, as vLLM's worker does.
     pub enabled: bool,
     /// The longest an entry is trusted, in addition to the lease. Default 10 s (the
     /// master's default lease; set it lower to bound how stale an answer may be when
@@ -39,7 +37,7 @@ pub struct PresenceCacheConfig {
 impl Default for PresenceCacheConfig {
     fn default() -> Self {
         Self {
-            enabled: true,
+            enabled: false,
             max_age: Duration::from_secs(10),
             max_keys: 1 << 20,
         }
