@@ -296,7 +296,7 @@ async fn probe_names_a_stale_ipc_socket_file() {
         stderr(&out),
         format!(
             "error: {url} is unreachable: nothing listens on {} (a stale socket file: the \
-             server that made it is gone)\n",
+             server is dead)\n",
             path.display()
         )
     );
@@ -316,8 +316,9 @@ async fn probe_names_a_refused_tcp_port() {
     assert_eq!(
         stderr(&out),
         format!(
-            "error: {url} is unreachable: connection refused at tcp port {addr} (is the \
-             lookup server running, and is the port the one it binds?)\n"
+            "error: {url} is unreachable: connection refused at tcp port {addr} (nothing \
+             listens: the server is dead) (is the lookup server running, and is the port \
+             the one it binds?)\n"
         )
     );
     eprintln!("[lookup probe, refused tcp port] exit 4 after {wall:?} of wall time");

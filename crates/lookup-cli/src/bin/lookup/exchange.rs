@@ -20,9 +20,6 @@ pub(crate) async fn ensure_reachable(endpoint: &Endpoint) -> Result<(), Failure>
                 lookup_tokio::EndpointUnreachable::NoSocketFile(_) => {
                     " (is the lookup server running, and is the path the one it binds?)"
                 }
-                lookup_tokio::EndpointUnreachable::NothingListens(_) => {
-                    " (a stale socket file: the server that made it is gone)"
-                }
                 lookup_tokio::EndpointUnreachable::Refused(_) => {
                     " (is the lookup server running, and is the port the one it binds?)"
                 }

@@ -136,9 +136,11 @@ async fn prefetch_once(
     config.core.lookup_async = true;
     config.core.lookup_prefetch_limit = args.lookup_prefetch_limit;
     // `--lookup-prefetch-ttl-s` is checked against the lease by the `ttl` line, its one
-    // report: this client only times one prefetch read by one probe, so a zero TTL
-    // (each result read once) serves, and it does not warn about the same cause again.
-    config.core.lookup_prefetch_ttl = Duration::ZERO;
+    // report. This client times one prefetch read by one probe that never waited for
+    // it, so the result must outlive the few steps between its reply and that probe
+    // (rule 6 ages a result no probe waited for): 500 ms, below any lease a master
+    // grants, so it does not warn about the same cause again.
+    config.core.lookup_prefetch_ttl = Duration::from_millis(500);
     config.core.lookup_timeout = timeout;
     let mut client = LookupClient::connect_lazy(config).map_err(|e| e.to_string())?;
     let req = Request {
