@@ -34,8 +34,12 @@ pub const B: u32 = 16;
 pub const CHAIN_BLOCKS: u32 = 64;
 /// Bytes per hash (sha256, as vLLM).
 pub const HASH_LEN: usize = 32;
-/// A handle call must not take longer than this (the budget).
-pub const CALL_BUDGET: Duration = Duration::from_millis(1);
+/// A handle call that takes longer than this blocked on the wire: every fault these
+/// tests inject delays a reply by 20 ms or more, so a call that waited for one takes
+/// at least that. 10 ms, not the 1 ms caller-time goal: that goal is measured by
+/// `cargo xtask bench`, and a test on a loaded 2-core machine sees scheduling stalls
+/// of a few ms that say nothing about blocking.
+pub const CALL_BUDGET: Duration = Duration::from_millis(10);
 /// Slack allowed on top of `lookup_timeout_s` for a lookup's time on the wire and
 /// for the scheduler loop to see its end (a loaded 2-core machine, debug build).
 pub const PENDING_SLACK: Duration = Duration::from_millis(100);
