@@ -37,6 +37,9 @@ cargo build --quiet -p lookup-cli --bin lookup-server
 echo "== pip install ./python (debug profile: the tests need no optimised build)" >&2
 MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" "${PIP[@]}" install --quiet --force-reinstall --no-deps "$ROOT/python"
 
-cd "$ROOT/python"
+# From the repository root, not python/: `python -m pytest` puts the working folder on
+# sys.path, and python/mooncake_lookup there (no built extension) would shadow the
+# installed package.
+cd "$ROOT"
 MOONCAKE_LOOKUP_VLLM_WHEEL="$WHEEL" LOOKUP_SERVER_BIN="$CARGO_TARGET_DIR/debug/lookup-server" \
-    exec "$VENV/bin/python" -m pytest -q tests "$@"
+    exec "$VENV/bin/python" -m pytest -q python/tests "$@"
