@@ -57,11 +57,11 @@ pub enum Row {
     BareReqOurServer,
     /// Our client (sync, N=1) against the bare REP server: the client's share.
     OursSyncBareRep,
-    /// Our client, sync `probe_wait`, N=1, caller and actor on one thread.
+    /// Our client, sync `probe_until(Answer)`, N=1, caller and actor on one thread.
     OursSync,
-    /// Our client, sync `probe_blocking`, N=1, caller and actor on two threads.
+    /// Our client, sync `probe_until_blocking(Answer)`, N=1, caller and actor on two threads.
     OursSyncTwoThreads,
-    /// Our client, async prefetch of a batch then `probe_wait`, N=1.
+    /// Our client, async prefetch of a batch then `probe_until(Answer)`, N=1.
     OursBatch1,
     /// As [`Row::OursBatch1`] with N=4.
     OursBatch4,
@@ -101,10 +101,14 @@ impl Row {
             Self::Bare => "bare tmq REQ -> bare tmq REP (reference)",
             Self::BareReqOurServer => "  split: bare tmq REQ -> our LookupServer",
             Self::OursSyncBareRep => "  split: ours N=1 sync -> bare tmq REP",
-            Self::OursSync | Self::SlowOursSync => "ours N=1 sync probe_wait, one thread",
-            Self::OursSyncTwoThreads => "ours N=1 sync probe_blocking, two threads",
-            Self::OursBatch1 | Self::SlowOursBatch1 => "ours N=1 async: prefetch batch, probe_wait",
-            Self::OursBatch4 | Self::SlowOursBatch4 => "ours N=4 async: prefetch batch, probe_wait",
+            Self::OursSync | Self::SlowOursSync => "ours N=1 sync, one thread",
+            Self::OursSyncTwoThreads => "ours N=1 sync blocking, two threads",
+            Self::OursBatch1 | Self::SlowOursBatch1 => {
+                "ours N=1 async: prefetch batch, probe_until"
+            }
+            Self::OursBatch4 | Self::SlowOursBatch4 => {
+                "ours N=4 async: prefetch batch, probe_until"
+            }
             Self::PythonBatch | Self::SlowPythonBatch => "Python design: submit batch, wait each",
         }
     }

@@ -139,7 +139,7 @@ pub struct Settings {
 
 impl Settings {
     /// The longest a sync-mode probe may wait: `lookup_timeout_s` plus the wait
-    /// margin ([`LookupClient::probe_wait`]).
+    /// margin ([`LookupClient::probe_until`]).
     #[must_use]
     pub fn probe_limit(&self) -> Duration {
         self.lookup_timeout + self.wait_margin
