@@ -543,8 +543,10 @@ impl MasterClient {
     /// # Errors
     /// Connection errors and RPC refusals as [`exist`](Self::exist);
     /// [`MasterError::Store`] with `-704` (`OBJECT_NOT_FOUND`) for a key without a
-    /// complete replica; [`MasterError::MalformedReply`] for a reply that is not
-    /// 0.3.13's layout, including a replica kind the decoder does not read.
+    /// complete replica; [`MasterError::MalformedReply`] for a reply in none of the
+    /// layouts read (0.3.10's, 0.3.13's and 0.3.14's:
+    /// [`ReplicaListLayout`](codec::ReplicaListLayout)), including a replica kind the
+    /// decoder does not read.
     pub async fn get_replica_list(&self, key: &str) -> Result<codec::ReplicaList, MasterError> {
         let function = FunctionId::GET_REPLICA_LIST;
         let tenant = self.inner.config.tenant_id.as_str();

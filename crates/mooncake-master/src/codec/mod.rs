@@ -10,14 +10,19 @@
 //!   [`encode_raw`];
 //!   [`decode_batch_exist_key_reply`], [`decode_exist_key_reply`],
 //!   [`decode_service_ready_reply`], [`decode_remove_all_reply`],
-//!   [`decode_get_replica_list_reply`] (the read lease), [`decode_error_reply`].
+//!   [`decode_get_replica_list_reply`] (the read lease, in the layout of 0.3.10 or of
+//!   0.3.13 and 0.3.14: [`decode_get_replica_list_reply_layout`]),
+//!   [`decode_error_reply`].
 //! - Server side (fake masters in tests): [`decode_batch_exist_key_args`],
 //!   [`decode_exist_key_args`], [`decode_remove_all_args`],
 //!   [`encode_batch_exist_key_reply`], [`encode_exist_key_reply`],
 //!   [`encode_service_ready_reply`], [`encode_remove_all_reply`],
-//!   [`encode_get_replica_list_reply`], [`encode_error_reply`].
+//!   [`encode_get_replica_list_reply`] ([`encode_get_replica_list_reply_in`] for
+//!   another [`ReplicaListLayout`]), [`encode_error_reply`].
 //!
 //! Decoders accept both the debug form (type literal included) and the release form,
+//! skip the `compatible` fields a later master appends (struct_pack's total-size
+//! metainfo, `spec/mooncake-master-rpc.md`, "Master releases"),
 //! compare type hashes on bits 1-31 only, and answer malformed or truncated input with
 //! a [`CodecError`]: they never panic and never allocate more than their input's size.
 //!
