@@ -175,16 +175,7 @@ impl StoreCheck {
         limits: StoreCheckLimits,
     ) -> Result<Self, Error> {
         direct.validate()?;
-        let bad = |key: &'static str, why: &str| Error::InvalidClientConfig {
-            key,
-            why: why.to_owned(),
-        };
-        if block_size == 0 {
-            return Err(bad("block_size", "must be at least 1"));
-        }
-        if limits.timeout.is_zero() {
-            return Err(bad("timeout", "must be positive"));
-        }
+        check_limits(block_size, limits)?;
         let master = MasterClient::connect_to(direct.master.clone(), direct.master_config.clone())
             .await
             .map_err(|e| Error::Unreachable {
@@ -198,11 +189,31 @@ impl StoreCheck {
             limits.answer_ttl,
         );
         coalescer.check_ttl(limits.answer_ttl, "the store check's answer_ttl");
+        Self::from_parts(master, coalescer, direct.layout, block_size, limits)
+    }
+
+    /// A store check over parts already made: `master` and a `coalescer` over it
+    /// (shared with other checks, e.g. one per model on one master, so that all of
+    /// them share one connection and its batches), keys laid out by `layout` in blocks
+    /// of `block_size` tokens. The coalescer's own margin stays in force:
+    /// `limits.answer_ttl` is not applied to it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidClientConfig`] for a `block_size` of 0 or a zero
+    /// `limits.timeout`.
+    pub fn from_parts(
+        master: MasterClient,
+        coalescer: Coalescer,
+        layout: KeyLayout,
+        block_size: u32,
+        limits: StoreCheckLimits,
+    ) -> Result<Self, Error> {
+        check_limits(block_size, limits)?;
         Ok(Self {
             inner: std::sync::Arc::new(Inner {
                 master,
                 coalescer,
-                layout: direct.layout,
+                layout,
                 block_size,
                 limits,
             }),
@@ -285,6 +296,23 @@ impl StoreCheck {
     pub fn limits(&self) -> StoreCheckLimits {
         self.inner.limits
     }
+}
+
+/// A block size of at least 1 and a positive timeout.
+fn check_limits(block_size: u32, limits: StoreCheckLimits) -> Result<(), Error> {
+    let bad = |key: &'static str, why: &str| {
+        Err(Error::InvalidClientConfig {
+            key,
+            why: why.to_owned(),
+        })
+    };
+    if block_size == 0 {
+        return bad("block_size", "must be at least 1");
+    }
+    if limits.timeout.is_zero() {
+        return bad("timeout", "must be positive");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

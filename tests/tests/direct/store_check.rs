@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use lookup_core::BlockHashes;
 use lookup_tests::direct::{Behaviour, FakeMaster, LIMIT, eventually};
+use lookup_tokio::mooncake_master::batch::DEFAULT_LEASE_TTL;
+use lookup_tokio::mooncake_master::{Coalescer, MasterClient, MasterConfig};
 use lookup_tokio::{
     BatchConfig, DirectConfig, KeyLayout, RankNamespace, StoreCheck, StoreCheckLimits,
     StoredBlocks, Unavailable,
@@ -119,4 +121,53 @@ async fn failures_are_unavailable_never_zero_blocks() {
     let started = std::time::Instant::now();
     assert_eq!(store.check(&chain(1)).await, Err(Unavailable::TimedOut));
     assert!(started.elapsed() < LIMIT);
+}
+
+/// Two models on one master: two checks over one master client and one coalescer
+/// share the connection and its batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_two_layouts_share_one_batcher() {
+    let fake = FakeMaster::start(Behaviour::Gated).await;
+    let other = KeyLayout::new("other");
+    fake.store(&layout().chain_keys(&chain(1), 3));
+    fake.store(&other.chain_keys(&chain(1), 1));
+    let master = MasterClient::connect(&fake.addr, MasterConfig::default())
+        .await
+        .expect("connect");
+    let mut batch = BatchConfig::default();
+    batch.max_wait = Duration::from_secs(60);
+    let coalescer = Coalescer::new(master.clone(), batch, DEFAULT_LEASE_TTL, Duration::ZERO);
+    let limits = StoreCheckLimits::default();
+    let make = |layout: KeyLayout| {
+        StoreCheck::from_parts(master.clone(), coalescer.clone(), layout, B, limits).unwrap()
+    };
+    let (mine, theirs) = (make(layout()), make(other));
+    // A check of a prompt with nothing stored holds the gate; the two models' checks
+    // queue behind it and go out together.
+    let held = {
+        let mine = mine.clone();
+        tokio::spawn(async move { mine.check(&chain(7)).await })
+    };
+    eventually("the first call reaches the master", || {
+        fake.calls().len() == 1
+    })
+    .await;
+    let a = {
+        let mine = mine.clone();
+        tokio::spawn(async move { mine.check(&chain(1)).await })
+    };
+    let b = tokio::spawn(async move { theirs.check(&chain(1)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fake.open_gate();
+    assert_eq!(held.await.unwrap(), Ok(stored(0)));
+    assert_eq!(a.await.unwrap(), Ok(stored(3)));
+    assert_eq!(b.await.unwrap(), Ok(stored(1)));
+    // 8 keys, then both checks' 8 + 4 keys in one call.
+    assert_eq!(fake.calls(), [8, 12]);
+    assert_eq!(
+        StoreCheck::from_parts(master, coalescer, layout(), 0, limits)
+            .unwrap_err()
+            .to_string(),
+        "invalid client configuration `block_size`: must be at least 1"
+    );
 }
