@@ -28,8 +28,10 @@ LOG="${MOONCAKE_MASTER_LOG:-$(mktemp -t mooncake-master.XXXXXX.log)}"
 
 # Masters before 0.3.11 (e.g. .venv/releases/0.3.10) have no -metrics_host: their admin
 # port binds every interface.
+# (The whole help is read first: `grep -q` closing the pipe early fails it under pipefail.)
 METRICS_HOST=()
-if "$BIN" --helpfull 2>&1 | grep -q -- '-metrics_host'; then
+HELP="$("$BIN" --helpfull 2>&1 || true)"
+if grep -q -- '-metrics_host' <<<"$HELP"; then
     METRICS_HOST=(--metrics_host=127.0.0.1)
 fi
 "$BIN" --rpc_address=127.0.0.1 --rpc_port="$RPC_PORT" \
