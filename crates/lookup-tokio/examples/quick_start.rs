@@ -25,7 +25,7 @@ async fn quick_start(endpoint: &str) -> Result<Probe, Box<dyn std::error::Error>
         skip_reading_external_kv: false,
     };
     client.on_new_request(&req);
-    let probe = client.probe_step(&req, 0).await; // sync mode: waits for the answer
+    let probe = client.probe_until(&req, 0, client.step_deadline()).await; // sync mode: waits for the answer
     println!("{probe:?}: {:?}", client.answer_of(req.request_id)); // hit, miss or unavailable
     client.on_allocated(req.request_id);
     client.on_finished(req.request_id);

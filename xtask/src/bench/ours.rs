@@ -9,6 +9,7 @@
 //!   ([`LookupClient::connect_with_handle`]); the caller blocks in `probe_blocking`
 //!   or sleeps between steps, and every reply crosses threads.
 
+use lookup_tokio::Deadline;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
@@ -134,7 +135,7 @@ pub(crate) fn sync_loop(
                         start = Instant::now();
                     }
                     let req = payload.request(i as u64);
-                    answers.check(client.probe_wait(&req, 0).await);
+                    answers.check(client.probe_until(&req, 0, Deadline::Answer).await);
                     client.on_allocated(req.request_id);
                 }
                 let elapsed = start.elapsed();
@@ -153,7 +154,7 @@ pub(crate) fn sync_loop(
                     start = Instant::now();
                 }
                 let req = payload.request(i as u64);
-                answers.check(client.probe_blocking(&req, 0)?);
+                answers.check(client.probe_until_blocking(&req, 0, Deadline::Answer)?);
                 client.on_allocated(req.request_id);
             }
             let elapsed = start.elapsed();
@@ -217,7 +218,7 @@ async fn batches(
             client.on_new_request(req);
         }
         for req in &reqs {
-            answers.check(client.probe_wait(req, 0).await);
+            answers.check(client.probe_until(req, 0, Deadline::Answer).await);
             client.on_allocated(req.request_id);
         }
     }

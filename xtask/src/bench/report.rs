@@ -295,7 +295,7 @@ impl Report {
                         "caller cost, {what} {}: Python / ours",
                         if p99 { "p99" } else { "p50" }
                     ),
-                    source: "issue 6, item 3",
+                    source: "goal: the caller's cost",
                     value: caller_ratio(ours_kind, python_kind, p99),
                     target: 20.0,
                 });
@@ -304,19 +304,19 @@ impl Report {
         goals.extend([
             Goal {
                 name: "N=1 sync / bare REQ-REP, in-memory index".into(),
-                source: "issue 3, acceptance",
+                source: "goal: throughput",
                 value: two(Row::OursSync, Row::Bare),
                 target: 0.85,
             },
             Goal {
                 name: "N=4 / N=1 (async), slow index".into(),
-                source: "issue 3, acceptance",
+                source: "goal: throughput",
                 value: two(Row::SlowOursBatch4, Row::SlowOursBatch1),
                 target: 3.0,
             },
             Goal {
                 name: "N=4 / Python design, slow index".into(),
-                source: "issue 6, item 3",
+                source: "goal: the caller's cost",
                 value: two(Row::SlowOursBatch4, Row::SlowPythonBatch),
                 target: 3.0,
             },
@@ -437,11 +437,11 @@ pub struct Finished {
     pub rows: Vec<RowResult>,
     /// Measured mean time of one slow-index call (ms).
     pub slow_index_mean_ms: Option<f64>,
-    /// The goals of the issues and the measured ratios.
+    /// The goals (`bench/README.md`) and the measured ratios.
     pub goals: Vec<Goal>,
     /// Every growth run.
     pub growth: Vec<GrowthCost>,
-    /// The caller-cost limits of issue 16.
+    /// The caller-cost limits as tracked requests grow.
     pub limits: Vec<Limit>,
 }
 

@@ -7,6 +7,7 @@
 //! lookup is a new request of one prompt, probed with no local hit, so its answer
 //! claims the prompt's first `external_tokens / block size` blocks.
 
+use lookup_tokio::Deadline;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -195,7 +196,7 @@ pub async fn run_client(
             skip_reading_external_kv: false,
         };
         let started = epoch.elapsed();
-        let probe = lookup.probe_wait(&req, 0).await;
+        let probe = lookup.probe_until(&req, 0, Deadline::Answer).await;
         let at = epoch.elapsed();
         let blocks = match probe {
             Probe::Ready {

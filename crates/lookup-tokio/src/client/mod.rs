@@ -28,6 +28,7 @@ pub use builder::ClientBuilder;
 pub use config::{ClientConfig, ClientStats};
 pub use extra_config::{KvConnectorExtraConfig, VLLM_STORE_KEYS};
 pub use handle::LookupHandle;
+pub use wait::Deadline;
 
 use crate::clock;
 use crate::io::{Link, ToIo, TransportStats};
@@ -48,23 +49,23 @@ const READY_ZERO: Probe = Probe::Ready {
 /// [`Transport::Direct`](crate::Transport::Direct) the Mooncake master connection (the server's rules are then
 /// computed in this process; [`Transport`](crate::Transport) documents the lease side effect and why a
 /// reset ends as failed). Every method is
-/// non-blocking except the explicit waits ([`probe_wait`](Self::probe_wait),
-/// [`probe_blocking`](Self::probe_blocking), [`reset_and_wait`](Self::reset_and_wait)):
-/// it applies what the I/O task reported (the core's [`WireEvent`]s), applies the
-/// call, and hands new RPCs to the I/O task. The clock is read once per call (and
-/// once per wake-up while waiting). Deadlines are the I/O task's: a timed-out RPC
-/// reaches the client as a wire event like a reply.
+/// non-blocking except the explicit waits ([`probe_until`](Self::probe_until),
+/// [`probe_until_blocking`](Self::probe_until_blocking),
+/// [`reset_and_wait`](Self::reset_and_wait)): it applies what the I/O task reported
+/// (the core's [`WireEvent`]s), applies the call, and hands new RPCs to the I/O task.
+/// The clock is read once per call (and once per wake-up while waiting). Deadlines
+/// are the I/O task's: a timed-out RPC reaches the client as a wire event like a
+/// reply.
 ///
-/// Modes (`spec/behaviour.md`, configuration): `lookup_async` is the one switch.
-/// Call [`probe_step`](Self::probe_step) (async schedulers) or
-/// [`probe_step_blocking`](Self::probe_step_blocking) (thread schedulers) each step:
-/// with `lookup_async = false` (vLLM's default) they wait for the answer and never
-/// answer `Pending` (rule 10); with `lookup_async = true` they answer at once, or
-/// after at most [`ClientConfig::probe_budget`] (prefetch plus a bounded wait), and
-/// `Pending` means "try again next step"; arrivals prefetch when
-/// `lookup_prefetch_limit > 0`. The mode-specific calls ([`probe`](Self::probe),
-/// [`probe_wait`](Self::probe_wait), [`probe_within`](Self::probe_within) and their
-/// blocking twins) stay for schedulers that choose per call.
+/// Probes (`spec/behaviour.md`, rules 4-12): three forms, each with its latency at
+/// the call site. [`probe`](Self::probe) never waits (`Pending` means "try again
+/// next step"); [`probe_until`](Self::probe_until) waits up to a [`Deadline`]
+/// (`Answer` is sync mode, rule 10: never `Pending`; `Within(budget)` or
+/// `At(instant)` is prefetch plus a bounded wait); and
+/// [`probe_until_blocking`](Self::probe_until_blocking) is its twin for thread
+/// schedulers. [`step_deadline`](Self::step_deadline) gives the deadline the
+/// configuration's `lookup_async` stands for. Arrivals prefetch when `lookup_async`
+/// and `lookup_prefetch_limit > 0`.
 ///
 /// Dropping the client closes it.
 ///
@@ -82,7 +83,7 @@ const READY_ZERO: Probe = Probe::Ready {
 /// use std::sync::Arc;
 /// use lookup_core::{BlockHashes, Probe, Request, RequestId};
 /// use lookup_server::{InMemoryIndex, LookupServer, ServerConfig};
-/// use lookup_tokio::{ClientConfig, KeyLayout, LookupClient};
+/// use lookup_tokio::{ClientConfig, Deadline, KeyLayout, LookupClient};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -95,13 +96,8 @@ const READY_ZERO: Probe = Probe::Ready {
 ///
 /// // Sync mode (vLLM's default): the probe waits for the answer.
 /// let mut client = LookupClient::connect_lazy(ClientConfig::zmq(server.local_endpoint().clone(), 16))?;
-/// let req = Request {
-///     request_id: RequestId(7),
-///     num_tokens: 50,
-///     block_hashes,
-///     skip_reading_external_kv: false,
-/// };
-/// let probe = client.probe_wait(&req, 0).await;
+/// let req = Request::new(RequestId(7), 50, block_hashes);
+/// let probe = client.probe_until(&req, 0, Deadline::Answer).await;
 /// assert_eq!(probe, Probe::Ready { external_tokens: 32, load_async: true });
 /// client.on_allocated(req.request_id);
 /// client.shutdown().await;
