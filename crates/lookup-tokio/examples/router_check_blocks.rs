@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // --tensor-parallel-size 2` (8 KV heads: one namespace per TP rank), model name
     // "Qwen3-8B" (the last path part of `--model`).
     let engines = Deployment::new("Qwen/Qwen3-8B", BLOCK)
-        .with_parallelism(Parallelism::new(2, 1, 1, 1))
+        .with_parallelism(Parallelism::tp(2))
         .with_num_kv_heads(8);
     let layout = lookup_tokio::vllm::key_layout(&StoreKeys::new(&engines)?)?;
 
