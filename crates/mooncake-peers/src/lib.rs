@@ -9,6 +9,8 @@
 //!   blocks, and answers with its own `batch_is_exist` as the reference. It stays
 //!   alive for the test because the master drops a client's keys when it closes.
 //! - [`ha`]: a real etcd and masters in high-availability mode.
+//! - [`release`]: the masters of the other Mooncake releases users run (0.3.10,
+//!   0.3.14), for [`Master::start_release`] and [`Writer::start_for`].
 //!
 //! Both come from `scripts/mooncake/install.sh` (the pinned wheel in `.venv`). A missing
 //! binary fails with a message naming that script: never skipped, never a hang. The
@@ -17,6 +19,9 @@
 //! that message as an error instead.
 
 pub mod ha;
+pub mod release;
+
+pub use release::Release;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -139,6 +144,24 @@ impl Master {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Starts the master of another `release` on free ports with `extra` flags and
+    /// waits until it accepts connections.
+    ///
+    /// # Panics
+    /// When it cannot run or does not listen in time, with its log's tail.
+    pub fn start_release(release: &Release, extra: &[String]) -> Self {
+        let mut master = Self::spawn_with(
+            &release.master_bin,
+            free_port(),
+            extra,
+            &std::env::temp_dir(),
+            release.metrics_host,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        master.wait_ready(MASTER_START_SECS);
+        master
+    }
+
     /// Runs `bin` on loopback at `rpc_port` (metrics on a free port) with `extra`
     /// flags, its log in `log_dir`, without waiting.
     ///
@@ -149,6 +172,18 @@ impl Master {
         rpc_port: u16,
         extra: &[String],
         log_dir: &Path,
+    ) -> Result<Self, String> {
+        Self::spawn_with(bin, rpc_port, extra, log_dir, true)
+    }
+
+    /// As [`try_spawn`](Self::try_spawn); `metrics_host` passes `-metrics_host`
+    /// (which masters before 0.3.11 refuse: theirs binds every interface).
+    fn spawn_with(
+        bin: &Path,
+        rpc_port: u16,
+        extra: &[String],
+        log_dir: &Path,
+        metrics_host: bool,
     ) -> Result<Self, String> {
         let metrics_port = free_port();
         let log = log_dir.join(format!(
@@ -163,7 +198,7 @@ impl Master {
         let child = Command::new(bin)
             .arg("--rpc_address=127.0.0.1")
             .arg(format!("--rpc_port={rpc_port}"))
-            .arg("--metrics_host=127.0.0.1")
+            .args(metrics_host.then_some("--metrics_host=127.0.0.1"))
             .arg(format!("--metrics_port={metrics_port}"))
             .args(extra)
             .stdin(Stdio::null())
@@ -291,9 +326,22 @@ impl Writer {
         Self::start_at(&master.addr(), &[])
     }
 
+    /// Starts a writer connected to `master`, a master of `release`: the release's
+    /// own Python client when the pinned one cannot write into it
+    /// ([`Release::python_path`]).
+    pub fn start_for(master: &Master, release: &Release) -> Self {
+        match &release.python_path {
+            Some(path) => {
+                let path = path.to_string_lossy();
+                Self::start_at(&master.addr(), &[("PYTHONPATH", &path)])
+            }
+            None => Self::start(master),
+        }
+    }
+
     /// Starts a writer with the master address `addr` (`host:port` or
-    /// `etcd://h:p`) and extra environment variables (`MC_STORE_CLUSTER_ID`), and
-    /// waits for its `ready`.
+    /// `etcd://h:p`) and extra environment variables (`MC_STORE_CLUSTER_ID`,
+    /// `PYTHONPATH`), and waits for its `ready`.
     pub fn start_at(addr: &str, env: &[(&str, &str)]) -> Self {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let script = workspace_root().join("scripts/mooncake/writer.py");
