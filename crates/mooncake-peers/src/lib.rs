@@ -4,7 +4,7 @@
 //!
 //! - [`Master`]: `mooncake_master` on free loopback ports, killed on drop (also when
 //!   the test panics).
-//! - [`Writer`]: `scripts/mooncake/writer.py`, the PyPI client
+//! - [`Writer`]: `python/writer.py` of this crate ([`writer_script`]), the PyPI client
 //!   (`mooncake.store.MooncakeDistributedStore`) driven over stdin/stdout: it writes
 //!   blocks, and answers with its own `batch_is_exist` as the reference. It stays
 //!   alive for the test because the master drops a client's keys when it closes.
@@ -38,6 +38,29 @@ const WRITER_ANSWER_SECS: u64 = 60;
 /// Most keys per writer command line.
 const KEYS_PER_LINE: usize = 500;
 
+/// The Python store client's source (`python/writer.py` of this crate): it puts and
+/// removes keys through the PyPI `MooncakeDistributedStore`, one command per line on
+/// its stdin (see its docstring).
+pub const WRITER_SCRIPT: &str = include_str!("../python/writer.py");
+
+/// [`WRITER_SCRIPT`] written once per process to a file in the temp dir, for
+/// `python writer.py MASTER_ADDR` ([`Writer`] runs it so; a downstream test may too).
+///
+/// # Panics
+/// When the temp dir cannot be written.
+pub fn writer_script() -> PathBuf {
+    static WRITTEN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    WRITTEN
+        .get_or_init(|| {
+            let path = std::env::temp_dir()
+                .join(format!("mooncake-peers-writer-{}.py", std::process::id()));
+            std::fs::write(&path, WRITER_SCRIPT)
+                .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            path
+        })
+        .clone()
+}
+
 /// The workspace root (this crate sits in `crates/mooncake-peers`).
 #[must_use]
 pub fn workspace_root() -> PathBuf {
@@ -48,13 +71,35 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` \
-    (Debian libibverbs1 + PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into .venv)";
+const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` in this \
+    repository (Debian libibverbs1 + PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into \
+    .venv), or elsewhere `apt-get install libibverbs1` and `pip install \
+    mooncake-transfer-engine-non-cuda==0.3.13.post1` (which puts mooncake_master and python \
+    on PATH)";
 
-/// `$var` if set, else `default` under the workspace root; an error naming `what` and
-/// the install script when that file does not exist.
+/// `$var` if set, else `default` under the workspace root (this repository's
+/// `.venv`), else the file's name on `PATH` (a downstream project that installed the
+/// wheel itself); an error naming `what` and the install steps when none exists.
 fn find(var: &str, default: &str, what: &str) -> Result<PathBuf, String> {
-    let path = std::env::var_os(var).map_or_else(|| workspace_root().join(default), PathBuf::from);
+    let path = std::env::var_os(var).map_or_else(
+        || {
+            let local = workspace_root().join(default);
+            if local.is_file() {
+                return local;
+            }
+            let name = Path::new(default)
+                .file_name()
+                .unwrap_or_default()
+                .to_owned();
+            std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths)
+                .map(|dir| dir.join(&name))
+                .find(|p| p.is_file())
+                .unwrap_or(local)
+        },
+        PathBuf::from,
+    );
     if path.is_file() {
         Ok(path)
     } else {
@@ -312,7 +357,7 @@ impl Drop for Master {
     }
 }
 
-/// The Python store client (`scripts/mooncake/writer.py`), killed on drop.
+/// The Python store client ([`writer_script`]), killed on drop.
 pub struct Writer {
     child: Child,
     stdin: ChildStdin,
@@ -344,7 +389,7 @@ impl Writer {
     /// `PYTHONPATH`), and waits for its `ready`.
     pub fn start_at(addr: &str, env: &[(&str, &str)]) -> Self {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
-        let script = workspace_root().join("scripts/mooncake/writer.py");
+        let script = writer_script();
         // The native client logs a lot: kept in a file, shown when something fails.
         let log = std::env::temp_dir().join(format!(
             "mooncake-writer-{}-{}.log",
