@@ -29,19 +29,44 @@ from typing import NamedTuple
 
 from ._native import NativeClient
 
-__all__ = ["Answer", "LookupKeyClient", "LookupResult", "endpoint_of"]
+__all__ = [
+    "Answer", "LookupKeyClient", "LookupResult", "TailKeyBoundary", "endpoint_of",
+    "tail_key_boundaries",
+]
 
 # The keys this package reads beyond the Rust client's (which ignores them).
 TRANSPORT_KEYS = ("lookup_endpoint", "lookup_mooncake_master", "lookup_model")
 
 
+@dataclass(frozen=True)
+class TailKeyBoundary:
+    """vLLM's ``TailKeyBoundary``: the token boundary ``num_tokens`` whose prefix hash
+    keys KV-cache group ``group_id``'s tail block in the store."""
+
+    group_id: int
+    num_tokens: int
+
+
 @dataclass
 class LookupResult:
     """vLLM's ``MooncakeLookupResult``: ``hit_length`` tokens stored, and the tail-key
-    boundaries (always empty here: the Rust client reads a reply's hit length only)."""
+    boundaries (``tail_key_boundaries``)."""
 
     hit_length: int
     tail_key_boundaries: tuple = ()
+
+
+def tail_key_boundaries(hit_length, group_ids=(0,), boundary_type=TailKeyBoundary):
+    """The tail-key boundaries vLLM 0.33's worker answers with a hit of ``hit_length``
+    tokens (``MooncakeStoreWorker._tail_key_boundaries``): none for 0, else one per
+    prefix-cacheable KV-cache group in ``group_ids``, each at ``hit_length`` (a hit of
+    whole blocks, without partial hash hits, ends on every group's stored key).
+
+    The Rust client reads a reply's hit length only, so the drop-in answers these for
+    every transport: on vLLM's own worker they are the bytes its server sends."""
+    if hit_length <= 0:
+        return ()
+    return tuple(boundary_type(g, hit_length) for g in group_ids)
 
 
 class Answer(NamedTuple):
@@ -55,16 +80,20 @@ class Answer(NamedTuple):
     reason: str | None
 
 
-def _result_type():
-    """vLLM's own result class when vLLM is importable, else ``LookupResult``."""
+def _result_types():
+    """vLLM's own result and boundary classes when vLLM is importable, else
+    ``LookupResult`` and ``TailKeyBoundary``."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
             MooncakeLookupResult,
         )
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+            TailKeyBoundary as VllmTailKeyBoundary,
+        )
 
-        return MooncakeLookupResult
-    except Exception:  # noqa: BLE001 - no vLLM (or no torch): same fields, our class
-        return LookupResult
+        return MooncakeLookupResult, VllmTailKeyBoundary
+    except Exception:  # noqa: BLE001 - no vLLM (or no torch): same fields, our classes
+        return LookupResult, TailKeyBoundary
 
 
 def endpoint_of(vllm_config) -> str:
@@ -81,7 +110,11 @@ def endpoint_of(vllm_config) -> str:
 
 class LookupKeyClient:
     """Drop-in for vLLM 0.33's ``LookupKeyClient`` (module docstring). Raises
-    ``ValueError`` for a bad ``kv_connector_extra_config`` key or address."""
+    ``ValueError`` for a bad ``kv_connector_extra_config`` key or address.
+
+    ``tail_key_groups``: the store's KV-cache group ids a result's
+    ``tail_key_boundaries`` name (``(0,)``: one full-attention group; the connector
+    of ``mooncake_lookup.vllm`` sets it from the engine's KV-cache config)."""
 
     def __init__(self, vllm_config):
         extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
@@ -97,7 +130,8 @@ class LookupKeyClient:
             model = str(getattr(model_config, "model", "model")).rstrip("/").split("/")[-1]
         rust_keys = {k: v for k, v in extra.items() if k not in TRANSPORT_KEYS}
         self.endpoint = target
-        self._result = _result_type()
+        self._result, self._boundary = _result_types()
+        self.tail_key_groups = (0,)
         self._native = NativeClient(transport, target, block_size, json.dumps(rust_keys), model)
 
     def lookup(self, req_id, num_tokens, block_hashes, non_block=False):
@@ -106,7 +140,7 @@ class LookupKeyClient:
         hit = self._native.lookup(str(req_id), int(num_tokens), block_hashes, non_block)
         if hit is None:
             return None
-        return self._result(hit)
+        return self._result(hit, tail_key_boundaries(hit, self.tail_key_groups, self._boundary))
 
     def prefetch(self, req_id, num_tokens, block_hashes):
         """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent
