@@ -3,6 +3,7 @@
 //! and its read-only views in `queries`.
 
 mod entry;
+mod preemption;
 mod queries;
 mod rpcs;
 
@@ -144,6 +145,7 @@ impl<O: Observe> Lookups<O> {
             last_answer: None,
             last_seen: now,
             failed: false,
+            preempted: false,
         });
         // A failed request is looked up again by a probe, under the backoff (rule 11).
         if entry.lookup.is_some() || entry.failed {
@@ -227,16 +229,18 @@ impl<O: Observe> Lookups<O> {
             return (ready(0, false), Answer::Unavailable(Unavailable::Disabled));
         }
         let eligible = self.is_eligible(req);
+        let keep = self.config.lookup_on_preemption.keeps();
         if req.skip_reading_external_kv || req.block_hashes.is_empty() || cap <= num_computed_tokens
         {
             // Nothing to load whatever the store holds: no RPC. A lookup of another
             // prompt is dropped all the same (rule 7).
             if let Some(entry) = self.requests.get_mut(&req.request_id) {
                 Self::note_first_probe(&mut self.stats, entry, true);
+                let kept = keep && entry.preempted;
                 if entry
                     .lookup
                     .as_ref()
-                    .is_some_and(|l| !l.asks(req.num_tokens, &req.block_hashes))
+                    .is_some_and(|l| !preemption::answers(l, kept, req))
                 {
                     self.stats.chain_refreshes += 1;
                     self.discard_lookup(req.request_id);
@@ -254,6 +258,7 @@ impl<O: Observe> Lookups<O> {
                         last_answer: Some(Answer::NotNeeded),
                         last_seen: now,
                         failed: false,
+                        preempted: false,
                     },
                 );
             }
@@ -266,12 +271,14 @@ impl<O: Observe> Lookups<O> {
             last_answer: None,
             last_seen: now,
             failed: false,
+            preempted: false,
         });
         let failed = entry.failed;
+        let kept = keep && entry.preempted;
         let mut refresh = None;
         let mut retry = false;
         match &mut entry.lookup {
-            Some(state) if !state.asks(req.num_tokens, &req.block_hashes) => {
+            Some(state) if !preemption::answers(state, kept, req) => {
                 refresh = Some(false);
             }
             Some(LookupState::Done {
@@ -390,6 +397,9 @@ impl<O: Observe> Lookups<O> {
     pub fn on_allocated(&mut self, request_id: RequestId) {
         self.discard_lookup(request_id);
         self.forget_failure(request_id);
+        if let Some(entry) = self.requests.get_mut(&request_id) {
+            entry.preempted = false;
+        }
     }
 
     /// A discard point (rule 8) ends a failed request's retry: its next lookup is a
@@ -424,13 +434,6 @@ impl<O: Observe> Lookups<O> {
         }
         self.stats.requests_ended_idle += idle.len() as u64;
         idle.len()
-    }
-
-    /// Rule 8: the request was preempted: its lookup is dropped (it is looked up again
-    /// when rescheduled). Unknown requests: no-op.
-    pub fn on_preempted(&mut self, request_id: RequestId) {
-        self.discard_lookup(request_id);
-        self.forget_failure(request_id);
     }
 
     /// Rule 13: drops every request's lookup (queued ones cancelled, in-flight replies

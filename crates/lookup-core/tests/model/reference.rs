@@ -18,8 +18,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lookup_core::{
-    Answer, Event, LookupOutcome, Probe, Reply, RequestId, ResetOutcome, RpcBody, RpcFailure,
-    RpcId, Unavailable,
+    Answer, Event, LookupOutcome, OnPreemption, Probe, Reply, RequestId, ResetOutcome, RpcBody,
+    RpcFailure, RpcId, Unavailable,
 };
 
 use crate::counters::Counters;
@@ -75,6 +75,9 @@ pub(crate) struct Record {
     /// Rule 11: its last lookup failed and it was not allocated, preempted or reset
     /// since, so its next lookup, whatever its prompt, waits out the failure backoff.
     pub(crate) failed: bool,
+    /// Rule 8: preempted, and not allocated since, under a `lookup_on_preemption`
+    /// other than `discard`.
+    pub(crate) preempted: bool,
 }
 
 /// A request the scheduler has and has not finished.
@@ -395,8 +398,52 @@ impl RefState {
         }
     }
 
-    /// `on_allocated` and `on_preempted` (rule 8): the lookup goes, and with it a
-    /// failed request's retry (its next lookup is a first one).
+    /// `on_allocated` (rule 8): a discard point, and the request is no longer one
+    /// preempted.
+    pub(crate) fn allocated(&mut self, slot: Slot) {
+        self.discard_point(slot);
+        if let Some(record) = self.record_mut(slot) {
+            record.preempted = false;
+        }
+    }
+
+    /// `on_preempted` (rule 8, `lookup_on_preemption`): `discard` and `wait` drop the
+    /// lookup as at a discard point; `keep` and `keep_wait` keep it (and its
+    /// failure's backoff); every value but `discard` marks the request preempted.
+    pub(crate) fn preempted(&mut self, slot: Slot) {
+        let policy = self.settings.on_preemption;
+        let keeps = matches!(policy, OnPreemption::Keep | OnPreemption::KeepWait);
+        if !keeps {
+            self.discard_point(slot);
+        }
+        if policy == OnPreemption::Discard {
+            return;
+        }
+        if let Some(record) = self.record_mut(slot) {
+            record.preempted = true;
+            let kept = keeps && record.lookup.is_some();
+            if kept {
+                self.counters.lookups_kept_on_preemption += 1;
+            }
+        }
+    }
+
+    /// `Lookups::wait_budget` (rule 8): the preempted wait for a request preempted
+    /// and not allocated since, in async mode with lookup on and the core open.
+    pub(crate) fn wait_budget_ns(&self, slot: Slot) -> u128 {
+        let s = &self.settings;
+        let waits = matches!(s.on_preemption, OnPreemption::Wait | OnPreemption::KeepWait);
+        if !waits || !s.lookup_async || !s.enable_lookup || self.closed {
+            return 0;
+        }
+        match self.record(slot) {
+            Some(r) if r.preempted => seconds_ns(s.preempted_wait_s),
+            _ => 0,
+        }
+    }
+
+    /// `on_allocated` and `on_preempted` with `discard` (rule 8): the lookup goes, and
+    /// with it a failed request's retry (its next lookup is a first one).
     pub(crate) fn discard_point(&mut self, slot: Slot) {
         self.discard(slot);
         self.forget_failure(slot);
