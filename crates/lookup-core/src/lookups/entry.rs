@@ -122,10 +122,25 @@ pub(super) struct RequestEntry {
     /// since: its next lookup is a retry, under the failure backoff, whatever its
     /// prompt is by then.
     pub(super) failed: bool,
-    /// Preempted, and not allocated since, under a `lookup_on_preemption` other than
-    /// `discard` (rule 8): its probes may read a kept lookup of a shorter prompt and
-    /// are waited for ([`Lookups::wait_budget`](crate::Lookups::wait_budget)).
-    pub(super) preempted: bool,
+    /// Where it is in rule 8's preemption policy (`lookup_on_preemption`).
+    pub(super) preemption: Preemption,
+}
+
+/// Rule 8's preemption policy, per request (STYLE.md rule 6: one enum, no parallel
+/// booleans).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Preemption {
+    /// Not preempted since its last allocation (or never allocated).
+    #[default]
+    None,
+    /// Allocated under `keep` or `keep_wait` with a usable result, which is kept for
+    /// a preemption; its next probe without one (a reschedule after a failed load)
+    /// drops it and looks up again, as `discard` would have at allocation.
+    Retained,
+    /// Preempted and not allocated since, under a value other than `discard`: a probe
+    /// may read a kept lookup of a shorter prompt (`keep`) and is waited for
+    /// (`wait`, [`Lookups::wait_budget`](crate::Lookups::wait_budget)).
+    Preempted,
 }
 
 #[derive(Debug)]

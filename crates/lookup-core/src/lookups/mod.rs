@@ -18,7 +18,7 @@ use crate::{
     Answer, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe, Reply, Request,
     RequestId, ResetOutcome, RpcBody, RpcId, Stats, Ticket, WireEvent,
 };
-use entry::{FirstProbe, LookupState, RequestEntry, Rpc, RpcKind, ShareKey};
+use entry::{FirstProbe, LookupState, Preemption, RequestEntry, Rpc, RpcKind, ShareKey};
 
 /// A table of the core, keyed by an id or a [`ShareKey`]: foldhash, because SipHash
 /// was a third of a pending probe's cost (DESIGN.md, "caller cost"); griddle, so
@@ -137,6 +137,7 @@ impl<O: Observe> Lookups<O> {
         if self.closed || !self.config.prefetch_enabled() {
             return;
         }
+        self.consume_retained(req.request_id);
         let eligible = self.is_eligible(req);
         let entry = self.requests.entry(req.request_id).or_insert(RequestEntry {
             eligible,
@@ -145,7 +146,7 @@ impl<O: Observe> Lookups<O> {
             last_answer: None,
             last_seen: now,
             failed: false,
-            preempted: false,
+            preemption: Preemption::None,
         });
         // A failed request is looked up again by a probe, under the backoff (rule 11).
         if entry.lookup.is_some() || entry.failed {
@@ -183,6 +184,7 @@ impl<O: Observe> Lookups<O> {
     /// another token count or chain (rule 7), and else submits a lookup and answers
     /// `Pending`. In sync mode the driver keeps calling until `Ready` (rule 10).
     pub fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
+        self.consume_retained(req.request_id);
         let cap = self.hit_cap(req.num_tokens);
         let (probe, basis) = self.probe_inner(req, num_computed_tokens, cap, now);
         let entry = self.requests.get_mut(&req.request_id);
@@ -236,7 +238,7 @@ impl<O: Observe> Lookups<O> {
             // prompt is dropped all the same (rule 7).
             if let Some(entry) = self.requests.get_mut(&req.request_id) {
                 Self::note_first_probe(&mut self.stats, entry, true);
-                let kept = keep && entry.preempted;
+                let kept = keep && entry.preemption == Preemption::Preempted;
                 if entry
                     .lookup
                     .as_ref()
@@ -258,7 +260,7 @@ impl<O: Observe> Lookups<O> {
                         last_answer: Some(Answer::NotNeeded),
                         last_seen: now,
                         failed: false,
-                        preempted: false,
+                        preemption: Preemption::None,
                     },
                 );
             }
@@ -271,10 +273,10 @@ impl<O: Observe> Lookups<O> {
             last_answer: None,
             last_seen: now,
             failed: false,
-            preempted: false,
+            preemption: Preemption::None,
         });
         let failed = entry.failed;
-        let kept = keep && entry.preempted;
+        let kept = keep && entry.preemption == Preemption::Preempted;
         let mut refresh = None;
         let mut retry = false;
         match &mut entry.lookup {
@@ -393,13 +395,14 @@ impl<O: Observe> Lookups<O> {
 
     /// Rule 8: the request got its blocks (vLLM's `update_state_after_alloc`): its
     /// lookup is consumed; a later probe (a reschedule after a failed load) looks up
-    /// again. Unknown requests: no-op.
+    /// again. Under `lookup_on_preemption` = `keep` or `keep_wait` a usable result
+    /// (not a failure) is kept for a preemption instead, and dropped by the next probe
+    /// or arrival if none came. Unknown requests: no-op.
     pub fn on_allocated(&mut self, request_id: RequestId) {
-        self.discard_lookup(request_id);
-        self.forget_failure(request_id);
-        if let Some(entry) = self.requests.get_mut(&request_id) {
-            entry.preempted = false;
+        if !self.retain_on_allocation(request_id) {
+            self.discard_lookup(request_id);
         }
+        self.forget_failure(request_id);
     }
 
     /// A discard point (rule 8) ends a failed request's retry: its next lookup is a

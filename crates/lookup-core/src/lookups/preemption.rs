@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use super::Lookups;
-use super::entry::LookupState;
-use crate::{Observe, Request, RequestId};
+use super::entry::{LookupState, Preemption};
+use crate::{Answer, Observe, Request, RequestId};
 
 /// Whether the lookup `state` answers a probe of `req`: it asks exactly that question
 /// (rule 7), or `kept` (the request was preempted under `keep` or `keep_wait`) and
@@ -29,9 +29,11 @@ impl<O: Observe> Lookups<O> {
     /// - `discard` (vLLM's, the default): its lookup is dropped as at allocation (a
     ///   queued one cancelled, an in-flight reply ignored) and a failed request's retry
     ///   ends (rule 11); it is looked up again when probed.
-    /// - `keep`: its lookup stays, queued, in flight or done, and so does a failure's
-    ///   backoff; until it is allocated again a probe whose prompt extends the kept
-    ///   one reads it (within the TTL, rule 6) instead of looking up again (rule 7).
+    /// - `keep`: its lookup stays, queued, in flight or done (a result answered before
+    ///   its last allocation was kept then: [`on_allocated`](Self::on_allocated)), and
+    ///   so does a failure's backoff; until it is allocated again a probe whose prompt
+    ///   extends the kept one reads it (within the TTL, rule 6) instead of looking up
+    ///   again (rule 7).
     ///   Counted in [`Stats::lookups_kept_on_preemption`](crate::Stats::lookups_kept_on_preemption)
     ///   when there was a lookup to keep.
     /// - `wait`: dropped as with `discard`, and until it is allocated again
@@ -49,9 +51,46 @@ impl<O: Observe> Lookups<O> {
             return;
         }
         if let Some(entry) = self.requests.get_mut(&request_id) {
-            entry.preempted = true;
+            entry.preemption = Preemption::Preempted;
             if policy.keeps() && entry.lookup.is_some() {
                 self.stats.lookups_kept_on_preemption += 1;
+            }
+        }
+    }
+
+    /// At allocation under `keep` or `keep_wait`: keeps a done, usable result for a
+    /// preemption (true), or marks the request not preempted and lets the caller
+    /// consume its lookup (false).
+    pub(super) fn retain_on_allocation(&mut self, request_id: RequestId) -> bool {
+        let keeps = self.config.lookup_on_preemption.keeps();
+        let Some(entry) = self.requests.get_mut(&request_id) else {
+            return false;
+        };
+        let usable = matches!(
+            entry.lookup,
+            Some(LookupState::Done { answer, .. }) if !matches!(answer, Answer::Unavailable(_))
+        );
+        let retain = keeps && usable;
+        entry.preemption = if retain {
+            Preemption::Retained
+        } else {
+            Preemption::None
+        };
+        retain
+    }
+
+    /// A probe or arrival of a request whose result was retained at allocation and
+    /// no preemption came: the result is consumed now, as `discard` would have at
+    /// allocation (rule 8).
+    pub(super) fn consume_retained(&mut self, request_id: RequestId) {
+        let retained = self
+            .requests
+            .get(&request_id)
+            .is_some_and(|e| e.preemption == Preemption::Retained);
+        if retained {
+            self.discard_lookup(request_id);
+            if let Some(entry) = self.requests.get_mut(&request_id) {
+                entry.preemption = Preemption::None;
             }
         }
     }
@@ -72,7 +111,7 @@ impl<O: Observe> Lookups<O> {
             return Duration::ZERO;
         }
         match self.requests.get(&request_id) {
-            Some(entry) if entry.preempted => c.lookup_preempted_wait,
+            Some(entry) if entry.preemption == Preemption::Preempted => c.lookup_preempted_wait,
             _ => Duration::ZERO,
         }
     }

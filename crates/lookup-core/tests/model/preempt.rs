@@ -73,15 +73,64 @@ fn wait_gives_a_preempted_request_its_budget_until_allocated() {
     assert_eq!(after.wait_budget_ns(0), 0);
 }
 
-/// A kept lookup outlives a preemption only if one is there: the result was consumed
-/// at allocation (rule 8), so `keep` has nothing to keep here and looks up again.
+/// `keep` retains the result at allocation: the probe after the preemption reads it
+/// for the prompt grown by one block (hit 32 of the 48-token lookup, local 0:
+/// `Ready(32)`), with no second RPC.
 #[test]
-fn keep_after_allocation_has_nothing_to_keep() {
-    let state = preempted_after_growth(OnPreemption::Keep);
+fn keep_retains_the_result_at_allocation_for_a_preemption() {
+    for policy in [OnPreemption::Keep, OnPreemption::KeepWait] {
+        let state = preempted_after_growth(policy);
+        assert_eq!(state.expected.probe, ready(32), "{policy}");
+        assert_eq!(state.counters.rpcs_created, 1, "{policy}");
+        assert_eq!(state.counters.lookups_kept_on_preemption, 1, "{policy}");
+    }
+    assert_eq!(
+        preempted_after_growth(OnPreemption::KeepWait).wait_budget_ns(0),
+        50_000_000
+    );
+    assert_eq!(
+        preempted_after_growth(OnPreemption::Keep).wait_budget_ns(0),
+        0
+    );
+}
+
+/// Without a preemption, a retained result is consumed as `discard` consumes it at
+/// allocation: a reschedule after a failed load probes again and looks up again.
+#[test]
+fn keep_consumes_a_retained_result_at_a_probe_without_preemption() {
+    let settings = Settings {
+        on_preemption: OnPreemption::Keep,
+        ..settings()
+    };
+    let state = replay(
+        settings,
+        vec![
+            Transition::Arrive {
+                slot: 0,
+                prompt: prompt(48, 0),
+            },
+            Transition::Probe {
+                slot: 0,
+                change: PromptChange::Same,
+                local: LocalHit::Blocks { blocks: 0 },
+            },
+            answer_first(ReplyValue::Right),
+            Transition::Probe {
+                slot: 0,
+                change: PromptChange::Same,
+                local: LocalHit::Blocks { blocks: 0 },
+            },
+            Transition::Allocated { slot: 0 },
+            Transition::Probe {
+                slot: 0,
+                change: PromptChange::Same,
+                local: LocalHit::Blocks { blocks: 0 },
+            },
+        ],
+    );
     assert_eq!(state.expected.probe, Some(lookup_core::Probe::Pending));
     assert_eq!(state.counters.rpcs_created, 2);
     assert_eq!(state.counters.lookups_kept_on_preemption, 0);
-    assert_eq!(state.wait_budget_ns(0), 0);
 }
 
 /// A request preempted while its lookup is answered but not yet allocated (a running

@@ -4,7 +4,7 @@
 
 use lookup_core::{Answer, OnPreemption, Probe, Unavailable};
 
-use crate::reference::{Live, Lookup, Record, RefState, ready};
+use crate::reference::{Live, Lookup, Preemption, Record, RefState, ready};
 use crate::server::Prompt;
 use crate::transitions::{LocalHit, PromptChange, Slot};
 
@@ -32,6 +32,7 @@ impl RefState {
         if self.closed || !self.settings.prefetch() {
             return;
         }
+        self.consume_retained(slot);
         let prompt = self.requests[slot].as_ref().expect("live").prompt;
         let eligible = prompt.eligible(self.settings.shape);
         let live = self.requests[slot].as_mut().expect("live");
@@ -41,7 +42,7 @@ impl RefState {
             last_answer: None,
             lookup: None,
             failed: false,
-            preempted: false,
+            preemption: Preemption::No,
         });
         // Rule 11: a failed request is looked up again by a probe, under the backoff.
         if record.lookup.is_some() || record.failed {
@@ -68,6 +69,7 @@ impl RefState {
     /// arrived) with `prompt` and a local hit of `local`.
     pub(crate) fn probe(&mut self, slot: Slot, prompt: Prompt, local: LocalHit) {
         let shape = self.settings.shape;
+        self.consume_retained(slot);
         self.requests[slot].as_mut().expect("live").prompt = prompt;
         let cap = shape.hit_cap(prompt.num_tokens);
         let num_computed_tokens = local.tokens(shape, prompt.num_tokens);
@@ -80,7 +82,7 @@ impl RefState {
                 last_answer: None,
                 lookup: None,
                 failed: false,
-                preempted: false,
+                preemption: Preemption::No,
             });
         }
         let (answer, basis) = self.probe_answer(slot, prompt, num_computed_tokens, cap);
@@ -140,7 +142,10 @@ impl RefState {
             self.settings.on_preemption,
             OnPreemption::Keep | OnPreemption::KeepWait
         );
-        let kept = keeps && self.record(slot).is_some_and(|r| r.preempted);
+        let kept = keeps
+            && self
+                .record(slot)
+                .is_some_and(|r| r.preemption == Preemption::Preempted);
         let answers = |l: &Lookup| {
             let old = l.question();
             old == question

@@ -75,9 +75,20 @@ pub(crate) struct Record {
     /// Rule 11: its last lookup failed and it was not allocated, preempted or reset
     /// since, so its next lookup, whatever its prompt, waits out the failure backoff.
     pub(crate) failed: bool,
-    /// Rule 8: preempted, and not allocated since, under a `lookup_on_preemption`
-    /// other than `discard`.
-    pub(crate) preempted: bool,
+    /// Rule 8's preemption policy.
+    pub(crate) preemption: Preemption,
+}
+
+/// Where a request is in rule 8's preemption policy (`lookup_on_preemption`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Preemption {
+    /// Not preempted since its last allocation.
+    No,
+    /// Allocated under `keep`/`keep_wait` with a usable result, kept for a
+    /// preemption; its next probe or arrival without one consumes it.
+    Retained,
+    /// Preempted, not allocated since, under a value other than `discard`.
+    Preempted,
 }
 
 /// A request the scheduler has and has not finished.
@@ -399,11 +410,44 @@ impl RefState {
     }
 
     /// `on_allocated` (rule 8): a discard point, and the request is no longer one
-    /// preempted.
+    /// preempted; under `keep` and `keep_wait` a done result that is not a failure
+    /// is retained for a preemption instead of consumed (its failure mark goes all
+    /// the same).
     pub(crate) fn allocated(&mut self, slot: Slot) {
-        self.discard_point(slot);
+        let keeps = matches!(
+            self.settings.on_preemption,
+            OnPreemption::Keep | OnPreemption::KeepWait
+        );
+        let usable = self.record(slot).is_some_and(|r| {
+            matches!(&r.lookup, Some(Lookup::Done { answer, .. })
+                if !matches!(answer, Answer::Unavailable(_)))
+        });
+        let retain = keeps && usable;
+        if retain {
+            self.forget_failure(slot);
+        } else {
+            self.discard_point(slot);
+        }
         if let Some(record) = self.record_mut(slot) {
-            record.preempted = false;
+            record.preemption = if retain {
+                Preemption::Retained
+            } else {
+                Preemption::No
+            };
+        }
+    }
+
+    /// A probe or arrival of a request whose result was retained at allocation, with
+    /// no preemption since: the result is consumed now (rule 8).
+    pub(crate) fn consume_retained(&mut self, slot: Slot) {
+        if self
+            .record(slot)
+            .is_some_and(|r| r.preemption == Preemption::Retained)
+        {
+            self.discard(slot);
+            if let Some(record) = self.record_mut(slot) {
+                record.preemption = Preemption::No;
+            }
         }
     }
 
@@ -420,7 +464,7 @@ impl RefState {
             return;
         }
         if let Some(record) = self.record_mut(slot) {
-            record.preempted = true;
+            record.preemption = Preemption::Preempted;
             let kept = keeps && record.lookup.is_some();
             if kept {
                 self.counters.lookups_kept_on_preemption += 1;
@@ -437,7 +481,7 @@ impl RefState {
             return 0;
         }
         match self.record(slot) {
-            Some(r) if r.preempted => seconds_ns(s.preempted_wait_s),
+            Some(r) if r.preemption == Preemption::Preempted => seconds_ns(s.preempted_wait_s),
             _ => 0,
         }
     }
