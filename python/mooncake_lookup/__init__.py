@@ -116,8 +116,12 @@ class LookupKeyClient:
     ``tail_key_boundaries`` name (``(0,)``: one full-attention group; the connector
     of ``mooncake_lookup.vllm`` sets it from the engine's KV-cache config)."""
 
-    def __init__(self, vllm_config):
-        extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+    def __init__(self, vllm_config, extra_config=None):
+        """``extra_config``: used instead of the config's ``kv_connector_extra_config``
+        when given (the connector adds its prefetch defaults this way)."""
+        if extra_config is None:
+            extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
+        extra = dict(extra_config or {})
         block_size = int(vllm_config.cache_config.block_size)
         master = extra.get("lookup_mooncake_master")
         if master:
@@ -156,6 +160,20 @@ class LookupKeyClient:
     def discard(self, req_id):
         """Drop any queued, in-flight or answered lookup of ``req_id``."""
         self._native.discard(str(req_id))
+
+    def on_allocated(self, req_id):
+        """``req_id`` got its blocks: a lookup still held (a prefetch never read) is
+        dropped (rule 8)."""
+        self._native.on_allocated(str(req_id))
+
+    def on_preempted(self, req_id):
+        """``req_id`` was preempted: its lookup and last answer are dropped; it is
+        looked up again when rescheduled (rule 8)."""
+        self._native.on_preempted(str(req_id))
+
+    def tracked_requests(self):
+        """Requests with a lookup held (announced, not yet answered or dropped)."""
+        return self._native.tracked_requests()
 
     def reset(self):
         """Wipe the store through the server; True on its acknowledgement, False on a

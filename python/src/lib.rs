@@ -239,6 +239,26 @@ impl NativeClient {
         self.answers.remove(req_id);
     }
 
+    /// The request got its blocks (vLLM's `update_state_after_alloc`, rule 8): its
+    /// lookup, if any is still held (a prefetch never read), is consumed and dropped.
+    /// Never blocks.
+    fn on_allocated(&mut self, req_id: &str) {
+        if let Some(t) = self.tracked.remove(req_id) {
+            self.client.on_allocated(t.request.request_id);
+            self.client.on_finished(t.request.request_id);
+        }
+    }
+
+    /// The request was preempted (vLLM's `preempted_req_ids`, rule 8): its lookup and
+    /// last answer are dropped; it is looked up again when rescheduled. Never blocks.
+    fn on_preempted(&mut self, req_id: &str) {
+        if let Some(t) = self.tracked.remove(req_id) {
+            self.client.on_preempted(t.request.request_id);
+            self.client.on_finished(t.request.request_id);
+        }
+        self.answers.remove(req_id);
+    }
+
     /// vLLM's `reset`: drops every lookup (rule 13), asks the server to wipe the
     /// store and waits for its answer (GIL released), at most `lookup_timeout_s` plus
     /// the wait margin. True when the server acknowledged.
