@@ -20,6 +20,7 @@ The transport comes from ``kv_connector_extra_config``:
   path component of ``model_config.model``, as vLLM's worker keys them).
 """
 
+import functools
 import json
 import os
 import socket
@@ -96,6 +97,11 @@ def _result_types():
         return LookupResult, TailKeyBoundary
 
 
+def _build_result(result_type, boundary_type, group_ids, hit):
+    """``result_type(hit, its tail-key boundaries)``."""
+    return result_type(hit, tail_key_boundaries(hit, group_ids, boundary_type))
+
+
 def endpoint_of(vllm_config) -> str:
     """The ipc URL of vLLM's ``get_zmq_rpc_path_lookup``: ``VLLM_RPC_BASE_PATH`` (the
     temp dir by default), ``lookup_rpc_port``, the hostname and the data-parallel
@@ -135,16 +141,36 @@ class LookupKeyClient:
         rust_keys = {k: v for k, v in extra.items() if k not in TRANSPORT_KEYS}
         self.endpoint = target
         self._result, self._boundary = _result_types()
-        self.tail_key_groups = (0,)
+        self._tail_key_groups = (0,)
         self._native = NativeClient(transport, target, block_size, json.dumps(rust_keys), model)
+        self._set_factory()
+        # The native call itself, no Python frame between: the poll costs the client's.
+        self.lookup = self._native.lookup
+
+    def _set_factory(self):
+        # A partial, not a bound method: the native client holding `self` would be a
+        # cycle the garbage collector cannot see through.
+        self._native.set_result_factory(functools.partial(
+            _build_result, self._result, self._boundary, self._tail_key_groups))
 
     def lookup(self, req_id, num_tokens, block_hashes, non_block=False):
         """The request's result, or ``None`` while pending when ``non_block``; the first
-        call starts the lookup, the answering call consumes it (as vLLM's)."""
-        hit = self._native.lookup(str(req_id), int(num_tokens), block_hashes, non_block)
-        if hit is None:
-            return None
-        return self._result(hit, tail_key_boundaries(hit, self.tail_key_groups, self._boundary))
+        call starts the lookup, the answering call consumes it (as vLLM's). ``req_id``
+        a ``str``, ``num_tokens`` an ``int``, ``block_hashes`` a sequence of ``bytes``
+        (vLLM's types; others raise ``TypeError``). Results are shared by requests with
+        the same answer (vLLM's scheduler only reads them). Replaced per instance by
+        the native method itself (``__init__``); this is its documentation."""
+        return self._native.lookup(req_id, num_tokens, block_hashes, non_block)
+
+    @property
+    def tail_key_groups(self):
+        """The KV-cache group ids a result's tail-key boundaries name (class doc)."""
+        return self._tail_key_groups
+
+    @tail_key_groups.setter
+    def tail_key_groups(self, groups):
+        self._tail_key_groups = tuple(groups)
+        self._set_factory()
 
     def prefetch(self, req_id, num_tokens, block_hashes):
         """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent

@@ -231,3 +231,23 @@ def test_bad_extra_config_is_a_value_error(rpc_base):
         mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_timeout_s=-1.0))
     with pytest.raises(ValueError):
         mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_mooncake_master="not-a-host"))
+
+
+def test_hashes_of_other_buffers_and_bad_types(vllm_server):
+    """bytearray hashes read as bytes; a hash of another length, a non-str request id
+    or a non-buffer hash is an error, not a lookup."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    try:
+        got = ours.lookup("b", 4 * BS + 1, [bytearray(x) for x in PRESENT])
+        assert got.hit_length == 3 * BS
+        # The same answer, the same (read-only) result object.
+        assert ours.lookup("c", 4 * BS + 1, PRESENT) is got
+        with pytest.raises(ValueError, match="different lengths"):
+            ours.lookup("d", 4 * BS + 1, [h(1), b"short"])
+        with pytest.raises(TypeError):
+            ours.lookup(7, 4 * BS + 1, PRESENT)
+        with pytest.raises(TypeError):
+            ours.lookup("e", 4 * BS + 1, ["not bytes"])
+        assert ours.tracked_requests() == 0
+    finally:
+        ours.close()

@@ -21,7 +21,7 @@ source "$ROOT/scripts/python/env.sh"
 echo "== building lookup-server (release)" >&2
 cargo build --quiet --release -p lookup-cli --bin lookup-server
 echo "== pip install ./python (release profile)" >&2
-MATURIN_PEP517_ARGS="--release" "${PIP[@]}" install --quiet --force-reinstall --no-deps "$ROOT/python"
+MATURIN_PEP517_ARGS="--profile release" "${PIP[@]}" install --quiet --force-reinstall --no-deps "$ROOT/python"
 
 cd "$ROOT"
 exec "$VENV/bin/python" bench/python/drop_in_vs_vllm.py \
