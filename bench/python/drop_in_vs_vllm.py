@@ -141,7 +141,10 @@ def throughput(client, prefix, count):
 def measure(name, make, args, rep):
     """One repetition's row of client `name`."""
     wrong = 0
-    client = make(vllm_config(BS))
+    # Every request has the same hashes: the drop-in must not share one RPC between
+    # lookups in flight together (rule 16), or it would count lookups never asked.
+    ours = {"lookup_share": False} if name == "drop_in" else {}
+    client = make(vllm_config(BS, **ours))
     try:
         throughput(client, f"w{rep}-", args.warmup)
         row = throughput(client, f"t{rep}-", args.count)
@@ -151,7 +154,7 @@ def measure(name, make, args, rep):
         row.update(probe)
     finally:
         client.close()
-    extra = {"lookup_prefetch_limit": args.batch, "max_in_flight": 4}
+    extra = {"lookup_prefetch_limit": args.batch, "max_in_flight": 4, **ours}
     client = make(vllm_config(BS, **extra)) if name == "drop_in" else make(vllm_config(BS))
     try:
         start = drop_in_start if name == "drop_in" else vllm_start

@@ -60,8 +60,8 @@ struct Tracked {
 #[pyclass(module = "mooncake_lookup._native")]
 struct NativeClient {
     client: LookupClient,
-    /// Announces into `client`, applied at its next call: a probe's arrival and a read
-    /// answer's end ride on the call that follows instead of a call of their own.
+    /// Announces into `client`, applied at its next call: a read answer's end rides on
+    /// the call that follows instead of a call of its own.
     handle: LookupHandle,
     /// Builds the Python result of a hit length (`set_result_factory`); each hit
     /// length's result is built once and kept in `results`.
@@ -142,7 +142,6 @@ impl NativeClient {
         req_id: &str,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
-        now: bool,
     ) -> PyResult<()> {
         if self.tracked.contains_key(req_id) {
             return Ok(());
@@ -160,15 +159,7 @@ impl NativeClient {
             block_hashes,
             skip_reading_external_kv: false,
         };
-        if now {
-            self.client.on_new_request_with_id(&request, req_id);
-        } else if self
-            .handle
-            .on_new_request_with_id(request.clone(), req_id)
-            .is_err()
-        {
-            // The client is gone: the probe that follows answers 0 as after close.
-        }
+        self.client.on_new_request_with_id(&request, req_id);
         self.tracked.insert(req_id.to_owned(), Tracked { request });
         Ok(())
     }
@@ -259,7 +250,7 @@ impl NativeClient {
         block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
     ) -> PyResult<Option<Py<PyAny>>> {
-        self.track(req_id, num_tokens, block_hashes, false)?;
+        self.track(req_id, num_tokens, block_hashes)?;
         let request = self.tracked[req_id].request.clone();
         let probe = if non_block {
             self.client.probe(&request, 0)
@@ -293,7 +284,7 @@ impl NativeClient {
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        self.track(req_id, num_tokens, block_hashes, true)
+        self.track(req_id, num_tokens, block_hashes)
     }
 
     /// What `req_id`'s last answer rested on: `(kind, hit_tokens, reason)` with kind
