@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 use lookup_tokio::{
-    Answer, BlockHashes, KeyLayout, LookupClient, LookupHandle, Probe, Request, RequestId,
-    ResetOutcome, Unavailable,
+    Answer, BlockHashes, Deadline, KeyLayout, LookupClient, LookupHandle, Probe, Request,
+    RequestId, ResetOutcome, Unavailable,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -256,7 +256,7 @@ impl NativeClient {
             self.client.probe(&request, 0)
         } else {
             let client = &mut self.client;
-            py.detach(|| client.probe_blocking(&request, 0))
+            py.detach(|| client.probe_until_blocking(&request, 0, Deadline::Answer))
                 .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
         };
         match probe {
