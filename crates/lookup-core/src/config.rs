@@ -58,6 +58,93 @@ pub struct Config {
     /// behind a slow server nor takes the wire once stale (rule 17). The driver
     /// applies it. Must be positive. Default 5 s (vLLM's `lookup_timeout_s`).
     pub max_pending_age: Duration,
+    /// *Ours* (`lookup_on_preemption`): what a preemption does to the request's lookup
+    /// (`spec/behaviour.md` rule 8). Default [`OnPreemption::Discard`], vLLM's.
+    pub lookup_on_preemption: OnPreemption,
+    /// *Ours* (`lookup_preempted_wait_s`): with [`OnPreemption::Wait`] or
+    /// [`OnPreemption::KeepWait`], how long the driver waits for a preempted request's
+    /// probe before answering `Pending` ([`Lookups::wait_budget`](crate::Lookups::wait_budget),
+    /// rule 8). Default 5 s (`lookup_timeout_s`: the lookup fails open by then).
+    pub lookup_preempted_wait: Duration,
+}
+
+/// What a preemption does to the request's lookup (`lookup_on_preemption`,
+/// `spec/behaviour.md` rule 8). vLLM's connector drops it; the other values keep it,
+/// wait for it, or both, so that a preempted request is not overtaken by younger
+/// ones while it waits for a new RPC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnPreemption {
+    /// `discard` (vLLM): the lookup is dropped like at allocation; the request is
+    /// looked up again when it is probed after the preemption.
+    #[default]
+    Discard,
+    /// `keep`: the lookup stays (queued, in flight or done). A done result answers
+    /// the request's later probes within its TTL (rule 6), also when its prompt grew
+    /// by the tokens generated before the preemption (the new chain extends the one
+    /// looked up: the stored prefix it reported is still a valid hit).
+    Keep,
+    /// `wait`: the lookup is dropped as with `discard`, and until the request is
+    /// allocated again, a probe of it that would answer `Pending` waits up to
+    /// `lookup_preempted_wait_s` for the answer instead ([`Lookups::wait_budget`](crate::Lookups::wait_budget)).
+    Wait,
+    /// `keep_wait`: both `keep` and `wait`.
+    KeepWait,
+}
+
+impl OnPreemption {
+    /// Every value, in the order of the spec's table.
+    pub const ALL: [Self; 4] = [Self::Discard, Self::Keep, Self::Wait, Self::KeepWait];
+
+    /// The value's name in `lookup_on_preemption`.
+    #[must_use]
+    pub fn as_key(self) -> &'static str {
+        match self {
+            Self::Discard => "discard",
+            Self::Keep => "keep",
+            Self::Wait => "wait",
+            Self::KeepWait => "keep_wait",
+        }
+    }
+
+    /// The value named `key` (`discard`, `keep`, `wait`, `keep_wait`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming `lookup_on_preemption` and the accepted values.
+    pub fn from_key(key: &str) -> Result<Self, Error> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.as_key() == key)
+            .ok_or_else(|| Error::InvalidConfig {
+                key: "lookup_on_preemption",
+                why: format!("{key:?} is not one of discard, keep, wait, keep_wait"),
+            })
+    }
+
+    /// The lookup stays across the preemption (`keep`, `keep_wait`).
+    #[must_use]
+    pub fn keeps(self) -> bool {
+        matches!(self, Self::Keep | Self::KeepWait)
+    }
+
+    /// A preempted request's probe waits (`wait`, `keep_wait`).
+    #[must_use]
+    pub fn waits(self) -> bool {
+        matches!(self, Self::Wait | Self::KeepWait)
+    }
+}
+
+impl std::fmt::Display for OnPreemption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_key())
+    }
+}
+
+impl std::str::FromStr for OnPreemption {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Self::from_key(s)
+    }
 }
 
 impl Config {
@@ -77,6 +164,8 @@ impl Config {
             max_in_flight: 1,
             max_queued: 65_536,
             max_pending_age: Duration::from_secs(5),
+            lookup_on_preemption: OnPreemption::Discard,
+            lookup_preempted_wait: Duration::from_secs(5),
         }
     }
 
@@ -140,4 +229,38 @@ pub fn duration_from_secs(s: f64) -> Result<Duration, String> {
         return Err(format!("{s} is not a finite number of seconds >= 0"));
     }
     Ok(Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_on_preemption_reads_its_four_names_and_rejects_others() {
+        let names: Vec<&str> = OnPreemption::ALL.iter().map(|v| v.as_key()).collect();
+        assert_eq!(names, ["discard", "keep", "wait", "keep_wait"]);
+        for v in OnPreemption::ALL {
+            assert_eq!(v.as_key().parse::<OnPreemption>().unwrap(), v);
+        }
+        let err = OnPreemption::from_key("Keep").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            Error::InvalidConfig {
+                key: "lookup_on_preemption",
+                why: "\"Keep\" is not one of discard, keep, wait, keep_wait".into(),
+            }
+            .to_string()
+        );
+        let keeps: Vec<bool> = OnPreemption::ALL.iter().map(|v| v.keeps()).collect();
+        let waits: Vec<bool> = OnPreemption::ALL.iter().map(|v| v.waits()).collect();
+        assert_eq!(keeps, [false, true, false, true]);
+        assert_eq!(waits, [false, false, true, true]);
+    }
+
+    #[test]
+    fn the_default_preemption_policy_is_the_spec_table_s() {
+        let c = Config::new(16);
+        assert_eq!(c.lookup_on_preemption, OnPreemption::Discard);
+        assert_eq!(c.lookup_preempted_wait, Duration::from_secs(5));
+    }
 }

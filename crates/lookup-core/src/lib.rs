@@ -97,7 +97,7 @@ pub mod timer;
 mod types;
 pub mod wire;
 
-pub use config::{Config, duration_from_secs};
+pub use config::{Config, OnPreemption, duration_from_secs};
 pub use dispatch::{Dispatcher, DispatcherStats, Outgoing};
 pub use endpoint::Endpoint;
 pub use error::Error;

@@ -519,6 +519,9 @@ pub struct Stats {
     /// Requests ended by [`Lookups::end_idle`](crate::Lookups::end_idle): tracked,
     /// never finished, not seen for longer than its bound.
     pub requests_ended_idle: u64,
+    /// Preemptions that kept the request's lookup, queued, in flight or done
+    /// (`lookup_on_preemption` = `keep` or `keep_wait`, `spec/behaviour.md` rule 8).
+    pub lookups_kept_on_preemption: u64,
     /// Events dropped because nobody polled them
     /// ([`Lookups::set_event_capacity`](crate::Lookups::set_event_capacity)).
     pub events_dropped: u64,

@@ -10,7 +10,8 @@
 //!   timeouts from 1e-10 s (0 ns: an RPC fails as it is released) up to the same huge
 //!   values (deadlines saturate 30 years ahead; nothing panics); block sizes 1, 16 and
 //!   512 with block hashes of 1, 8 or 32 bytes; a pool of 6 or 16 requests; a driver
-//!   that writes each released RPC at once or only when told.
+//!   that writes each released RPC at once or only when told; each
+//!   `lookup_on_preemption` (rule 8) with a preempted wait of 0, 50 ms or 5 s.
 //! - Prompts: lengths around block boundaries (0 to 5 blocks and 0, 1, half a block or
 //!   a block less one token more), four chains, as many hashes as full blocks or up to
 //!   two fewer or more, rarely none, rarely `skip_reading_external_kv`; identical
@@ -35,7 +36,7 @@
 //! After every step the harness checks the core against the model exactly: probe
 //! answers, events, the RPCs written and not yet written, prefetch slots, open RPCs,
 //! waiting and tracked requests, each request's first-probe mark and last answer
-//! (`answer_of`), the next deadline, and every counter of `Stats` and
+//! (`answer_of`) and wait budget (`wait_budget`), the next deadline, and every counter of `Stats` and
 //! `DispatcherStats`. Beside the model, `model/watch.rs` checks two properties from
 //! what the driver and the server saw: no lookup submitted after a reset is answered
 //! from the store before the server served that reset (the store is versioned by the
@@ -59,6 +60,8 @@ mod dispatcher;
 mod machine;
 #[path = "model/moving.rs"]
 mod moving;
+#[path = "model/preempt.rs"]
+mod preempt;
 #[path = "model/probe.rs"]
 mod probe;
 #[path = "model/reference.rs"]

@@ -75,6 +75,31 @@ impl LookupState {
         };
         n == num_tokens && h.same_chain(hashes)
     }
+
+    /// True when the prompt `(num_tokens, hashes)` extends the one this lookup asks
+    /// about: at least as many tokens, and a chain whose first hashes are this
+    /// lookup's (chained hashes: equal at the last one asked means equal before it).
+    /// So the stored prefix this lookup reports is a hit of that prompt too (rule 8,
+    /// `keep`).
+    pub(super) fn extended_by(&self, num_tokens: u32, hashes: &BlockHashes) -> bool {
+        let (n, h) = match self {
+            Self::Waiting {
+                num_tokens,
+                block_hashes,
+                ..
+            }
+            | Self::Done {
+                num_tokens,
+                block_hashes,
+                ..
+            } => (*num_tokens, block_hashes),
+        };
+        n <= num_tokens
+            && h.hash_len() == hashes.hash_len()
+            && !h.is_empty()
+            && hashes.len() >= h.len()
+            && hashes.get(h.len() - 1) == h.last()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +122,25 @@ pub(super) struct RequestEntry {
     /// since: its next lookup is a retry, under the failure backoff, whatever its
     /// prompt is by then.
     pub(super) failed: bool,
+    /// Where it is in rule 8's preemption policy (`lookup_on_preemption`).
+    pub(super) preemption: Preemption,
+}
+
+/// Rule 8's preemption policy, per request (STYLE.md rule 6: one enum, no parallel
+/// booleans).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Preemption {
+    /// Not preempted since its last allocation (or never allocated).
+    #[default]
+    None,
+    /// Allocated under `keep` or `keep_wait` with a usable result, which is kept for
+    /// a preemption; its next probe without one (a reschedule after a failed load)
+    /// drops it and looks up again, as `discard` would have at allocation.
+    Retained,
+    /// Preempted and not allocated since, under a value other than `discard`: a probe
+    /// may read a kept lookup of a shorter prompt (`keep`) and is waited for
+    /// (`wait`, [`Lookups::wait_budget`](crate::Lookups::wait_budget)).
+    Preempted,
 }
 
 #[derive(Debug)]

@@ -3,6 +3,7 @@
 //! and its read-only views in `queries`.
 
 mod entry;
+mod preemption;
 mod queries;
 mod rpcs;
 
@@ -17,7 +18,7 @@ use crate::{
     Answer, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe, Reply, Request,
     RequestId, ResetOutcome, RpcBody, RpcId, Stats, Ticket, WireEvent,
 };
-use entry::{FirstProbe, LookupState, RequestEntry, Rpc, RpcKind, ShareKey};
+use entry::{FirstProbe, LookupState, Preemption, RequestEntry, Rpc, RpcKind, ShareKey};
 
 /// A table of the core, keyed by an id or a [`ShareKey`]: foldhash, because SipHash
 /// was a third of a pending probe's cost (DESIGN.md, "caller cost"); griddle, so
@@ -136,6 +137,7 @@ impl<O: Observe> Lookups<O> {
         if self.closed || !self.config.prefetch_enabled() {
             return;
         }
+        self.consume_retained(req.request_id);
         let eligible = self.is_eligible(req);
         let entry = self.requests.entry(req.request_id).or_insert(RequestEntry {
             eligible,
@@ -144,6 +146,7 @@ impl<O: Observe> Lookups<O> {
             last_answer: None,
             last_seen: now,
             failed: false,
+            preemption: Preemption::None,
         });
         // A failed request is looked up again by a probe, under the backoff (rule 11).
         if entry.lookup.is_some() || entry.failed {
@@ -181,6 +184,7 @@ impl<O: Observe> Lookups<O> {
     /// another token count or chain (rule 7), and else submits a lookup and answers
     /// `Pending`. In sync mode the driver keeps calling until `Ready` (rule 10).
     pub fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
+        self.consume_retained(req.request_id);
         let cap = self.hit_cap(req.num_tokens);
         let (probe, basis) = self.probe_inner(req, num_computed_tokens, cap, now);
         let entry = self.requests.get_mut(&req.request_id);
@@ -227,16 +231,18 @@ impl<O: Observe> Lookups<O> {
             return (ready(0, false), Answer::Unavailable(Unavailable::Disabled));
         }
         let eligible = self.is_eligible(req);
+        let keep = self.config.lookup_on_preemption.keeps();
         if req.skip_reading_external_kv || req.block_hashes.is_empty() || cap <= num_computed_tokens
         {
             // Nothing to load whatever the store holds: no RPC. A lookup of another
             // prompt is dropped all the same (rule 7).
             if let Some(entry) = self.requests.get_mut(&req.request_id) {
                 Self::note_first_probe(&mut self.stats, entry, true);
+                let kept = keep && entry.preemption == Preemption::Preempted;
                 if entry
                     .lookup
                     .as_ref()
-                    .is_some_and(|l| !l.asks(req.num_tokens, &req.block_hashes))
+                    .is_some_and(|l| !preemption::answers(l, kept, req))
                 {
                     self.stats.chain_refreshes += 1;
                     self.discard_lookup(req.request_id);
@@ -254,6 +260,7 @@ impl<O: Observe> Lookups<O> {
                         last_answer: Some(Answer::NotNeeded),
                         last_seen: now,
                         failed: false,
+                        preemption: Preemption::None,
                     },
                 );
             }
@@ -266,12 +273,14 @@ impl<O: Observe> Lookups<O> {
             last_answer: None,
             last_seen: now,
             failed: false,
+            preemption: Preemption::None,
         });
         let failed = entry.failed;
+        let kept = keep && entry.preemption == Preemption::Preempted;
         let mut refresh = None;
         let mut retry = false;
         match &mut entry.lookup {
-            Some(state) if !state.asks(req.num_tokens, &req.block_hashes) => {
+            Some(state) if !preemption::answers(state, kept, req) => {
                 refresh = Some(false);
             }
             Some(LookupState::Done {
@@ -386,9 +395,13 @@ impl<O: Observe> Lookups<O> {
 
     /// Rule 8: the request got its blocks (vLLM's `update_state_after_alloc`): its
     /// lookup is consumed; a later probe (a reschedule after a failed load) looks up
-    /// again. Unknown requests: no-op.
+    /// again. Under `lookup_on_preemption` = `keep` or `keep_wait` a usable result
+    /// (not a failure) is kept for a preemption instead, and dropped by the next probe
+    /// or arrival if none came. Unknown requests: no-op.
     pub fn on_allocated(&mut self, request_id: RequestId) {
-        self.discard_lookup(request_id);
+        if !self.retain_on_allocation(request_id) {
+            self.discard_lookup(request_id);
+        }
         self.forget_failure(request_id);
     }
 
@@ -424,13 +437,6 @@ impl<O: Observe> Lookups<O> {
         }
         self.stats.requests_ended_idle += idle.len() as u64;
         idle.len()
-    }
-
-    /// Rule 8: the request was preempted: its lookup is dropped (it is looked up again
-    /// when rescheduled). Unknown requests: no-op.
-    pub fn on_preempted(&mut self, request_id: RequestId) {
-        self.discard_lookup(request_id);
-        self.forget_failure(request_id);
     }
 
     /// Rule 13: drops every request's lookup (queued ones cancelled, in-flight replies

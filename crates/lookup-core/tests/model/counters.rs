@@ -37,6 +37,8 @@ pub(crate) struct Counters {
     /// First probes answered `Pending`, likewise.
     pub(crate) first_probes_pending: u64,
     pub(crate) resets: u64,
+    /// Preemptions that kept a lookup (rule 8, `keep` and `keep_wait`).
+    pub(crate) lookups_kept_on_preemption: u64,
     pub(crate) events_dropped: u64,
     /// The dispatcher's: RPCs released to the wire.
     pub(crate) rpcs_sent: u64,
@@ -80,6 +82,7 @@ impl Counters {
             first_probes_ready: s.first_probes_ready,
             first_probes_pending: s.first_probes_pending,
             resets: s.resets,
+            lookups_kept_on_preemption: s.lookups_kept_on_preemption,
             events_dropped: s.events_dropped,
             rpcs_sent: d.rpcs_sent,
             late_replies: d.late_replies,
@@ -89,7 +92,7 @@ impl Counters {
     }
 
     /// Every counter with its name, for the never-backwards check.
-    pub(crate) fn named(&self) -> [(&'static str, u64); 33] {
+    pub(crate) fn named(&self) -> [(&'static str, u64); 34] {
         [
             ("lookups_arrival", self.lookups_arrival),
             ("lookups_probe", self.lookups_probe),
@@ -119,6 +122,10 @@ impl Counters {
             ("first_probes_ready", self.first_probes_ready),
             ("first_probes_pending", self.first_probes_pending),
             ("resets", self.resets),
+            (
+                "lookups_kept_on_preemption",
+                self.lookups_kept_on_preemption,
+            ),
             ("events_dropped", self.events_dropped),
             ("rpcs_sent", self.rpcs_sent),
             ("late_replies", self.late_replies),

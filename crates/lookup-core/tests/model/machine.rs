@@ -43,9 +43,8 @@ impl RefState {
                 });
                 self.probe(slot, prompt, local);
             }
-            Transition::Allocated { slot } | Transition::Preempted { slot } => {
-                self.discard_point(slot);
-            }
+            Transition::Allocated { slot } => self.allocated(slot),
+            Transition::Preempted { slot } => self.preempted(slot),
             Transition::Finished { slot } => self.finish(slot),
             Transition::Reset => self.reset(),
             Transition::Close => self.close(),

@@ -2,9 +2,9 @@
 //! (`spec/behaviour.md` rules 1-7 and 10-12): what `on_new_request` and `probe`
 //! must do given the model's state (`reference.rs`).
 
-use lookup_core::{Answer, Probe, Unavailable};
+use lookup_core::{Answer, OnPreemption, Probe, Unavailable};
 
-use crate::reference::{Live, Lookup, Record, RefState, ready};
+use crate::reference::{Live, Lookup, Preemption, Record, RefState, ready};
 use crate::server::Prompt;
 use crate::transitions::{LocalHit, PromptChange, Slot};
 
@@ -32,6 +32,7 @@ impl RefState {
         if self.closed || !self.settings.prefetch() {
             return;
         }
+        self.consume_retained(slot);
         let prompt = self.requests[slot].as_ref().expect("live").prompt;
         let eligible = prompt.eligible(self.settings.shape);
         let live = self.requests[slot].as_mut().expect("live");
@@ -41,6 +42,7 @@ impl RefState {
             last_answer: None,
             lookup: None,
             failed: false,
+            preemption: Preemption::No,
         });
         // Rule 11: a failed request is looked up again by a probe, under the backoff.
         if record.lookup.is_some() || record.failed {
@@ -67,6 +69,7 @@ impl RefState {
     /// arrived) with `prompt` and a local hit of `local`.
     pub(crate) fn probe(&mut self, slot: Slot, prompt: Prompt, local: LocalHit) {
         let shape = self.settings.shape;
+        self.consume_retained(slot);
         self.requests[slot].as_mut().expect("live").prompt = prompt;
         let cap = shape.hit_cap(prompt.num_tokens);
         let num_computed_tokens = local.tokens(shape, prompt.num_tokens);
@@ -79,6 +82,7 @@ impl RefState {
                 last_answer: None,
                 lookup: None,
                 failed: false,
+                preemption: Preemption::No,
             });
         }
         let (answer, basis) = self.probe_answer(slot, prompt, num_computed_tokens, cap);
@@ -132,17 +136,36 @@ impl RefState {
         let question = prompt.question(self.settings.shape);
         let lookup = self.record(slot).and_then(|r| r.lookup.clone());
         let failed = self.record(slot).is_some_and(|r| r.failed);
+        // Rule 8, `keep`: a preempted request's kept lookup answers a prompt that
+        // extends the one looked up (same chain, no fewer tokens or hashes).
+        let keeps = matches!(
+            self.settings.on_preemption,
+            OnPreemption::Keep | OnPreemption::KeepWait
+        );
+        let kept = keeps
+            && self
+                .record(slot)
+                .is_some_and(|r| r.preemption == Preemption::Preempted);
+        let answers = |l: &Lookup| {
+            let old = l.question();
+            old == question
+                || (kept
+                    && old.chain == question.chain
+                    && old.num_hashes >= 1
+                    && question.num_hashes >= old.num_hashes
+                    && question.num_tokens >= old.num_tokens)
+        };
         if prompt.skip || question.num_hashes == 0 || cap <= num_computed_tokens {
             // Nothing to load whatever the store holds: no RPC. Rule 7 still drops a
             // lookup of another question: its answer can never be used.
-            if lookup.is_some_and(|l| l.question() != question) {
+            if lookup.is_some_and(|l| !answers(&l)) {
                 self.counters.chain_refreshes += 1;
                 self.discard(slot);
             }
             return (ready(0, false), Answer::NotNeeded);
         }
         match lookup {
-            Some(l) if l.question() != question => {
+            Some(l) if !answers(&l) => {
                 // Rule 7.
                 self.counters.chain_refreshes += 1;
                 self.discard(slot);

@@ -18,8 +18,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lookup_core::{
-    Answer, Event, LookupOutcome, Probe, Reply, RequestId, ResetOutcome, RpcBody, RpcFailure,
-    RpcId, Unavailable,
+    Answer, Event, LookupOutcome, OnPreemption, Probe, Reply, RequestId, ResetOutcome, RpcBody,
+    RpcFailure, RpcId, Unavailable,
 };
 
 use crate::counters::Counters;
@@ -75,6 +75,20 @@ pub(crate) struct Record {
     /// Rule 11: its last lookup failed and it was not allocated, preempted or reset
     /// since, so its next lookup, whatever its prompt, waits out the failure backoff.
     pub(crate) failed: bool,
+    /// Rule 8's preemption policy.
+    pub(crate) preemption: Preemption,
+}
+
+/// Where a request is in rule 8's preemption policy (`lookup_on_preemption`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Preemption {
+    /// Not preempted since its last allocation.
+    No,
+    /// Allocated under `keep`/`keep_wait` with a usable result, kept for a
+    /// preemption; its next probe or arrival without one consumes it.
+    Retained,
+    /// Preempted, not allocated since, under a value other than `discard`.
+    Preempted,
 }
 
 /// A request the scheduler has and has not finished.
@@ -395,8 +409,85 @@ impl RefState {
         }
     }
 
-    /// `on_allocated` and `on_preempted` (rule 8): the lookup goes, and with it a
-    /// failed request's retry (its next lookup is a first one).
+    /// `on_allocated` (rule 8): a discard point, and the request is no longer one
+    /// preempted; under `keep` and `keep_wait` a done result that is not a failure
+    /// is retained for a preemption instead of consumed (its failure mark goes all
+    /// the same).
+    pub(crate) fn allocated(&mut self, slot: Slot) {
+        let keeps = matches!(
+            self.settings.on_preemption,
+            OnPreemption::Keep | OnPreemption::KeepWait
+        );
+        let usable = self.record(slot).is_some_and(|r| {
+            matches!(&r.lookup, Some(Lookup::Done { answer, .. })
+                if !matches!(answer, Answer::Unavailable(_)))
+        });
+        let retain = keeps && usable;
+        if retain {
+            self.forget_failure(slot);
+        } else {
+            self.discard_point(slot);
+        }
+        if let Some(record) = self.record_mut(slot) {
+            record.preemption = if retain {
+                Preemption::Retained
+            } else {
+                Preemption::No
+            };
+        }
+    }
+
+    /// A probe or arrival of a request whose result was retained at allocation, with
+    /// no preemption since: the result is consumed now (rule 8).
+    pub(crate) fn consume_retained(&mut self, slot: Slot) {
+        if self
+            .record(slot)
+            .is_some_and(|r| r.preemption == Preemption::Retained)
+        {
+            self.discard(slot);
+            if let Some(record) = self.record_mut(slot) {
+                record.preemption = Preemption::No;
+            }
+        }
+    }
+
+    /// `on_preempted` (rule 8, `lookup_on_preemption`): `discard` and `wait` drop the
+    /// lookup as at a discard point; `keep` and `keep_wait` keep it (and its
+    /// failure's backoff); every value but `discard` marks the request preempted.
+    pub(crate) fn preempted(&mut self, slot: Slot) {
+        let policy = self.settings.on_preemption;
+        let keeps = matches!(policy, OnPreemption::Keep | OnPreemption::KeepWait);
+        if !keeps {
+            self.discard_point(slot);
+        }
+        if policy == OnPreemption::Discard {
+            return;
+        }
+        if let Some(record) = self.record_mut(slot) {
+            record.preemption = Preemption::Preempted;
+            let kept = keeps && record.lookup.is_some();
+            if kept {
+                self.counters.lookups_kept_on_preemption += 1;
+            }
+        }
+    }
+
+    /// `Lookups::wait_budget` (rule 8): the preempted wait for a request preempted
+    /// and not allocated since, in async mode with lookup on and the core open.
+    pub(crate) fn wait_budget_ns(&self, slot: Slot) -> u128 {
+        let s = &self.settings;
+        let waits = matches!(s.on_preemption, OnPreemption::Wait | OnPreemption::KeepWait);
+        if !waits || !s.lookup_async || !s.enable_lookup || self.closed {
+            return 0;
+        }
+        match self.record(slot) {
+            Some(r) if r.preemption == Preemption::Preempted => seconds_ns(s.preempted_wait_s),
+            _ => 0,
+        }
+    }
+
+    /// `on_allocated` and `on_preempted` with `discard` (rule 8): the lookup goes, and
+    /// with it a failed request's retry (its next lookup is a first one).
     pub(crate) fn discard_point(&mut self, slot: Slot) {
         self.discard(slot);
         self.forget_failure(slot);

@@ -38,6 +38,8 @@ pub(crate) fn settings() -> Settings {
         },
         pool: 6,
         deferred_writes: false,
+        on_preemption: lookup_core::OnPreemption::Discard,
+        preempted_wait_s: 5.0,
     }
 }
 

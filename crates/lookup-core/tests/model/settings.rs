@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lookup_core::Config;
+use lookup_core::{Config, OnPreemption};
 
 use crate::server::Shape;
 
@@ -45,6 +45,10 @@ pub(crate) struct Settings {
     /// The driver holds every released RPC until a transition writes it (or fails
     /// it), instead of writing it at once.
     pub(crate) deferred_writes: bool,
+    /// `lookup_on_preemption` (rule 8).
+    pub(crate) on_preemption: OnPreemption,
+    /// `lookup_preempted_wait_s` (seconds, >= 0).
+    pub(crate) preempted_wait_s: f64,
 }
 
 impl Settings {
@@ -61,6 +65,9 @@ impl Settings {
         config.lookup_priority = self.priority;
         config.max_in_flight = self.max_in_flight;
         config.max_queued = self.max_queued;
+        config.lookup_on_preemption = self.on_preemption;
+        config.lookup_preempted_wait =
+            lookup_core::duration_from_secs(self.preempted_wait_s).unwrap();
         config
     }
 

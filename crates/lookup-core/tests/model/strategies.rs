@@ -45,11 +45,16 @@ pub(crate) fn settings() -> impl Strategy<Value = Settings> {
         select(vec![6usize, 6, 6, 6, 16]),
         prop::bool::weighted(0.2),
     );
-    (lifecycle, wire, harness).prop_map(
+    let preemption = (
+        select(lookup_core::OnPreemption::ALL.to_vec()),
+        select(vec![0.0, 0.05, 5.0]),
+    );
+    (lifecycle, wire, harness, preemption).prop_map(
         |(
             (enable_lookup, lookup_async, load_async, prefetch_limit, ttl_s, timeout_s),
             (share, priority, max_in_flight, max_queued),
             (block_size, hash_len, pool, deferred_writes),
+            (on_preemption, preempted_wait_s),
         )| Settings {
             enable_lookup,
             lookup_async,
@@ -67,6 +72,8 @@ pub(crate) fn settings() -> impl Strategy<Value = Settings> {
             },
             pool,
             deferred_writes,
+            on_preemption,
+            preempted_wait_s,
         },
     )
 }

@@ -444,6 +444,11 @@ impl Harness {
                 state.answer_of(slot),
                 "request {slot}: what its last answer rests on"
             );
+            assert_eq!(
+                l.wait_budget(id).as_nanos(),
+                state.wait_budget_ns(slot),
+                "request {slot}: rule 8's wait budget"
+            );
         }
     }
 }
