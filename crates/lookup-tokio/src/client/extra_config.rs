@@ -31,6 +31,8 @@ use crate::Error;
 /// | `max_in_flight` (ours) | integer >= 1 | 1 | [`Config::max_in_flight`] |
 /// | `max_queued` (ours) | integer >= 1 | 65,536 | [`Config::max_queued`] |
 /// | `max_pending_age_s` (ours) | seconds > 0 | 5.0 | [`Config::max_pending_age`] |
+/// | `lookup_on_preemption` (ours) | `discard`, `keep`, `wait`, `keep_wait` | the core's | [`Config::lookup_on_preemption`] (rule 8) |
+/// | `lookup_preempted_wait_s` (ours) | seconds >= 0 | 5.0 | [`Config::lookup_preempted_wait`] |
 /// | `lookup_rpc_port` | integer >= 0 | 0 | [`lookup_rpc_port`](Self::lookup_rpc_port): the name in the worker's ipc path ([`Endpoint::vllm`](crate::Endpoint::vllm)) |
 ///
 /// vLLM 0.33's other connector keys ([`VLLM_STORE_KEYS`]: the store's, not the
@@ -65,6 +67,14 @@ pub struct KvConnectorExtraConfig {
     /// `max_pending_age_s`, float seconds, positive.
     #[serde(rename = "max_pending_age_s", with = "positive_seconds")]
     pub max_pending_age: Duration,
+    /// `lookup_on_preemption`: what a preemption does to the request's lookup
+    /// (`spec/behaviour.md` rule 8).
+    #[serde(with = "on_preemption")]
+    pub lookup_on_preemption: lookup_core::OnPreemption,
+    /// `lookup_preempted_wait_s`, float seconds: how long a probe of a preempted
+    /// request waits for its answer with `wait` or `keep_wait`.
+    #[serde(rename = "lookup_preempted_wait_s", with = "seconds")]
+    pub lookup_preempted_wait: Duration,
     /// `lookup_rpc_port`: a name in the worker's ipc path, not a TCP port.
     pub lookup_rpc_port: u32,
 }
@@ -86,7 +96,7 @@ pub const VLLM_STORE_KEYS: [&str; 10] = [
 ];
 
 /// The keys [`KvConnectorExtraConfig`] reads.
-const LOOKUP_KEYS: [&str; 12] = [
+const LOOKUP_KEYS: [&str; 14] = [
     "enable_lookup",
     "lookup_async",
     "load_async",
@@ -98,6 +108,8 @@ const LOOKUP_KEYS: [&str; 12] = [
     "max_in_flight",
     "max_queued",
     "max_pending_age_s",
+    "lookup_on_preemption",
+    "lookup_preempted_wait_s",
     "lookup_rpc_port",
 ];
 
@@ -117,6 +129,8 @@ impl Default for KvConnectorExtraConfig {
             max_in_flight: c.max_in_flight,
             max_queued: c.max_queued,
             max_pending_age: c.max_pending_age,
+            lookup_on_preemption: c.lookup_on_preemption,
+            lookup_preempted_wait: c.lookup_preempted_wait,
             lookup_rpc_port: 0,
         }
     }
@@ -191,6 +205,8 @@ impl KvConnectorExtraConfig {
         core.max_in_flight = self.max_in_flight;
         core.max_queued = self.max_queued;
         core.max_pending_age = self.max_pending_age;
+        core.lookup_on_preemption = self.lookup_on_preemption;
+        core.lookup_preempted_wait = self.lookup_preempted_wait;
     }
 
     /// A [`Config`] with these keys and `block_size` tokens per block.
@@ -230,5 +246,18 @@ mod positive_seconds {
             ));
         }
         lookup_core::duration_from_secs(s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `lookup_on_preemption` by its name (`OnPreemption`'s `FromStr`: `discard`, `keep`,
+/// `wait`, `keep_wait`).
+mod on_preemption {
+    use serde::{Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<lookup_core::OnPreemption, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }

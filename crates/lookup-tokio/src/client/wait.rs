@@ -60,7 +60,10 @@ impl LookupClient {
     /// left running for a later probe. No form waits past the wait limit
     /// (`lookup_timeout_s` plus
     /// [`ClientConfig::wait_margin`](super::ClientConfig::wait_margin)). A deadline
-    /// already past answers at once, as [`probe`](Self::probe) in async mode.
+    /// already past answers at once, as [`probe`](Self::probe) in async mode. A
+    /// request preempted since its last allocation waits at least
+    /// `lookup_preempted_wait_s` when `lookup_on_preemption` is `wait` or
+    /// `keep_wait` (rule 8: it is not overtaken by younger requests).
     #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
     pub async fn probe_until(
         &mut self,
@@ -69,7 +72,7 @@ impl LookupClient {
         deadline: Deadline,
     ) -> Probe {
         let mut now = self.begin();
-        let (until, gives_up) = self.wait_bounds(now, deadline);
+        let (until, gives_up) = self.wait_bounds(now, deadline, req);
         loop {
             let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
@@ -112,7 +115,7 @@ impl LookupClient {
             Ok(_) => return Err(Error::BlockingInRuntime),
         };
         let mut now = self.begin();
-        let (until, gives_up) = self.wait_bounds(now, deadline);
+        let (until, gives_up) = self.wait_bounds(now, deadline, req);
         loop {
             let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
@@ -131,15 +134,21 @@ impl LookupClient {
         }
     }
 
-    /// When a wait that started at `now` ends, and whether it then answers `Ready(0)`
-    /// (sync mode, or [`Deadline::Answer`]) rather than `Pending`.
-    fn wait_bounds(&self, now: Instant, deadline: Deadline) -> (Instant, bool) {
+    /// When a wait for `req` that started at `now` ends, and whether it then answers
+    /// `Ready(0)` (sync mode, or [`Deadline::Answer`]) rather than `Pending`. A
+    /// preempted request's wait is at least its `lookup_preempted_wait_s` with
+    /// `lookup_on_preemption` = `wait` or `keep_wait` (rule 8, [`Lookups::wait_budget`](lookup_core::Lookups::wait_budget)),
+    /// so it is not overtaken by younger requests.
+    fn wait_bounds(&self, now: Instant, deadline: Deadline, req: &Request) -> (Instant, bool) {
         let limit = deadline_after(now, self.wait_limit);
         let sync = !self.core.config().lookup_async;
+        let preempted = deadline_after(now, self.core.wait_budget(req.request_id));
         match deadline {
             Deadline::Answer => (limit, true),
-            Deadline::Within(budget) => (deadline_after(now, budget).min(limit), sync),
-            Deadline::At(at) => (at.min(limit), sync),
+            Deadline::Within(budget) => {
+                (deadline_after(now, budget).max(preempted).min(limit), sync)
+            }
+            Deadline::At(at) => (at.max(preempted).min(limit), sync),
         }
     }
 
