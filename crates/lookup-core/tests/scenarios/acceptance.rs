@@ -182,7 +182,7 @@ fn s8_preempt_reset_close_drop_state_and_reset_sends_one_rpc() {
     kept.lookups.on_preempted(a.request_id);
     assert_eq!(
         kept.lookups.wait_budget(a.request_id),
-        std::time::Duration::from_secs(5)
+        Duration::from_secs(5)
     );
     assert_eq!(
         kept.probe(&a, 0),
