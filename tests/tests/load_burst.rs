@@ -32,7 +32,7 @@ const MAX_QUEUED: u32 = 128;
 const MAX_IN_FLIGHT: u32 = 4;
 /// Requests the scheduler takes from the waiting queue per step.
 const WINDOW: usize = 64;
-/// Goal of the issue: client bytes per tracked request beyond its hashes.
+/// Goal: client bytes per tracked request beyond its hashes.
 const GOAL_BYTES_PER_REQUEST: u64 = 200;
 const LIMIT: Duration = Duration::from_secs(600);
 

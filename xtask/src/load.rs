@@ -14,6 +14,7 @@
 //! The engines and the master share this machine's cores: on 2 cores the client side's
 //! CPU competes with the master's, so the ceilings are this machine's, not a master's.
 
+use lookup_tokio::Deadline;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -301,7 +302,7 @@ async fn cell(
             block_hashes: BlockHashes::from_u64s(&[]),
             skip_reading_external_kv: false,
         };
-        let _ = client.probe_wait(&warm, 0).await;
+        let _ = client.probe_until(&warm, 0, Deadline::Answer).await;
         client.on_finished(warm.request_id);
         clients.push(client);
     }
@@ -337,7 +338,7 @@ async fn cell(
                     client.on_new_request(req);
                 }
                 for req in &reqs {
-                    let answer = client.probe_wait(req, 0).await;
+                    let answer = client.probe_until(req, 0, Deadline::Answer).await;
                     debug_assert!(matches!(answer, Probe::Ready { .. }));
                     let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
                     let _ = latency.record(us.max(1));

@@ -95,7 +95,7 @@ fn summary_keeps_every_run() {
 fn goal_is_met_at_the_target_and_not_without_a_value() {
     let goal = |value| Goal {
         name: "x".into(),
-        source: "issue 3",
+        source: "goal: throughput",
         value,
         target: 0.85,
     };

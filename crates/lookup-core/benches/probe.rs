@@ -1,6 +1,6 @@
 //! Caller cost of the core: a probe answered from the result cache, and a whole
 //! arrival → send → reply → probe → allocate cycle, with a 64-hash chain
-//! (issue goal: ≤ 1 µs per cycle; a cached probe does not allocate).
+//! (goal: ≤ 1 µs per cycle; a cached probe does not allocate).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

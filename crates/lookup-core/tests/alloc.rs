@@ -1,4 +1,4 @@
-//! A probe answered from the result cache allocates nothing (issue acceptance):
+//! A probe answered from the result cache allocates nothing:
 //! counted with dhat's heap profiler as the global allocator.
 
 use std::time::{Duration, Instant};

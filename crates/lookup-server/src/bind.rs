@@ -76,7 +76,7 @@ pub(crate) fn prepare_ipc_path(path: &Path, take_over: bool) -> Result<(), Error
 /// Unlinks the stale socket file at `path`; `Ok(false)` when it is gone already. The
 /// server that made it may unlink it itself between the liveness check and this call
 /// (it is shutting down: its `IpcFile` drops), which leaves the path free just the
-/// same (issue "never a silent miss", bug d: the rebind race).
+/// same (the rebind race).
 fn remove_stale(path: &Path) -> io::Result<bool> {
     match fs::remove_file(path) {
         Ok(()) => Ok(true),

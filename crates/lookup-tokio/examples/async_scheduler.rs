@@ -144,7 +144,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 deferred.push_back(req);
                 continue;
             }
-            match client.probe_step(&req, 0).await {
+            match client.probe_until(&req, 0, client.step_deadline()).await {
                 // Not known within the budget: try again next step.
                 Probe::Pending => deferred.push_back(req),
                 Probe::Ready {

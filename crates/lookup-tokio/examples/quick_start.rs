@@ -4,7 +4,7 @@
 //! checks it). Run: `cargo run -p lookup-tokio --example quick_start -- tcp://HOST:PORT`.
 
 // quick start: begin
-use lookup_tokio::{LookupClient, Probe, Request, RequestId};
+use lookup_tokio::{Deadline, LookupClient, Probe, Request, RequestId};
 use vllm_block_hash::{BlockHasher, HashAlgo, NoneHashSeed, RequestExtraKeys};
 
 async fn quick_start(endpoint: &str) -> Result<Probe, Box<dyn std::error::Error>> {
@@ -18,14 +18,9 @@ async fn quick_start(endpoint: &str) -> Result<Probe, Box<dyn std::error::Error>
     let hasher = BlockHasher::new(HashAlgo::Sha256, &NoneHashSeed::default(), 16)?;
     let tokens: Vec<u32> = (0..50).collect();
     let block_hashes = hasher.block_hashes(&tokens, &RequestExtraKeys::new())?;
-    let req = Request {
-        request_id: RequestId(1),
-        num_tokens: 50,
-        block_hashes,
-        skip_reading_external_kv: false,
-    };
-    client.on_new_request(&req);
-    let probe = client.probe_step(&req, 0).await; // sync mode: waits for the answer
+    let req = Request::new(RequestId(1), 50, block_hashes);
+    client.on_new_request(&req); // prefetches when lookup_async and a prefetch limit are on
+    let probe = client.probe_until(&req, 0, Deadline::Answer).await; // waits for the answer
     println!("{probe:?}: {:?}", client.answer_of(req.request_id)); // hit, miss or unavailable
     client.on_allocated(req.request_id);
     client.on_finished(req.request_id);

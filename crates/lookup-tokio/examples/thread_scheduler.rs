@@ -63,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut answers = Vec::new();
         for req in &requests {
             client.on_new_request(req);
-            let probe = client.probe_step_blocking(req, BLOCK)?;
+            let probe = client.probe_until_blocking(req, BLOCK, client.step_deadline())?;
             answers.push((req.request_id, probe));
             client.on_allocated(req.request_id);
             client.on_finished(req.request_id);

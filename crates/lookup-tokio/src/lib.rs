@@ -17,8 +17,8 @@
 //!   tracing span) go to the task; one `WireEvent` per RPC that ended comes back.
 //!   Nothing else crosses. The client applies the wire events at the start of each of
 //!   its calls, so a call never waits for the task; only the explicit waits
-//!   (`probe_wait`, [`LookupClient::probe_within`], `probe_blocking`, `reset_and_wait`,
-//!   `wait_progress`) sleep, on the channel, bounded by `lookup_timeout_s` plus
+//!   ([`LookupClient::probe_until`], [`LookupClient::probe_until_blocking`],
+//!   `reset_and_wait`, `wait_progress`) sleep, on the channel, bounded by `lookup_timeout_s` plus
 //!   [`ClientConfig::wait_margin`].
 //!
 //! # The call-order contract
@@ -31,11 +31,14 @@
 //!    a prefetch when `lookup_async` and `lookup_prefetch_limit > 0`), or
 //!    [`LookupClient::on_new_request_with_id`] to name it in spans; other tasks use a
 //!    cloned [`LookupHandle`].
-//! 2. Each scheduler step, for each waiting request: [`LookupClient::probe_step`]
-//!    (or [`LookupClient::probe_step_blocking`] on a thread). `lookup_async` is the
-//!    one switch: false (sync mode) waits and always answers `Ready`; true answers at
-//!    once or within [`ClientConfig::probe_budget`], `Pending` meaning "not known
-//!    yet, try next step". [`LookupClient::answer_of`] says whether a 0 was a miss or
+//! 2. Each scheduler step, for each waiting request, one of the three probe forms,
+//!    whose wait is written at the call site: [`LookupClient::probe`] (never waits;
+//!    `Pending` means "not known yet, try next step"),
+//!    [`LookupClient::probe_until`] with a [`Deadline`] (`Answer`: sync mode, always
+//!    `Ready`; `Within(budget)` or `At(instant)`: prefetch plus a bounded wait), or
+//!    [`LookupClient::probe_until_blocking`] on a thread.
+//!    [`LookupClient::step_deadline`] gives the deadline the configuration's
+//!    `lookup_async` stands for. [`LookupClient::answer_of`] says whether a 0 was a miss or
 //!    an unavailable store.
 //! 3. When blocks are allocated: [`LookupClient::on_allocated`]; when the request
 //!    finishes or aborts: [`LookupClient::on_finished`]; when preempted:
@@ -70,8 +73,8 @@ pub mod vllm;
 mod warn;
 
 pub use client::{
-    ClientBuilder, ClientConfig, ClientStats, KvConnectorExtraConfig, LookupClient, LookupHandle,
-    VLLM_STORE_KEYS,
+    ClientBuilder, ClientConfig, ClientStats, Deadline, KvConnectorExtraConfig, LookupClient,
+    LookupHandle, VLLM_STORE_KEYS,
 };
 pub use error::Error;
 pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig};

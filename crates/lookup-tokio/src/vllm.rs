@@ -105,6 +105,13 @@ pub struct VllmEngine {
     pub num_kv_heads: u32,
     /// The engine host's name, as Python's `socket.gethostname()` gives it.
     pub hostname: String,
+    /// `cache_config.get_resolved_kv_cache_layout()`: it picks the TP-shared key
+    /// format when `store_tp_size` or `enable_store_tp_lcm` is set (vLLM's default,
+    /// `LBHNC`, otherwise changes nothing).
+    pub kv_cache_layout: vllm_block_hash::KvCacheLayout,
+    /// `model_config.use_mla`: the KV-cache group is MLA (one latent head, the same
+    /// on every TP rank) instead of full attention.
+    pub use_mla: bool,
 }
 
 /// Everything a scheduler-side client of one vLLM 0.33 engine needs, built by
@@ -127,12 +134,6 @@ pub struct VllmSetup {
     pub endpoint: crate::Endpoint,
 }
 
-/// The `kv_connector_extra_config` keys that change the store keys and that
-/// [`VllmSetup`] does not honour yet: setting one is an error naming it, never a
-/// silent miss.
-pub const UNHONOURED_STORE_KEYS: [&str; 3] =
-    ["store_tp_size", "enable_store_tp_lcm", "prefill_tp_sizes"];
-
 impl VllmSetup {
     /// Builds the client configuration, the key layout and the worker endpoint from
     /// the whole `--kv-transfer-config` (an object with `kv_connector_extra_config`;
@@ -140,14 +141,20 @@ impl VllmSetup {
     /// not read) and `engine`. `vllm_rpc_base_path` is `$VLLM_RPC_BASE_PATH` (`None`:
     /// the temp dir).
     ///
-    /// Honoured key-changing keys: `cache_prefix`, `enable_cross_layers_blocks`.
+    /// Every key that changes the store keys takes effect, read as vLLM 0.33's
+    /// `worker.py` reads it: `cache_prefix`, `enable_cross_layers_blocks`,
+    /// `store_tp_size`, `enable_store_tp_lcm` with `prefill_tp_sizes`
+    /// (`resolve_store_tp_size`, `_select_store_layout`: with the LCM switch on the
+    /// list's least common multiple, else a positive integer `store_tp_size`; a
+    /// requested store TP that does not resolve, or that the engine cannot share,
+    /// gives vLLM's rank-local compatibility namespace, as its workers write).
     ///
     /// # Errors
     /// [`Error::ExtraConfig`] naming the key: `kv_connector_extra_config` when the
     /// config is not an object or that key is not one; any error of
     /// [`KvConnectorExtraConfig::from_kv_connector_extra_config`](crate::KvConnectorExtraConfig::from_kv_connector_extra_config);
-    /// `cache_prefix` not a string, `enable_cross_layers_blocks` not a bool; a key of
-    /// [`UNHONOURED_STORE_KEYS`] set. [`Error::InvalidClientConfig`] for a deployment
+    /// `cache_prefix` not a string, `enable_cross_layers_blocks` not a bool.
+    /// [`Error::InvalidClientConfig`] for a deployment
     /// `vllm_block_hash` refuses (key `deployment`) or [`key_layout`] refuses.
     pub fn from_kv_transfer_config(
         kv_transfer_config: &serde_json::Value,
@@ -177,17 +184,6 @@ impl VllmSetup {
                 format!("expected a JSON object, got {extra_json}"),
             ));
         };
-        for key in UNHONOURED_STORE_KEYS {
-            if map.contains_key(key) {
-                return Err(bad(
-                    key,
-                    "changes the store keys (a TP-shared store layout), which this \
-                     constructor does not build yet: build the Deployment with \
-                     vllm_block_hash::Deployment::with_store_tp"
-                        .to_owned(),
-                ));
-            }
-        }
         let cache_prefix = match map.get("cache_prefix") {
             None | Some(serde_json::Value::Null) => String::new(),
             Some(serde_json::Value::String(s)) => s.clone(),
@@ -208,10 +204,21 @@ impl VllmSetup {
                 ));
             }
         };
+        let kind = if engine.use_mla {
+            vllm_block_hash::AttentionKind::Mla
+        } else {
+            vllm_block_hash::AttentionKind::Full
+        };
         let deployment = vllm_block_hash::Deployment::new(engine.model.clone(), engine.block_size)
             .with_cache_prefix(cache_prefix)
             .with_parallelism(engine.parallelism)
             .with_num_kv_heads(engine.num_kv_heads)
+            .with_groups(vec![vllm_block_hash::KvCacheGroup {
+                kind,
+                block_size: engine.block_size,
+            }])
+            .with_kv_cache_layout(engine.kv_cache_layout)
+            .with_store_tp(store_tp(map))
             .with_cross_layers_blocks(cross_layers);
         let store_keys = StoreKeys::new(&deployment).map_err(|e| Error::InvalidClientConfig {
             key: "deployment",
@@ -232,5 +239,57 @@ impl VllmSetup {
             key_layout,
             endpoint,
         })
+    }
+}
+
+impl VllmSetup {
+    /// The client configuration that asks the engine's own lookup worker (vLLM's
+    /// `LookupKeyServer`, or `lookup-server` in its place) at [`endpoint`](Self::endpoint),
+    /// with [`config`](Self::config): block size stated once, by [`VllmEngine`].
+    #[must_use]
+    pub fn zmq_client_config(&self) -> crate::ClientConfig {
+        let mut config = crate::ClientConfig::zmq(self.endpoint.clone(), self.config.block_size);
+        config.core = self.config.clone();
+        config
+    }
+
+    /// The client configuration that asks the Mooncake master at `master` directly
+    /// (`host:port` or `etcd://...`, [`MasterAddr`](crate::MasterAddr)) for
+    /// [`key_layout`](Self::key_layout)'s keys, with [`config`](Self::config).
+    #[must_use]
+    pub fn direct_client_config(&self, master: crate::MasterAddr) -> crate::ClientConfig {
+        let direct = crate::DirectConfig::new(master, self.key_layout.clone());
+        let mut config = crate::ClientConfig::new(direct, self.config.block_size);
+        config.core = self.config.clone();
+        config
+    }
+}
+
+/// What `kv_connector_extra_config` asks of the store's TP layout, as vLLM 0.33's
+/// `_select_store_layout` and `resolve_store_tp_size` read it: requested when
+/// `enable_store_tp_lcm` is `true` or `store_tp_size` is set (not `null`); then the
+/// least common multiple of `prefill_tp_sizes` (a non-empty list of positive
+/// integers) with the LCM switch on, else `store_tp_size` when a positive integer;
+/// anything else requested resolves to nothing (vLLM's compatibility namespace).
+fn store_tp(map: &serde_json::Map<String, serde_json::Value>) -> vllm_block_hash::StoreTp {
+    use vllm_block_hash::StoreTp;
+    let positive = |v: &serde_json::Value| {
+        v.as_u64()
+            .filter(|&n| n > 0)
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    let lcm = map.get("enable_store_tp_lcm") == Some(&serde_json::Value::Bool(true));
+    let size = map.get("store_tp_size").filter(|v| !v.is_null());
+    if lcm {
+        let sizes: Option<Vec<u32>> = map
+            .get("prefill_tp_sizes")
+            .and_then(serde_json::Value::as_array)
+            .filter(|list| !list.is_empty())
+            .and_then(|list| list.iter().map(positive).collect());
+        sizes.map_or(StoreTp::Unresolved, |sizes| StoreTp::lcm(&sizes))
+    } else if let Some(size) = size {
+        positive(size).map_or(StoreTp::Unresolved, StoreTp::Size)
+    } else {
+        StoreTp::NotRequested
     }
 }

@@ -3,6 +3,7 @@
 //! and never reads as a miss or costs `lookup_timeout_s` per probe; a prefetch ends as
 //! a transport failure naming its request, with no probe needed to see it.
 
+use lookup_tokio::Deadline;
 use std::time::{Duration, Instant};
 
 use lookup_core::{
@@ -31,14 +32,20 @@ async fn probes_fail_fast(endpoint: Endpoint) -> (Duration, Duration, u64) {
     config.core.lookup_timeout = Duration::from_secs(30);
     let mut client = LookupClient::connect_lazy(config).expect("connect");
     let t0 = Instant::now();
-    assert_eq!(client.probe_wait(&req(1), 0).await, READY_ZERO);
+    assert_eq!(
+        client.probe_until(&req(1), 0, Deadline::Answer).await,
+        READY_ZERO
+    );
     let first = t0.elapsed();
     assert_eq!(
         client.answer_of(RequestId(1)),
         Some(Answer::Unavailable(Unavailable::Transport))
     );
     let t1 = Instant::now();
-    assert_eq!(client.probe_wait(&req(2), 0).await, READY_ZERO);
+    assert_eq!(
+        client.probe_until(&req(2), 0, Deadline::Answer).await,
+        READY_ZERO
+    );
     let second = t1.elapsed();
     assert_eq!(
         client.answer_of(RequestId(2)),

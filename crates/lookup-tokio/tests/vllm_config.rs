@@ -5,7 +5,8 @@
 use lookup_core::BlockHashes;
 use lookup_tokio::Error;
 use lookup_tokio::vllm::{VllmEngine, VllmSetup};
-use lookup_tokio::vllm_block_hash::{Parallelism, Ranks};
+use lookup_tokio::vllm_block_hash::{KvCacheLayout, Parallelism, Ranks};
+use serde_json::Value;
 use serde_json::json;
 
 fn engine() -> VllmEngine {
@@ -16,6 +17,8 @@ fn engine() -> VllmEngine {
         dp_rank: 1,
         num_kv_heads: 8,
         hostname: "node-7".to_owned(),
+        kv_cache_layout: KvCacheLayout::Lbhnc,
+        use_mla: false,
     }
 }
 
@@ -45,6 +48,17 @@ fn a_vllm_kv_transfer_config_with_cache_prefix_and_tp_2_asks_the_workers_keys() 
     );
     assert_eq!(setup.config.block_size, 16);
     assert!(setup.config.lookup_async);
+    let zmq = setup.zmq_client_config();
+    assert_eq!(zmq.transport.target(), setup.endpoint.url());
+    assert_eq!(zmq.core, setup.config);
+    let mut direct = setup.direct_client_config("127.0.0.1:50051".parse().unwrap());
+    assert_eq!(direct.core, setup.config);
+    let direct = direct.transport.direct_mut().expect("direct");
+    assert_eq!(
+        (direct.master.to_string(), &direct.layout),
+        ("127.0.0.1:50051".to_owned(), &setup.key_layout)
+    );
+
     let hashes = BlockHashes::from_u64s(&[11, 12, 13]);
     let asked = setup.key_layout.chain_keys(&hashes, 3);
     // What the two TP workers write, block-major like the lookup's keys.
@@ -71,15 +85,109 @@ fn a_vllm_kv_transfer_config_with_cache_prefix_and_tp_2_asks_the_workers_keys() 
     );
 }
 
+const GOLDEN: &str = include_str!("../../vllm-block-hash/tests/golden/vllm-0.33.0.json");
+
+fn u32_of(v: &Value) -> u32 {
+    u32::try_from(v.as_u64().expect("a number")).expect("u32")
+}
+
+/// Every key that changes the store keys takes effect: each golden case of vLLM
+/// 0.33.0's own key functions with one KV-cache group (store TP shared, by LCM,
+/// MQA-replicated and unsupported; cache prefix; TP, PP, PCP, DCP; MLA), given as
+/// its `kv_connector_extra_config` inside a `--kv-transfer-config`, asks exactly the
+/// keys vLLM looks up.
 #[test]
-fn a_key_changing_setting_not_honoured_is_an_error_naming_it() {
-    for key in ["store_tp_size", "enable_store_tp_lcm", "prefill_tp_sizes"] {
-        let config = json!({ "kv_connector_extra_config": { key: 4 } });
-        match VllmSetup::from_kv_transfer_config(&config, &engine(), None) {
-            Err(Error::ExtraConfig { key: named, .. }) => assert_eq!(named, key),
-            other => panic!("{key}: {other:?}"),
+fn every_store_key_setting_of_vllms_golden_cases_takes_effect() {
+    let golden: Value = serde_json::from_str(GOLDEN).expect("the golden vectors parse");
+    let mut checked = Vec::new();
+    for case in golden["store_keys"].as_array().expect("store_keys") {
+        let name = case["name"].as_str().expect("name");
+        let groups = case["groups"].as_array().expect("groups");
+        if groups.len() != 1 {
+            continue;
         }
+        let p = &case["parallel"];
+        let engine = VllmEngine {
+            model: case["model"].as_str().expect("model").to_owned(),
+            block_size: u32_of(&groups[0]["block_size"]),
+            parallelism: Parallelism::new(
+                u32_of(&p["tp"]),
+                u32_of(&p["pcp"]),
+                u32_of(&p["dcp"]),
+                u32_of(&p["pp"]),
+            ),
+            dp_rank: 0,
+            num_kv_heads: u32_of(&case["num_kv_heads"]),
+            hostname: "h".to_owned(),
+            kv_cache_layout: match case["kv_cache_layout"].as_str().unwrap_or("LBHNC") {
+                "LBHNC" => KvCacheLayout::Lbhnc,
+                "LBNHC" => KvCacheLayout::Lbnhc,
+                "BLHNC" => KvCacheLayout::Blhnc,
+                other => panic!("layout {other} not in the vectors"),
+            },
+            use_mla: groups[0]["kind"] == "mla",
+        };
+        let extra = match &case["extra_config"] {
+            Value::Null => json!({}),
+            x => x.clone(),
+        };
+        let config = json!({
+            "kv_connector": "MooncakeStoreConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": extra,
+        });
+        let setup = VllmSetup::from_kv_transfer_config(&config, &engine, None)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let hashes: Vec<Vec<u8>> = case["block_hashes"]
+            .as_array()
+            .expect("hashes")
+            .iter()
+            .map(|h| {
+                let h = h.as_str().expect("hex");
+                (0..h.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&h[i..i + 2], 16).expect("hex"))
+                    .collect()
+            })
+            .collect();
+        let chain = BlockHashes::from_hashes(&hashes).expect("hashes");
+        let blocks =
+            ((u32_of(&case["num_tokens"]) / setup.config.block_size) as usize).min(chain.len());
+        let expected: Vec<String> = case["lookup_keys"]
+            .as_array()
+            .expect("lookup_keys")
+            .iter()
+            .map(|k| k.as_str().expect("key").to_owned())
+            .collect();
+        assert_eq!(
+            setup.key_layout.chain_keys(&chain, blocks),
+            expected,
+            "{name}"
+        );
+        checked.push(name.to_owned());
     }
+    assert_eq!(
+        checked,
+        [
+            "one_namespace",
+            "four_namespaces_tp4_cache_prefix",
+            "four_namespaces_tp2_pp2",
+            "eight_namespaces_tp4_pp2",
+            "eight_namespaces_pcp2_tp2_pp2",
+            "eight_namespaces_tp4_dcp2_pp2",
+            "eight_namespaces_tp8",
+            "gqa_replicated_tp8_kv2",
+            "mla_tp4_one_namespace",
+            "store_tp_shared_lbhnc",
+            "store_tp_lcm_lbnhc_pp2",
+            "store_tp_mqa",
+            "store_tp_unsupported_rank_local_compat",
+        ]
+    );
+}
+
+#[test]
+fn a_setting_of_the_wrong_type_or_an_unknown_key_is_an_error_naming_it() {
     let config = json!({ "kv_connector_extra_config": { "cache_prefix": 7 } });
     match VllmSetup::from_kv_transfer_config(&config, &engine(), None) {
         Err(Error::ExtraConfig { key, why }) => {

@@ -241,7 +241,7 @@ async fn a_server_answers_chunked_blocks_by_their_last_hash() {
         skip_reading_external_kv: false,
     };
     assert_eq!(
-        client.probe_step(&req, 0).await,
+        client.probe_until(&req, 0, client.step_deadline()).await,
         Probe::Ready {
             external_tokens: 128,
             load_async: true

@@ -3,6 +3,7 @@
 //! order, close with lookups in flight, and ineligible requests.
 
 use super::*;
+use lookup_tokio::Deadline;
 
 /// Sync mode (rule 10) with `probe_wait`, in both formats, over tcp: never `Pending`;
 /// `msgpack-hex` sends the token count floored to the block size.
@@ -15,10 +16,22 @@ async fn sync_probe_wait_both_formats() {
         config.transport.zmq_mut().expect("zmq").format = format;
         let mut client = LookupClient::connect_lazy(config).expect("connect");
         let req = request(1, 60, &[1, 2, 3]);
-        assert_eq!(client.probe_wait(&req, 0).await, ready(32), "{format}");
-        assert_eq!(client.probe_wait(&req, 16).await, ready(16), "{format}");
+        assert_eq!(
+            client.probe_until(&req, 0, Deadline::Answer).await,
+            ready(32),
+            "{format}"
+        );
+        assert_eq!(
+            client.probe_until(&req, 16, Deadline::Answer).await,
+            ready(16),
+            "{format}"
+        );
         let missing = request(2, 60, &[9, 2, 3]);
-        assert_eq!(client.probe_wait(&missing, 0).await, ready(0), "{format}");
+        assert_eq!(
+            client.probe_until(&missing, 0, Deadline::Answer).await,
+            ready(0),
+            "{format}"
+        );
         let floored = match format {
             Format::TaggedBlob => 60,
             Format::MsgpackHex => 48,
@@ -76,7 +89,7 @@ async fn sync_probe_wait_is_bounded() {
     config.core.lookup_timeout = Duration::from_millis(200);
     let mut client = LookupClient::connect_lazy(config).expect("connect");
     let req = request(1, 32, &[1, 2]);
-    let answer = tokio::time::timeout(LIMIT, client.probe_wait(&req, 0))
+    let answer = tokio::time::timeout(LIMIT, client.probe_until(&req, 0, Deadline::Answer))
         .await
         .expect("bounded");
     assert_eq!(answer, ready(0));
@@ -104,10 +117,10 @@ fn probe_blocking_from_a_plain_thread() {
     .expect("connect");
     let answers = std::thread::spawn(move || {
         let a = client
-            .probe_blocking(&request(1, 48, &[1, 2, 3]), 0)
+            .probe_until_blocking(&request(1, 48, &[1, 2, 3]), 0, Deadline::Answer)
             .expect("plain thread");
         let b = client
-            .probe_blocking(&request(2, 48, &[3, 2, 1]), 0)
+            .probe_until_blocking(&request(2, 48, &[3, 2, 1]), 0, Deadline::Answer)
             .expect("plain thread");
         client.close();
         (a, b)
@@ -135,7 +148,8 @@ fn probe_blocking_inside_runtimes() {
         let mut client =
             LookupClient::connect_lazy(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
         let answer = tokio::spawn(async move {
-            let answer = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
+            let answer =
+                client.probe_until_blocking(&request(1, 48, &[1, 2, 3]), 0, Deadline::Answer);
             client.close();
             answer
         })
@@ -151,7 +165,7 @@ fn probe_blocking_inside_runtimes() {
     single.block_on(async {
         let mut client =
             LookupClient::connect_lazy(ClientConfig::zmq(endpoint.clone(), B)).expect("connect");
-        let refused = client.probe_blocking(&request(1, 48, &[1, 2, 3]), 0);
+        let refused = client.probe_until_blocking(&request(1, 48, &[1, 2, 3]), 0, Deadline::Answer);
         assert!(
             matches!(refused, Err(Error::BlockingInRuntime)),
             "{refused:?}"
@@ -243,7 +257,10 @@ async fn close_with_lookups_in_flight() {
     }
     assert_eq!(client.reset(), None);
     assert!(matches!(client.reset_and_wait().await, Err(Error::Closed)));
-    assert_eq!(client.probe_wait(&reqs[0], 0).await, ready(0));
+    assert_eq!(
+        client.probe_until(&reqs[0], 0, Deadline::Answer).await,
+        ready(0)
+    );
     assert_eq!(client.poll_event(), None);
     server.release(false);
     assert_eq!(dir.entries(), vec!["lookup.sock".to_owned()]);

@@ -5,6 +5,7 @@
 //! Needs `python3` with pyzmq (`pip install pyzmq==27.3.0`). Without it the tests
 //! skip with a message, except when `CI=true`, where they fail.
 
+use lookup_tokio::Deadline;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -168,8 +169,16 @@ async fn our_client_against_python_rep_server() {
         let b = request(2, 48, &[1, 9, 3]);
         // msgpack-hex sends 48 (floored): all three blocks, so the full-hit rule applies.
         let hit_a = if reset { 48 } else { 32 };
-        assert_eq!(client.probe_wait(&a, 0).await, ready(hit_a), "{format}");
-        assert_eq!(client.probe_wait(&b, 0).await, ready(16), "{format}");
+        assert_eq!(
+            client.probe_until(&a, 0, Deadline::Answer).await,
+            ready(hit_a),
+            "{format}"
+        );
+        assert_eq!(
+            client.probe_until(&b, 0, Deadline::Answer).await,
+            ready(16),
+            "{format}"
+        );
         let mut expected = vec![
             request_line(&wire::encode_lookup(format, 60, B, &a.block_hashes)),
             request_line(&wire::encode_lookup(format, 48, B, &b.block_hashes)),
@@ -180,7 +189,11 @@ async fn our_client_against_python_rep_server() {
                 ResetOutcome::Ok
             );
             let again = request(3, 60, &[1, 2, 3]);
-            assert_eq!(client.probe_wait(&again, 0).await, ready(0), "after reset");
+            assert_eq!(
+                client.probe_until(&again, 0, Deadline::Answer).await,
+                ready(0),
+                "after reset"
+            );
             expected.push("request 7265736574".to_owned()); // "reset"
             expected.push(request_line(&wire::encode_lookup(
                 format,

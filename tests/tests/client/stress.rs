@@ -2,6 +2,7 @@
 //! once, and a server stopped and restarted in the middle of a run (rule 17: a
 //! server that is down or restarted costs lookups, never a hang).
 
+use lookup_tokio::Deadline;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -146,7 +147,7 @@ async fn ten_clients_thousand_lookups_each() {
             let mut wrong = 0;
             if sync {
                 for case in &cases {
-                    if client.probe_wait(&case.req, 0).await != ready(case.hit) {
+                    if client.probe_until(&case.req, 0, Deadline::Answer).await != ready(case.hit) {
                         wrong += 1;
                     }
                     client.on_allocated(case.req.request_id);

@@ -6,6 +6,7 @@
 //! key counts, and is dropped on a reset and on a failed call. Needs
 //! `scripts/mooncake/install.sh`.
 
+use lookup_tokio::Deadline;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -289,8 +290,8 @@ async fn a_batched_direct_client_answers_bursts_as_an_unbatched_one_mooncake_mas
             let cap = (req.num_tokens.saturating_sub(1) / B) * B;
             let full = (req.num_tokens / B) as usize;
             let want = ready(hit_tokens(req.num_tokens, B, run.min(full)).min(cap));
-            let got_batched = batched.probe_wait(req, 0).await;
-            let got_unbatched = unbatched.probe_wait(req, 0).await;
+            let got_batched = batched.probe_until(req, 0, Deadline::Answer).await;
+            let got_unbatched = unbatched.probe_until(req, 0, Deadline::Answer).await;
             if got_batched != want || got_unbatched != want {
                 mismatches.push(format!(
                     "chain {i}: want {want:?}, batched {got_batched:?}, unbatched {got_unbatched:?}"
@@ -352,7 +353,10 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
 
     // A prompt of 6 blocks (97 tokens): 12 keys asked, all present.
     let first = request(1, 6 * B + 1, &ids[..6]);
-    assert_eq!(client.probe_wait(&first, 0).await, ready(6 * B));
+    assert_eq!(
+        client.probe_until(&first, 0, Deadline::Answer).await,
+        ready(6 * B)
+    );
     assert_eq!(keys_asked(&mut client), 12);
     // Nothing is cached before this connection's lease is read (at the first hit).
     lookup_tests::direct::eventually("the master's lease read", || {
@@ -363,12 +367,18 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     .await;
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 0);
     let warm = request(6, 6 * B + 1, &ids[..6]);
-    assert_eq!(client.probe_wait(&warm, 0).await, ready(6 * B));
+    assert_eq!(
+        client.probe_until(&warm, 0, Deadline::Answer).await,
+        ready(6 * B)
+    );
     assert_eq!(keys_asked(&mut client), 24);
     // Its continuation to 12 blocks: only blocks 7-12 are asked (12 keys); the run
     // ends at block 11, as without the cache.
     let cont = request(2, 12 * B + 1, &ids);
-    assert_eq!(client.probe_wait(&cont, 0).await, ready(10 * B));
+    assert_eq!(
+        client.probe_until(&cont, 0, Deadline::Answer).await,
+        ready(10 * B)
+    );
     assert_eq!(keys_asked(&mut client), 36);
     let s = client.batch_stats().expect("connected");
     assert_eq!(s.keys_from_cache, 12);
@@ -377,7 +387,10 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     let mut other_ids = ids[..8].to_vec();
     other_ids.extend([100, 101]);
     let other = request(3, 10 * B + 1, &other_ids);
-    assert_eq!(client.probe_wait(&other, 0).await, ready(8 * B));
+    assert_eq!(
+        client.probe_until(&other, 0, Deadline::Answer).await,
+        ready(8 * B)
+    );
     assert_eq!(keys_asked(&mut client), 40);
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
 
@@ -385,7 +398,10 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     let _ = client.reset();
     client.wait_progress(Duration::from_millis(200)).await;
     let again = request(4, 6 * B + 1, &ids[..6]);
-    assert_eq!(client.probe_wait(&again, 0).await, ready(6 * B));
+    assert_eq!(
+        client.probe_until(&again, 0, Deadline::Answer).await,
+        ready(6 * B)
+    );
     assert_eq!(keys_asked(&mut client), 52);
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
 
@@ -403,7 +419,10 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     })
     .await;
     let failed = request(5, 12 * B + 1, &ids);
-    assert_eq!(client.probe_wait(&failed, 0).await, ready(0));
+    assert_eq!(
+        client.probe_until(&failed, 0, Deadline::Answer).await,
+        ready(0)
+    );
     let s = client.batch_stats().expect("connected");
     assert_eq!(s.cache_drops, 2, "a reset and the connection's end");
     // The connection's epoch ended with it: nothing came from the cache.
@@ -414,7 +433,7 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     let mut answer = ready(0);
     for attempt in 0..100u64 {
         let req = request(10 + attempt, 6 * B + 1, &ids[..6]);
-        answer = client.probe_wait(&req, 0).await;
+        answer = client.probe_until(&req, 0, Deadline::Answer).await;
         client.on_finished(req.request_id);
         if answer == ready(6 * B) {
             break;
@@ -453,7 +472,10 @@ async fn a_master_restarted_at_the_same_address_ends_the_presence_cache_mooncake
     // Until the answers come from the cache alone (the lease is read first).
     for _ in 0..100 {
         let req = ask();
-        assert_eq!(client.probe_wait(&req, 0).await, ready(6 * B));
+        assert_eq!(
+            client.probe_until(&req, 0, Deadline::Answer).await,
+            ready(6 * B)
+        );
         client.on_finished(req.request_id);
         if client.batch_stats().expect("connected").keys_from_cache >= 6 {
             break;
@@ -462,7 +484,10 @@ async fn a_master_restarted_at_the_same_address_ends_the_presence_cache_mooncake
     }
     let calls = client.stats().master.expect("connected").batch_exist_calls;
     let req = ask();
-    assert_eq!(client.probe_wait(&req, 0).await, ready(6 * B));
+    assert_eq!(
+        client.probe_until(&req, 0, Deadline::Answer).await,
+        ready(6 * B)
+    );
     client.on_finished(req.request_id);
     assert_eq!(
         client.stats().master.expect("connected").batch_exist_calls,
@@ -478,7 +503,10 @@ async fn a_master_restarted_at_the_same_address_ends_the_presence_cache_mooncake
     let mut misses = 0;
     for _ in 0..200 {
         let req = ask();
-        assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+        assert_eq!(
+            client.probe_until(&req, 0, Deadline::Answer).await,
+            ready(0)
+        );
         match client.answer_of(req.request_id) {
             Some(lookup_core::Answer::Miss) => misses += 1,
             Some(lookup_core::Answer::Unavailable(_)) => {}

@@ -4,6 +4,7 @@
 //! ZeroMQ transport, whose wire carries no lease, checks against
 //! `ZmqConfig::store_lease_ttl`.
 
+use lookup_tokio::Deadline;
 use std::time::Duration;
 
 use lookup_core::{BlockHashes, Probe};
@@ -45,7 +46,9 @@ async fn a_master_that_cannot_report_its_lease_is_warned_about_once() {
     let logs = Logs::capture();
     let (fake, mut client) = stored_and_client().await;
     assert_eq!(
-        client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
+        client
+            .probe_until(&request(1, 49, &[1, 2, 3]), 0, Deadline::Answer)
+            .await,
         hit(48)
     );
     eventually("the lease is asked", || fake.lease_calls() == 1).await;
@@ -54,7 +57,9 @@ async fn a_master_that_cannot_report_its_lease_is_warned_about_once() {
     })
     .await;
     assert_eq!(
-        client.probe_wait(&request(2, 49, &[1, 2, 3]), 0).await,
+        client
+            .probe_until(&request(2, 49, &[1, 2, 3]), 0, Deadline::Answer)
+            .await,
         hit(48)
     );
     assert_eq!(fake.lease_calls(), 1, "a refusal is not asked again");
@@ -89,7 +94,9 @@ async fn a_reported_lease_below_the_ttl_is_warned_about() {
         "2 s < 10 s configured"
     );
     assert_eq!(
-        client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
+        client
+            .probe_until(&request(1, 49, &[1, 2, 3]), 0, Deadline::Answer)
+            .await,
         hit(48)
     );
     let reported = LeaseTtl {
@@ -124,7 +131,9 @@ async fn a_ttl_not_below_the_configured_lease_is_warned_about_at_connect() {
     config.core.lookup_prefetch_ttl = Duration::from_secs(10);
     let mut client = LookupClient::connect_lazy(config).expect("connect");
     assert_eq!(
-        client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
+        client
+            .probe_until(&request(1, 49, &[1, 2, 3]), 0, Deadline::Answer)
+            .await,
         hit(0)
     );
     let warnings = logs.containing("is not below");
@@ -153,7 +162,9 @@ async fn a_ttl_above_both_leases_is_warned_about_once() {
     config.core.lookup_prefetch_ttl = Duration::from_secs(10);
     let mut client = LookupClient::connect_lazy(config).expect("connect");
     assert_eq!(
-        client.probe_wait(&request(1, 49, &[1, 2, 3]), 0).await,
+        client
+            .probe_until(&request(1, 49, &[1, 2, 3]), 0, Deadline::Answer)
+            .await,
         hit(48)
     );
     let reported = LeaseTtl {

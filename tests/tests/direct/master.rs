@@ -5,6 +5,7 @@
 //! reference computation of `spec/wire.md` on 500 random chains; prefetch end to end;
 //! a master stopped and restarted mid-run. Needs `scripts/mooncake/install.sh`.
 
+use lookup_tokio::Deadline;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -161,8 +162,10 @@ async fn direct_and_via_server_agree_on_500_random_chains_mooncake_master() {
         let computed = B * rng.random_range(0..=2u32);
         let req = request(i as u64, num_tokens, ids);
         let want = expected(&layout, &stored, ids, num_tokens, computed);
-        let got_direct = direct.probe_wait(&req, computed).await;
-        let got_server = via_server.probe_wait(&req, computed).await;
+        let got_direct = direct.probe_until(&req, computed, Deadline::Answer).await;
+        let got_server = via_server
+            .probe_until(&req, computed, Deadline::Answer)
+            .await;
         direct.on_finished(req.request_id);
         via_server.on_finished(req.request_id);
         if got_direct != want || got_server != want {
@@ -270,13 +273,19 @@ async fn direct_master_stopped_fails_open_then_recovers_mooncake_master() {
     let mut client =
         LookupClient::connect_lazy(direct_config(&master, &layout, 1024)).expect("connect");
     let ask = |id: u64| -> Request { request(id, 4 * B + 1, &ids) };
-    assert_eq!(client.probe_wait(&ask(1), 0).await, ready(64));
+    assert_eq!(
+        client.probe_until(&ask(1), 0, Deadline::Answer).await,
+        ready(64)
+    );
     client.on_finished(RequestId(1));
 
     drop(writer);
     master.stop();
     let started = Instant::now();
-    assert_eq!(client.probe_wait(&ask(2), 0).await, ready(0));
+    assert_eq!(
+        client.probe_until(&ask(2), 0, Deadline::Answer).await,
+        ready(0)
+    );
     // Failing open takes a failed call, never the lookup timeout (5 s).
     assert!(
         started.elapsed() < Duration::from_secs(4),
@@ -297,7 +306,7 @@ async fn direct_master_stopped_fails_open_then_recovers_mooncake_master() {
     let deadline = Instant::now() + LIMIT;
     let mut id = 3;
     loop {
-        let answer = client.probe_wait(&ask(id), 0).await;
+        let answer = client.probe_until(&ask(id), 0, Deadline::Answer).await;
         client.on_finished(RequestId(id));
         if answer == ready(64) {
             break;

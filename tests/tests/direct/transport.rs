@@ -5,6 +5,7 @@
 //! master that is not up when the client connects. The real master is in
 //! `direct_mooncake_master.rs`.
 
+use lookup_tokio::Deadline;
 use std::time::Duration;
 
 use lookup_core::{BlockHashes, Event, LookupOutcome, Probe, ResetOutcome, RpcFailure};
@@ -64,28 +65,43 @@ async fn direct_lookups_apply_the_server_rules() {
 
     // 83 tokens: five blocks asked; block 3 misses a rank, so the run is 3 blocks.
     let req = request(1, 5 * B + 3, &ids);
-    assert_eq!(client.probe_wait(&req, 0).await, ready(3 * B));
+    assert_eq!(
+        client.probe_until(&req, 0, Deadline::Answer).await,
+        ready(3 * B)
+    );
     // The second call ended the run: the third (block 4) was never asked.
     assert_eq!(fake.calls(), [4, 4]);
     // The result is kept (rule 5): a local hit of one block loads two more, no call.
-    assert_eq!(client.probe_wait(&req, B).await, ready(2 * B));
+    assert_eq!(
+        client.probe_until(&req, B, Deadline::Answer).await,
+        ready(2 * B)
+    );
     assert_eq!(fake.calls().len(), 2);
     client.on_allocated(req.request_id);
 
     // Full hit: 48 tokens, all three blocks stored (calls of 4 and 2 keys): the last
     // block is recomputed.
     let full = request(2, 3 * B, &ids[..3]);
-    assert_eq!(client.probe_wait(&full, 0).await, ready(2 * B));
+    assert_eq!(
+        client.probe_until(&full, 0, Deadline::Answer).await,
+        ready(2 * B)
+    );
     // 40 tokens: two full blocks asked (one call), both present.
     let short = request(3, 2 * B + 8, &ids);
-    assert_eq!(client.probe_wait(&short, 0).await, ready(2 * B));
+    assert_eq!(
+        client.probe_until(&short, 0, Deadline::Answer).await,
+        ready(2 * B)
+    );
     assert_eq!(fake.calls(), [4, 4, 4, 2, 4]);
 
     // A key answered with an application ErrorCode counts as absent: block 1's rank-1
     // key ends the run after block 0.
     fake.fail(&all[3..4]);
     let failing = request(4, 5 * B + 3, &ids);
-    assert_eq!(client.probe_wait(&failing, 0).await, ready(B));
+    assert_eq!(
+        client.probe_until(&failing, 0, Deadline::Answer).await,
+        ready(B)
+    );
 
     let outcomes = lookup_outcomes(&mut client);
     assert_eq!(
@@ -122,7 +138,10 @@ async fn direct_reset_is_refused_without_a_call() {
     assert!(fake.calls().is_empty(), "a reset never reaches the master");
     // Nothing was removed.
     let req = request(1, 3 * B, &ids);
-    assert_eq!(client.probe_wait(&req, 0).await, ready(2 * B));
+    assert_eq!(
+        client.probe_until(&req, 0, Deadline::Answer).await,
+        ready(2 * B)
+    );
     client.shutdown().await;
 }
 
@@ -134,7 +153,10 @@ async fn direct_silent_master_times_out_and_fails_open() {
     // The master client's own call timeout is longer: the lookup's timeout decides.
     let mut client = LookupClient::connect_lazy(config).expect("connect");
     let req = request(1, 3 * B, &[31, 32, 33]);
-    assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+    assert_eq!(
+        client.probe_until(&req, 0, Deadline::Answer).await,
+        ready(0)
+    );
     let mut ended = Vec::new();
     while let Some(event) = client.poll_event() {
         if let Event::LookupDone {
@@ -165,7 +187,10 @@ async fn direct_timeouts_in_a_row_replace_the_master_connection() {
     let mut client = LookupClient::connect_lazy(config).expect("connect");
     for i in 0..3u64 {
         let req = request(i, 3 * B, &[61 + i, 62 + i]);
-        assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+        assert_eq!(
+            client.probe_until(&req, 0, Deadline::Answer).await,
+            ready(0)
+        );
     }
     eventually("a second connection", || {
         client.stats().master.is_some_and(|m| m.connects == 2)
@@ -184,7 +209,10 @@ async fn direct_malformed_master_reply_is_a_malformed_lookup() {
     let fake = FakeMaster::start(Behaviour::Garbage).await;
     let mut client = LookupClient::connect_lazy(config(&fake.addr, 1024)).expect("connect");
     let req = request(1, 3 * B, &[41, 42, 43]);
-    assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+    assert_eq!(
+        client.probe_until(&req, 0, Deadline::Answer).await,
+        ready(0)
+    );
     assert_eq!(lookup_outcomes(&mut client), [LookupOutcome::Malformed]);
     assert_eq!(client.stats().core.failed_malformed, 1);
     client.shutdown().await;
@@ -303,7 +331,10 @@ async fn direct_master_not_up_fails_fast_then_recovers() {
     let mut client = LookupClient::connect_lazy(config).expect("connect succeeds without a master");
     let ids = [51, 52];
     let req = request(1, 3 * B, &ids);
-    assert_eq!(client.probe_wait(&req, 0).await, ready(0));
+    assert_eq!(
+        client.probe_until(&req, 0, Deadline::Answer).await,
+        ready(0)
+    );
     assert_eq!(
         lookup_outcomes(&mut client),
         [LookupOutcome::Failed(RpcFailure::Transport)]
@@ -319,7 +350,7 @@ async fn direct_master_not_up_fails_fast_then_recovers() {
     let deadline = std::time::Instant::now() + LIMIT;
     loop {
         let req = request(id, 3 * B, &ids);
-        let answer = client.probe_wait(&req, 0).await;
+        let answer = client.probe_until(&req, 0, Deadline::Answer).await;
         client.on_finished(req.request_id);
         if answer == ready(2 * B) {
             break;

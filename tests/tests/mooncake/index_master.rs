@@ -6,6 +6,7 @@
 //! `--mooncake-master` is tested with the program, in `lookup-cli`).
 //! Needs `scripts/mooncake/install.sh`.
 
+use lookup_tokio::Deadline;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -325,7 +326,7 @@ async fn mooncake_master_lookup_client_end_to_end() {
     // Sync mode (vLLM's default): the probe waits for the server, which asks the
     // master: 3 blocks of 16 tokens.
     assert_eq!(
-        client.probe_wait(&req, 0).await,
+        client.probe_until(&req, 0, Deadline::Answer).await,
         Probe::Ready {
             external_tokens: 48,
             load_async: true
@@ -334,7 +335,7 @@ async fn mooncake_master_lookup_client_end_to_end() {
     // The result is kept for the request (rule 5): a later probe with a local hit of
     // one block loads the other two, without another RPC.
     assert_eq!(
-        client.probe_wait(&req, 16).await,
+        client.probe_until(&req, 16, Deadline::Answer).await,
         Probe::Ready {
             external_tokens: 32,
             load_async: true
@@ -352,7 +353,7 @@ async fn mooncake_master_lookup_client_end_to_end() {
         ..req.clone()
     };
     assert_eq!(
-        client.probe_wait(&full, 0).await,
+        client.probe_until(&full, 0, Deadline::Answer).await,
         Probe::Ready {
             external_tokens: 64,
             load_async: true

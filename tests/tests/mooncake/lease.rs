@@ -1,10 +1,11 @@
 //! The master's read lease, read from the real `mooncake_master` (PyPI 0.3.13.post1)
 //! started with `-default_kv_lease_ttl=5000`, and what goes by it: the direct
 //! transport's TTL warning and presence cache, and the server's check of its clients'
-//! TTL (`spec/mooncake-master-rpc.md`, "Where the lease can be read"; issue: a result
+//! TTL (`spec/mooncake-master-rpc.md`, "Where the lease can be read"; the bug: a result
 //! cached past the real lease was served after its keys were removed). Needs
 //! `scripts/mooncake/install.sh`.
 
+use lookup_tokio::Deadline;
 use std::time::{Duration, Instant};
 
 use lookup_core::{BlockHashes, Probe, Request, RequestId};
@@ -114,7 +115,12 @@ async fn the_direct_transport_warns_against_the_masters_own_lease_mooncake_maste
     let (ids, _) = written(&mut writer, &layout(), 0x1000);
     let logs = Logs::capture();
     let mut client = direct_client(&master, Duration::from_secs(6), false);
-    assert_eq!(client.probe_wait(&request(1, &ids), 0).await, hit(4 * B));
+    assert_eq!(
+        client
+            .probe_until(&request(1, &ids), 0, Deadline::Answer)
+            .await,
+        hit(4 * B)
+    );
     until("the lease is read", || {
         client.master_lease() == Some(MASTER_5S)
     })
@@ -148,7 +154,12 @@ async fn the_presence_cache_ends_with_the_masters_lease_not_the_configured_one_m
     let (ids, keys) = written(&mut writer, &layout(), 0x2000);
     let mut client = direct_client(&master, Duration::from_millis(500), true);
     let asked = Instant::now();
-    assert_eq!(client.probe_wait(&request(1, &ids), 0).await, hit(4 * B));
+    assert_eq!(
+        client
+            .probe_until(&request(1, &ids), 0, Deadline::Answer)
+            .await,
+        hit(4 * B)
+    );
     until("the lease is read", || {
         client.master_lease() == Some(MASTER_5S)
     })
@@ -162,7 +173,12 @@ async fn the_presence_cache_ends_with_the_masters_lease_not_the_configured_one_m
         admin.remove_all(false).await.expect("remove"),
         keys.len() as i64
     );
-    assert_eq!(client.probe_wait(&request(2, &ids), 0).await, hit(0));
+    assert_eq!(
+        client
+            .probe_until(&request(2, &ids), 0, Deadline::Answer)
+            .await,
+        hit(0)
+    );
     let stats = client.batch_stats().expect("connected");
     assert_eq!((stats.keys_from_cache, stats.lease_reads), (0, 1));
 }

@@ -1,5 +1,5 @@
-//! The caller's cost while the request table grows, and the caller-cost limits of
-//! issue 16 (item 4): submit ≤ 1 µs p50; pending, ready and cached probes ≤ 100 ns
+//! The caller's cost while the request table grows, and its limits:
+//! submit ≤ 1 µs p50; pending, ready and cached probes ≤ 100 ns
 //! p50; any handle call ≤ 100 µs while tracked requests grow from 0 to 100,000; N=1
 //! sync / bare tmq REQ-REP ≥ 0.9×.
 
@@ -14,7 +14,7 @@ use super::ours::ProbeCosts;
 use super::payload::Payload;
 use super::stats::CallCost;
 
-/// Requests tracked at the end of a growth run (issue 16, item 4).
+/// Requests tracked at the end of a growth run .
 pub const GROWTH_REQUESTS: usize = 100_000;
 
 /// One growth run: every arrival's cost while the table grew.
@@ -100,7 +100,7 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A limit of issue 16, item 4, and what one run measured.
+/// A limit of the growth goal and what one run measured.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Limit {
     /// What is measured.
@@ -209,7 +209,7 @@ pub fn table(growth: &[GrowthCost], limits: &[Limit]) -> String {
             growth.iter().map(|g| g.max_cpu_at).collect::<Vec<_>>(),
         );
     }
-    let _ = writeln!(w, "\nCaller-cost limits (issue 16, item 4)");
+    let _ = writeln!(w, "\nCaller-cost limits ");
     for l in limits {
         let _ = writeln!(
             w,

@@ -1,6 +1,5 @@
 //! `cargo xtask bench`: the lookup channel's performance, side by side, in one run
-//! (issue "lookup-tokio", acceptance; issue "observability and performance evidence",
-//! item 3). `bench/README.md` explains every row.
+//! (the throughput and caller-cost goals of `bench/README.md`). `bench/README.md` explains every row.
 //!
 //! Every row sends the same lookup ([`payload::Payload`]: 64 block hashes of 32 bytes,
 //! `num_tokens` 64 × 16 + 1, `tagged-blob`) over ipc in a temporary directory, to a
@@ -16,7 +15,7 @@
 //!    rows that split our loop's cost between client and server;
 //! 3. lookups per second against an index that takes `--index-ms` per call;
 //! 4. the caller's cost while tracked requests grow to 100,000 ([`growth`]), with
-//!    the caller-cost limits of issue 16.
+//!    the caller-cost limits as the tracked requests grow.
 //!
 //! Each measurement is repeated `--reps` times, the rows interleaved, and the table
 //! shows medians. `--json PATH` writes every run too.

@@ -3,12 +3,13 @@
 //! Two placements of the caller and the I/O actor (the task that owns the socket):
 //!
 //! - one thread: a current-thread runtime on the caller's thread carries the actor,
-//!   which runs whenever the caller awaits (`probe_wait`, `wait_progress`); no
+//!   which runs whenever the caller awaits (`probe_until(Answer)`, `wait_progress`); no
 //!   cross-thread wake-up on the lookup's path;
 //! - two threads: the caller on its own thread, the actor on a one-worker runtime
-//!   ([`LookupClient::connect_with_handle`]); the caller blocks in `probe_blocking`
+//!   ([`LookupClient::connect_with_handle`]); the caller blocks in `probe_until_blocking(Answer)`
 //!   or sleeps between steps, and every reply crosses threads.
 
+use lookup_tokio::Deadline;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
@@ -109,7 +110,7 @@ impl Answers {
 }
 
 /// Sync loop (`lookup_async = false`, `max_in_flight` 1, as vLLM's REQ socket): each
-/// lookup is `probe_wait` then `on_allocated`, one at a time. Returns lookups per
+/// lookup is `probe_until(Answer)` then `on_allocated`, one at a time. Returns lookups per
 /// second over `count` lookups after `warmup` unmeasured ones.
 ///
 /// # Errors
@@ -134,7 +135,7 @@ pub(crate) fn sync_loop(
                         start = Instant::now();
                     }
                     let req = payload.request(i as u64);
-                    answers.check(client.probe_wait(&req, 0).await);
+                    answers.check(client.probe_until(&req, 0, Deadline::Answer).await);
                     client.on_allocated(req.request_id);
                 }
                 let elapsed = start.elapsed();
@@ -153,7 +154,7 @@ pub(crate) fn sync_loop(
                     start = Instant::now();
                 }
                 let req = payload.request(i as u64);
-                answers.check(client.probe_blocking(&req, 0)?);
+                answers.check(client.probe_until_blocking(&req, 0, Deadline::Answer)?);
                 client.on_allocated(req.request_id);
             }
             let elapsed = start.elapsed();
@@ -166,7 +167,7 @@ pub(crate) fn sync_loop(
 
 /// Async prefetch loop (`lookup_async = true`): `batch` requests arrive at once
 /// (`on_new_request` starts each lookup, `lookup_prefetch_limit` = `batch`), then each
-/// is waited for with `probe_wait` and allocated; then the next batch. `max_in_flight`
+/// is waited for with `probe_until(Answer)` and allocated; then the next batch. `max_in_flight`
 /// RPCs go on the wire at once. Caller and actor share one current-thread runtime.
 /// Returns lookups per second over `count` lookups after `warmup` unmeasured ones.
 ///
@@ -217,7 +218,7 @@ async fn batches(
             client.on_new_request(req);
         }
         for req in &reqs {
-            answers.check(client.probe_wait(req, 0).await);
+            answers.check(client.probe_until(req, 0, Deadline::Answer).await);
             client.on_allocated(req.request_id);
         }
     }

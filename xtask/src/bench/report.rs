@@ -57,11 +57,11 @@ pub enum Row {
     BareReqOurServer,
     /// Our client (sync, N=1) against the bare REP server: the client's share.
     OursSyncBareRep,
-    /// Our client, sync `probe_wait`, N=1, caller and actor on one thread.
+    /// Our client, sync `probe_until(Answer)`, N=1, caller and actor on one thread.
     OursSync,
-    /// Our client, sync `probe_blocking`, N=1, caller and actor on two threads.
+    /// Our client, sync `probe_until_blocking(Answer)`, N=1, caller and actor on two threads.
     OursSyncTwoThreads,
-    /// Our client, async prefetch of a batch then `probe_wait`, N=1.
+    /// Our client, async prefetch of a batch then `probe_until(Answer)`, N=1.
     OursBatch1,
     /// As [`Row::OursBatch1`] with N=4.
     OursBatch4,
@@ -101,10 +101,14 @@ impl Row {
             Self::Bare => "bare tmq REQ -> bare tmq REP (reference)",
             Self::BareReqOurServer => "  split: bare tmq REQ -> our LookupServer",
             Self::OursSyncBareRep => "  split: ours N=1 sync -> bare tmq REP",
-            Self::OursSync | Self::SlowOursSync => "ours N=1 sync probe_wait, one thread",
-            Self::OursSyncTwoThreads => "ours N=1 sync probe_blocking, two threads",
-            Self::OursBatch1 | Self::SlowOursBatch1 => "ours N=1 async: prefetch batch, probe_wait",
-            Self::OursBatch4 | Self::SlowOursBatch4 => "ours N=4 async: prefetch batch, probe_wait",
+            Self::OursSync | Self::SlowOursSync => "ours N=1 sync, one thread",
+            Self::OursSyncTwoThreads => "ours N=1 sync blocking, two threads",
+            Self::OursBatch1 | Self::SlowOursBatch1 => {
+                "ours N=1 async: prefetch batch, probe_until"
+            }
+            Self::OursBatch4 | Self::SlowOursBatch4 => {
+                "ours N=4 async: prefetch batch, probe_until"
+            }
             Self::PythonBatch | Self::SlowPythonBatch => "Python design: submit batch, wait each",
         }
     }
@@ -295,7 +299,7 @@ impl Report {
                         "caller cost, {what} {}: Python / ours",
                         if p99 { "p99" } else { "p50" }
                     ),
-                    source: "issue 6, item 3",
+                    source: "goal: the caller's cost",
                     value: caller_ratio(ours_kind, python_kind, p99),
                     target: 20.0,
                 });
@@ -304,19 +308,19 @@ impl Report {
         goals.extend([
             Goal {
                 name: "N=1 sync / bare REQ-REP, in-memory index".into(),
-                source: "issue 3, acceptance",
+                source: "goal: throughput",
                 value: two(Row::OursSync, Row::Bare),
                 target: 0.85,
             },
             Goal {
                 name: "N=4 / N=1 (async), slow index".into(),
-                source: "issue 3, acceptance",
+                source: "goal: throughput",
                 value: two(Row::SlowOursBatch4, Row::SlowOursBatch1),
                 target: 3.0,
             },
             Goal {
                 name: "N=4 / Python design, slow index".into(),
-                source: "issue 6, item 3",
+                source: "goal: the caller's cost",
                 value: two(Row::SlowOursBatch4, Row::SlowPythonBatch),
                 target: 3.0,
             },
@@ -437,11 +441,11 @@ pub struct Finished {
     pub rows: Vec<RowResult>,
     /// Measured mean time of one slow-index call (ms).
     pub slow_index_mean_ms: Option<f64>,
-    /// The goals of the issues and the measured ratios.
+    /// The goals (`bench/README.md`) and the measured ratios.
     pub goals: Vec<Goal>,
     /// Every growth run.
     pub growth: Vec<GrowthCost>,
-    /// The caller-cost limits of issue 16.
+    /// The caller-cost limits as tracked requests grow.
     pub limits: Vec<Limit>,
 }
 

@@ -139,12 +139,12 @@ impl Summary {
     }
 }
 
-/// A goal of the issues and whether the measured ratio reaches it.
+/// A goal (`bench/README.md`) and whether the measured ratio reaches it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Goal {
     /// What is compared, for the table (for example "N=4 / N=1, 1 ms index").
     pub name: String,
-    /// Where the goal comes from (issue and its section).
+    /// What kind of goal it is (throughput, the caller's cost).
     pub source: &'static str,
     /// The measured ratio; `None` when a side was not measured.
     pub value: Option<f64>,

@@ -2,6 +2,7 @@
 //! store client, Python lookup server), our servers in this process, and the timed
 //! lookups.
 
+use lookup_tokio::Deadline;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -118,7 +119,7 @@ async fn time_client(
             skip_reading_external_kv: false,
         };
         let start = Instant::now();
-        let answer = client.probe_wait(&req, 0).await;
+        let answer = client.probe_until(&req, 0, Deadline::Answer).await;
         let took = start.elapsed();
         client.on_allocated(req.request_id);
         let Probe::Ready {

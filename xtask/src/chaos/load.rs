@@ -7,6 +7,7 @@
 //! lookup is a new request of one prompt, probed with no local hit, so its answer
 //! claims the prompt's first `external_tokens / block size` blocks.
 
+use lookup_tokio::Deadline;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -138,7 +139,7 @@ pub struct Settings {
 
 impl Settings {
     /// The longest a sync-mode probe may wait: `lookup_timeout_s` plus the wait
-    /// margin ([`LookupClient::probe_wait`]).
+    /// margin ([`LookupClient::probe_until`]).
     #[must_use]
     pub fn probe_limit(&self) -> Duration {
         self.lookup_timeout + self.wait_margin
@@ -195,7 +196,7 @@ pub async fn run_client(
             skip_reading_external_kv: false,
         };
         let started = epoch.elapsed();
-        let probe = lookup.probe_wait(&req, 0).await;
+        let probe = lookup.probe_until(&req, 0, Deadline::Answer).await;
         let at = epoch.elapsed();
         let blocks = match probe {
             Probe::Ready {

@@ -31,6 +31,7 @@
 //!
 //! TTFT = arrival to the end of the step that computed the last prompt token.
 
+use lookup_tokio::Deadline;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -314,7 +315,7 @@ impl<'a> Engine<'a> {
         match self.mode {
             Mode::Sync => {
                 let started = Instant::now();
-                let answer = self.client.probe_wait(core, 0).await;
+                let answer = self.client.probe_until(core, 0, Deadline::Answer).await;
                 self.result.blocked += started.elapsed();
                 answer
             }

@@ -7,6 +7,7 @@
 //! --mooncake-master etcd://...` and `lookup doctor` ask the same leader. Needs
 //! `scripts/mooncake/install.sh` (etcd-server and the pinned wheel).
 
+use lookup_tokio::Deadline;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -117,7 +118,7 @@ async fn mooncake_ha_programs_through_etcd_and_reset_by_opt_in_only() {
         skip_reading_external_kv: false,
     };
     assert_eq!(
-        client.probe_wait(&req, 0).await,
+        client.probe_until(&req, 0, Deadline::Answer).await,
         Probe::Ready {
             external_tokens: 48,
             load_async: true

@@ -254,8 +254,8 @@ async fn probe_unreachable(url: &str) -> (Output, std::time::Duration) {
     (out, wall)
 }
 
-/// A missing ipc socket file: exit 4 at once, naming the path (issue "never a silent
-/// miss", section 3: `lookup probe` exits non-zero within 1 s and says which it was).
+/// A missing ipc socket file: exit 4 at once, naming the path (`lookup probe`
+/// exits non-zero within 1 s and says which it was: a failure never reads as a miss).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_names_a_missing_ipc_socket_file() {
     let dir = TempDir::new("cli-nofile");

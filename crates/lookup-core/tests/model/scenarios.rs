@@ -138,8 +138,7 @@ fn a_ready_zero_probe_of_a_changed_prompt_drops_the_old_lookup() {
     );
 }
 
-/// Statistics (issue 2, "per request whether its lookup was ready at its first
-/// probe"): the first probe of a request too short to look up answers `Ready(0)`; a
+/// Statistics (per request, whether its lookup was ready at its first probe): the first probe of a request too short to look up answers `Ready(0)`; a
 /// later probe after its prompt grew answers `Pending` but is not its first probe.
 #[test]
 fn the_first_probe_mark_records_the_first_probe() {

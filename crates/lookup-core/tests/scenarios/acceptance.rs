@@ -324,7 +324,7 @@ fn s12_silent_server_times_out_then_next_lookup_succeeds_and_late_reply_is_stale
     assert_eq!(h.probe(&a, 0), ready(16));
 }
 
-/// Issue regression (TTL 0 storms the server): the probe that waited for a lookup
+/// Regression (TTL 0 storms the server): the probe that waited for a lookup
 /// reads its reply whatever the TTL; with TTL 0 each result is read once.
 #[test]
 fn ttl_zero_serves_the_waiting_probe_its_reply_and_reads_each_result_once() {
@@ -371,7 +371,7 @@ fn a_repeated_arrival_keeps_its_lookup_and_after_allocation_prefetches_again() {
     assert_eq!(h.lookups.tracked_requests(), 1);
 }
 
-/// Issue regression (a failure is served from the cache): a failed lookup answers the
+/// Regression (a failure is served from the cache): a failed lookup answers the
 /// probe that waited for it with an unavailable 0, then is looked up again only after
 /// the failure backoff (10 ms, doubling), one failed request at a time.
 #[test]
@@ -413,7 +413,7 @@ fn a_failed_lookup_is_not_cached_and_retries_after_the_backoff() {
     assert_eq!(h.lookups.stats().retries_after_failure, 2);
 }
 
-/// Issue regression (huge durations panic): any finite TTL and timeout in seconds is
+/// Regression (huge durations panic): any finite TTL and timeout in seconds is
 /// accepted and saturates; nothing panics when the deadline is built.
 #[test]
 fn huge_ttl_and_timeout_saturate_instead_of_panicking() {

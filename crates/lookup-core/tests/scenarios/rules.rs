@@ -25,7 +25,7 @@ fn r15_probe_promotes_its_queued_prefetch_ahead_of_others() {
     assert_eq!(h.probe(&reqs[3], 0), ready(16));
 }
 
-/// Issue regression (rule 15 inversion): an RPC's priority follows the probes that
+/// Regression (rule 15 inversion): an RPC's priority follows the probes that
 /// currently wait for it. Request 2's probe made RPC 3 awaited; request 3 joined it at
 /// arrival; request 2 finished, so nobody probing waits for RPC 3 any more, and the
 /// promoted prefetch of request 1 (RPC 2) goes first.

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::{BlockIndex, IndexFuture, LeadingRun};
 
 /// Another index behind a fixed latency per call: models a store that takes, say,
-/// 1 ms to answer (benchmarks of concurrent lookups, `issues` "lookup-tokio",
-/// acceptance). The delay is a tokio timer, so calls wait concurrently, not in turn;
+/// 1 ms to answer (benchmarks of concurrent lookups,
+/// `cargo xtask bench`). The delay is a tokio timer, so calls wait concurrently, not in turn;
 /// tokio timers tick in whole milliseconds, so a 1 ms latency waits 1-2 ms.
 #[derive(Debug)]
 pub struct DelayedIndex<I> {

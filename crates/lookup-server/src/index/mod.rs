@@ -100,8 +100,7 @@ pub struct LeadingRun {
     /// Leading blocks whose every key exists.
     pub blocks: usize,
     /// Keys the index asked its store about (an index that stops after the call
-    /// ending the run asks fewer than it was given; issue "never a silent miss",
-    /// bug e).
+    /// ending the run asks fewer than it was given).
     pub keys_asked: usize,
 }
 

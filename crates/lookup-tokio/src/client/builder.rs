@@ -143,7 +143,7 @@ impl ClientBuilder {
     }
 
     /// `lookup_async`, the one switch between sync mode (false, vLLM's default:
-    /// [`LookupClient::probe_step`] waits for the answer) and async mode (true).
+    /// [`LookupClient::step_deadline`] is [`Deadline::Answer`](crate::Deadline::Answer)) and async mode (true).
     pub fn lookup_async(mut self, on: bool) -> Self {
         self.core.lookup_async = on;
         self

@@ -17,8 +17,8 @@ use crate::{Endpoint, Transport};
 /// `core` carries vLLM's keys (`spec/behaviour.md`, "Configuration"; read from
 /// `kv_connector_extra_config` by
 /// [`KvConnectorExtraConfig`](crate::KvConnectorExtraConfig)). Its `lookup_async` is
-/// the one switch between sync and async mode: [`LookupClient::probe_step`] and
-/// [`LookupClient::probe_step_blocking`] follow it. Its `max_in_flight` is the number
+/// the one switch between sync and async mode: [`LookupClient::step_deadline`]
+/// follows it. Its `max_in_flight` is the number
 /// of lookup RPCs the client keeps on the wire at once (1, the default, is vLLM's REQ
 /// socket; with the direct transport, queries pipelined on the master connection).
 /// Each transport's own settings sit in its variant ([`ZmqConfig`],
@@ -36,12 +36,12 @@ pub struct ClientConfig {
     /// dropped and counted in [`ClientStats::events_dropped`]. Default 1,024.
     pub event_capacity: usize,
     /// Slack added to `lookup_timeout_s` when a sync-mode probe waits
-    /// ([`LookupClient::probe_wait`]), so the I/O task's own timeout report arrives
+    /// ([`Deadline::Answer`](crate::Deadline::Answer)), so the I/O task's own timeout report arrives
     /// first. Default 100 ms.
     pub wait_margin: Duration,
-    /// Async mode only: how long [`LookupClient::probe_step`] waits for a pending
-    /// answer before it answers `Pending` (prefetch plus a bounded wait,
-    /// [`LookupClient::probe_within`]). Zero (the default) never waits: vLLM's async
+    /// Async mode only: how long a probe at [`LookupClient::step_deadline`] waits for
+    /// a pending answer before it answers `Pending` (prefetch plus a bounded wait,
+    /// [`Deadline::Within`](crate::Deadline::Within)). Zero (the default) never waits: vLLM's async
     /// mode, where `Pending` means "try again next step".
     pub probe_budget: Duration,
     /// The `client` label on every metric series of this client, so that clients of

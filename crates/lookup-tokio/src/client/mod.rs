@@ -2,6 +2,7 @@
 
 mod builder;
 mod config;
+mod connect;
 mod extra_config;
 mod handle;
 mod observer;
@@ -13,9 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use lookup_core::{
-    Command, Dispatcher, Event, Lookups, Probe, Request, RequestId, RpcId, WireEvent,
-};
+use lookup_core::{Command, Event, Lookups, Probe, Request, RequestId, RpcId, WireEvent};
 use mooncake_master::batch::LeaseTtl;
 use mooncake_master::{BatchStats, Coalescer, MasterClient};
 use tokio::runtime::Handle;
@@ -29,13 +28,11 @@ pub use builder::ClientBuilder;
 pub use config::{ClientConfig, ClientStats};
 pub use extra_config::{KvConnectorExtraConfig, VLLM_STORE_KEYS};
 pub use handle::LookupHandle;
+pub use wait::Deadline;
 
 use crate::clock;
-use crate::io::direct::DirectWire;
-use crate::io::zmq::{ZmqWire, open_dealer};
-use crate::io::{IoConfig, IoLinks, IoTask, Link, ToIo, TransportStats, Wire};
+use crate::io::{Link, ToIo, TransportStats};
 use crate::warn::WarnLimiter;
-use crate::{Error, Transport};
 use handle::Announce;
 use observer::ClientObserver;
 
@@ -49,26 +46,26 @@ const READY_ZERO: Probe = Probe::Ready {
 ///
 /// It owns the lifecycle state machine ([`Lookups`]) on the caller's thread, with no
 /// lock; one tokio task (the I/O task) owns the DEALER socket, or with
-/// [`Transport::Direct`] the Mooncake master connection (the server's rules are then
-/// computed in this process; [`Transport`] documents the lease side effect and why a
+/// [`Transport::Direct`](crate::Transport::Direct) the Mooncake master connection (the server's rules are then
+/// computed in this process; [`Transport`](crate::Transport) documents the lease side effect and why a
 /// reset ends as failed). Every method is
-/// non-blocking except the explicit waits ([`probe_wait`](Self::probe_wait),
-/// [`probe_blocking`](Self::probe_blocking), [`reset_and_wait`](Self::reset_and_wait)):
-/// it applies what the I/O task reported (the core's [`WireEvent`]s), applies the
-/// call, and hands new RPCs to the I/O task. The clock is read once per call (and
-/// once per wake-up while waiting). Deadlines are the I/O task's: a timed-out RPC
-/// reaches the client as a wire event like a reply.
+/// non-blocking except the explicit waits ([`probe_until`](Self::probe_until),
+/// [`probe_until_blocking`](Self::probe_until_blocking),
+/// [`reset_and_wait`](Self::reset_and_wait)): it applies what the I/O task reported
+/// (the core's [`WireEvent`]s), applies the call, and hands new RPCs to the I/O task.
+/// The clock is read once per call (and once per wake-up while waiting). Deadlines
+/// are the I/O task's: a timed-out RPC reaches the client as a wire event like a
+/// reply.
 ///
-/// Modes (`spec/behaviour.md`, configuration): `lookup_async` is the one switch.
-/// Call [`probe_step`](Self::probe_step) (async schedulers) or
-/// [`probe_step_blocking`](Self::probe_step_blocking) (thread schedulers) each step:
-/// with `lookup_async = false` (vLLM's default) they wait for the answer and never
-/// answer `Pending` (rule 10); with `lookup_async = true` they answer at once, or
-/// after at most [`ClientConfig::probe_budget`] (prefetch plus a bounded wait), and
-/// `Pending` means "try again next step"; arrivals prefetch when
-/// `lookup_prefetch_limit > 0`. The mode-specific calls ([`probe`](Self::probe),
-/// [`probe_wait`](Self::probe_wait), [`probe_within`](Self::probe_within) and their
-/// blocking twins) stay for schedulers that choose per call.
+/// Probes (`spec/behaviour.md`, rules 4-12): three forms, each with its latency at
+/// the call site. [`probe`](Self::probe) never waits (`Pending` means "try again
+/// next step"); [`probe_until`](Self::probe_until) waits up to a [`Deadline`]
+/// (`Answer` is sync mode, rule 10: never `Pending`; `Within(budget)` or
+/// `At(instant)` is prefetch plus a bounded wait); and
+/// [`probe_until_blocking`](Self::probe_until_blocking) is its twin for thread
+/// schedulers. [`step_deadline`](Self::step_deadline) gives the deadline the
+/// configuration's `lookup_async` stands for. Arrivals prefetch when `lookup_async`
+/// and `lookup_prefetch_limit > 0`.
 ///
 /// Dropping the client closes it.
 ///
@@ -86,7 +83,7 @@ const READY_ZERO: Probe = Probe::Ready {
 /// use std::sync::Arc;
 /// use lookup_core::{BlockHashes, Probe, Request, RequestId};
 /// use lookup_server::{InMemoryIndex, LookupServer, ServerConfig};
-/// use lookup_tokio::{ClientConfig, KeyLayout, LookupClient};
+/// use lookup_tokio::{ClientConfig, Deadline, KeyLayout, LookupClient};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -99,13 +96,8 @@ const READY_ZERO: Probe = Probe::Ready {
 ///
 /// // Sync mode (vLLM's default): the probe waits for the answer.
 /// let mut client = LookupClient::connect_lazy(ClientConfig::zmq(server.local_endpoint().clone(), 16))?;
-/// let req = Request {
-///     request_id: RequestId(7),
-///     num_tokens: 50,
-///     block_hashes,
-///     skip_reading_external_kv: false,
-/// };
-/// let probe = client.probe_wait(&req, 0).await;
+/// let req = Request::new(RequestId(7), 50, block_hashes);
+/// let probe = client.probe_until(&req, 0, Deadline::Answer).await;
 /// assert_eq!(probe, Probe::Ready { external_tokens: 32, load_async: true });
 /// client.on_allocated(req.request_id);
 /// client.shutdown().await;
@@ -133,9 +125,9 @@ pub struct LookupClient {
     probe_budget: Duration,
     waits_gave_up: u64,
     warn: WarnLimiter,
-    /// [`Transport::Direct`]: the I/O task's master client, once connected.
+    /// [`Transport::Direct`](crate::Transport::Direct): the I/O task's master client, once connected.
     master: Option<Arc<OnceLock<MasterClient>>>,
-    /// [`Transport::Direct`]: the I/O task's batcher, once connected.
+    /// [`Transport::Direct`](crate::Transport::Direct): the I/O task's batcher, once connected.
     batch: Arc<OnceLock<Coalescer>>,
     /// What [`LookupHandle`]s announce.
     announced: UnboundedReceiver<Announce>,
@@ -146,253 +138,7 @@ pub struct LookupClient {
 }
 
 impl LookupClient {
-    /// Strict connect (tonic's `connect`): [`connect_lazy`](Self::connect_lazy), then
-    /// waits at most [`ClientConfig::connect_timeout`] (1 s by default) for the server
-    /// to answer: the ZeroMQ handshake with the lookup server completes, or with
-    /// [`Transport::Direct`] the master connects. For a router or a CLI, which wants
-    /// to know now; a scheduler that must start before its store uses
-    /// [`connect_lazy`](Self::connect_lazy).
-    ///
-    /// # Errors
-    /// As [`connect_lazy`](Self::connect_lazy); [`Error::Unreachable`] with the reason
-    /// when the server does not answer within the bound (no socket file, a stale one,
-    /// a refused port, no ZeroMQ greeting, the master's connect error, or the bound
-    /// itself).
-    pub async fn connect(config: ClientConfig) -> Result<Self, Error> {
-        let bound = config.connect_timeout;
-        let target = config.transport.target();
-        let client = Self::connect_lazy(config)?;
-        let mut link = client.link.clone();
-        match wait_up(&mut link, bound).await {
-            Ok(()) => Ok(client),
-            Err(why) => Err(Error::Unreachable { target, why }),
-        }
-    }
-
-    /// As [`connect`](Self::connect) (strict), the I/O task on `runtime`, blocking the
-    /// calling thread for at most [`ClientConfig::connect_timeout`]: for schedulers
-    /// that do not run inside tokio. Never call it on a thread of `runtime` itself.
-    ///
-    /// # Errors
-    /// As [`connect`](Self::connect), except [`Error::NoRuntime`].
-    pub fn connect_with_handle(config: ClientConfig, runtime: &Handle) -> Result<Self, Error> {
-        let bound = config.connect_timeout;
-        let target = config.transport.target();
-        let client = Self::connect_lazy_with_handle(config, runtime)?;
-        let mut link = client.link.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        runtime.spawn(async move {
-            let _ = tx.send(wait_up(&mut link, bound).await);
-        });
-        // The task's own bound answers first; this one only guards a runtime that
-        // does not run it.
-        match rx.recv_timeout(bound.saturating_add(Duration::from_millis(100))) {
-            Ok(Ok(())) => Ok(client),
-            Ok(Err(why)) => Err(Error::Unreachable { target, why }),
-            Err(_) => Err(Error::Unreachable {
-                target,
-                why: format!("no answer within {bound:?} (is the runtime running?)"),
-            }),
-        }
-    }
-
-    /// Lazy connect (tonic's `connect_lazy`): connects to the server of
-    /// [`Transport::Zmq`] (or, with [`Transport::Direct`], to the master) and spawns
-    /// the I/O task on the current tokio runtime, without waiting. The socket connects
-    /// in the background: a server that is not up yet is not an error, which is what
-    /// a scheduler that starts before its store wants. The client watches the
-    /// connection ([`ClientStats::endpoint_unreachable`]): while nothing listens at
-    /// the endpoint (a missing ipc socket file, a refused tcp port), once the server
-    /// closed the connection (its process died), or once it is found stopped after a
-    /// lookup timed out, lookups fail at once as unavailable, warned about once naming
-    /// the endpoint and the cause, and they go out again as soon as ZeroMQ connects
-    /// again. The direct transport connects to the master in the background too:
-    /// lookups wait for the first attempt, and fail open while the master cannot be
-    /// reached.
-    ///
-    /// A `lookup_prefetch_ttl_s` that is not below the store's read lease is logged
-    /// as a warning, once (a cached result could then outlive the lease that keeps its
-    /// blocks in the store): with the direct transport against
-    /// [`DirectConfig::lease_ttl`](crate::DirectConfig::lease_ttl) when the master
-    /// connects, or against the lease the master reports at the first hit
-    /// ([`master_lease`](Self::master_lease)) when only that one is exceeded; with
-    /// ZeroMQ against [`ZmqConfig::store_lease_ttl`](crate::ZmqConfig::store_lease_ttl)
-    /// when set.
-    ///
-    /// # Errors
-    /// [`Error::NoRuntime`] outside a tokio runtime (use
-    /// [`connect_lazy_with_handle`](Self::connect_lazy_with_handle));
-    /// [`Error::Core`] for an invalid `config.core`; [`Error::Zmq`] when the socket
-    /// cannot be created or the endpoint is refused by ZeroMQ;
-    /// [`Error::InvalidClientConfig`] for a direct transport setting that cannot work
-    /// ([`DirectConfig::validate`](crate::DirectConfig::validate)).
-    pub fn connect_lazy(config: ClientConfig) -> Result<Self, Error> {
-        let handle = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        Self::connect_lazy_with_handle(config, &handle)
-    }
-
-    /// As [`connect_lazy`](Self::connect_lazy), spawning the I/O task on `runtime`, for
-    /// schedulers that do not run inside tokio. Keep the runtime alive as long as the
-    /// client (a current-thread runtime must be driven by another thread).
-    ///
-    /// # Errors
-    /// As [`connect_lazy`](Self::connect_lazy), except [`Error::NoRuntime`].
-    #[tracing::instrument(level = "debug", skip_all, fields(endpoint = %config.transport.target()))]
-    pub fn connect_lazy_with_handle(config: ClientConfig, runtime: &Handle) -> Result<Self, Error> {
-        // The socket registers with the runtime's reactor, and the task's timer with
-        // its clock: enter it first.
-        let _entered = runtime.enter();
-        warn_if_prefetch_inactive(&config.core);
-        let mut core = Lookups::with_observer(
-            config.core.clone(),
-            ClientObserver::new(clock::now(), config.transport.target(), &config.label()),
-        )?;
-        core.set_event_capacity(config.event_capacity);
-        let timeout = config.core.timeout();
-        let mut master = None;
-        let batch = Arc::new(OnceLock::new());
-        let spawned = match &config.transport {
-            Transport::Zmq(zmq) => {
-                let io = IoConfig {
-                    backoff: zmq.reopen_backoff,
-                    reopen_after_timeouts: zmq.reopen_after_timeouts,
-                    timeout,
-                    call_timeout: None,
-                    max_pending_age: config.core.max_pending_age,
-                    label: config.label(),
-                };
-                let context = tmq::Context::new();
-                zmq.check_lease(config.core.lookup_prefetch_ttl);
-                let socket = open_dealer(&context, &zmq.endpoint.url())?;
-                let wire = ZmqWire::new(
-                    zmq.endpoint.clone(),
-                    zmq.format,
-                    config.core.block_size,
-                    timeout,
-                    context,
-                    socket,
-                );
-                spawn(wire, &config, &io, runtime)
-            }
-            Transport::Direct(direct) => {
-                direct.validate()?;
-                let io = IoConfig {
-                    backoff: direct.connect_backoff,
-                    // The master client reconnects by itself when the connection
-                    // breaks; a hung one is replaced after timeouts in a row.
-                    reopen_after_timeouts: direct.reopen_after_timeouts,
-                    timeout,
-                    call_timeout: Some(direct.master_config.call_timeout),
-                    max_pending_age: config.core.max_pending_age,
-                    label: config.label(),
-                };
-                let cell = Arc::new(OnceLock::new());
-                let result_ttl = config.core.lookup_prefetch_ttl;
-                let wire = DirectWire::new(
-                    (**direct).clone(),
-                    config.core.block_size,
-                    result_ttl,
-                    Arc::clone(&cell),
-                    Arc::clone(&batch),
-                );
-                master = Some(cell);
-                spawn(wire, &config, &io, runtime)
-            }
-        };
-        Ok(Self::assemble(
-            core, spawned, &config, runtime, master, batch,
-        ))
-    }
-
-    /// A builder of the configuration, then of the client:
-    /// `LookupClient::builder().zmq("tcp://127.0.0.1:5555").lookup_async(true).connect_lazy()`
-    /// ([`ClientBuilder`]).
-    pub fn builder() -> ClientBuilder {
-        ClientBuilder::default()
-    }
-
-    /// A client whose I/O task drives `wire` (tests: a seeded fake wire on virtual
-    /// time).
-    #[cfg(test)]
-    pub(crate) fn with_wire<W: Wire>(
-        config: ClientConfig,
-        wire: W,
-        runtime: &Handle,
-    ) -> Result<Self, Error> {
-        let _entered = runtime.enter();
-        let mut core = Lookups::with_observer(
-            config.core.clone(),
-            ClientObserver::new(clock::now(), config.transport.target(), &config.label()),
-        )?;
-        core.set_event_capacity(config.event_capacity);
-        let io = match &config.transport {
-            Transport::Zmq(zmq) => IoConfig {
-                backoff: zmq.reopen_backoff,
-                reopen_after_timeouts: zmq.reopen_after_timeouts,
-                timeout: config.core.timeout(),
-                call_timeout: None,
-                max_pending_age: config.core.max_pending_age,
-                label: config.label(),
-            },
-            Transport::Direct(direct) => IoConfig {
-                backoff: direct.connect_backoff,
-                reopen_after_timeouts: direct.reopen_after_timeouts,
-                timeout: config.core.timeout(),
-                call_timeout: Some(direct.master_config.call_timeout),
-                max_pending_age: config.core.max_pending_age,
-                label: config.label(),
-            },
-        };
-        let spawned = spawn(wire, &config, &io, runtime);
-        Ok(Self::assemble(
-            core,
-            spawned,
-            &config,
-            runtime,
-            None,
-            Arc::default(),
-        ))
-    }
-
-    fn assemble(
-        core: Lookups<ClientObserver>,
-        spawned: Spawned,
-        config: &ClientConfig,
-        runtime: &Handle,
-        master: Option<Arc<OnceLock<MasterClient>>>,
-        batch: Arc<OnceLock<Coalescer>>,
-    ) -> Self {
-        let Spawned {
-            commands,
-            wire_events,
-            cancel,
-            task,
-            transport,
-            link,
-        } = spawned;
-        let (announce, announced) = tokio::sync::mpsc::unbounded_channel();
-        Self {
-            core,
-            commands,
-            wire_events,
-            cancel,
-            task,
-            runtime: runtime.clone(),
-            transport,
-            progressed: false,
-            wait_limit: config.core.timeout().saturating_add(config.wait_margin),
-            probe_budget: config.probe_budget,
-            waits_gave_up: 0,
-            warn: WarnLimiter::default(),
-            master,
-            batch,
-            announced,
-            announce,
-            link,
-        }
-    }
-
-    /// [`Transport::Direct`] only, once connected: how lookups shared master calls
+    /// [`Transport::Direct`](crate::Transport::Direct) only, once connected: how lookups shared master calls
     /// (batches, lookups, keys wanted and asked, keys taken from the presence cache,
     /// cache drops; [`mooncake_master::batch`]). `None` for ZeroMQ or before the
     /// first connect.
@@ -401,7 +147,7 @@ impl LookupClient {
         self.batch.get().map(Coalescer::stats)
     }
 
-    /// [`Transport::Direct`] only, once connected: the Mooncake master's read lease
+    /// [`Transport::Direct`](crate::Transport::Direct) only, once connected: the Mooncake master's read lease
     /// in use, the master's own once read (one `GetReplicaList` at the first hit per
     /// leader), [`DirectConfig::lease_ttl`](crate::DirectConfig::lease_ttl) before
     /// that or when the master cannot report it (`spec/mooncake-master-rpc.md`, "Where
@@ -706,7 +452,7 @@ pub(crate) fn prefetch_inactive(core: &lookup_core::Config) -> Option<&'static s
 
 /// Prefetch configured but inactive is a warning (a limit of 0 with async lookups on
 /// is an info): a setting that silently turns prefetch off must not go unnoticed.
-fn warn_if_prefetch_inactive(core: &lookup_core::Config) {
+pub(crate) fn warn_if_prefetch_inactive(core: &lookup_core::Config) {
     if let Some(why) = prefetch_inactive(core) {
         tracing::warn!(
             lookup_prefetch_limit = core.lookup_prefetch_limit,
@@ -716,58 +462,6 @@ fn warn_if_prefetch_inactive(core: &lookup_core::Config) {
         tracing::info!(
             "async lookups without prefetch (lookup_prefetch_limit = 0): each request is looked up at its first probe"
         );
-    }
-}
-
-/// The handle's ends of a spawned I/O task.
-struct Spawned {
-    commands: UnboundedSender<ToIo>,
-    wire_events: UnboundedReceiver<WireEvent>,
-    cancel: CancellationToken,
-    task: JoinHandle<()>,
-    transport: Arc<TransportStats>,
-    link: watch::Receiver<Link>,
-}
-
-/// Waits at most `bound` for the I/O task to find the server up: `Err` names why not.
-async fn wait_up(link: &mut watch::Receiver<Link>, bound: Duration) -> Result<(), String> {
-    let known = link.wait_for(|l| *l != Link::Unknown);
-    match tokio::time::timeout(bound, known).await {
-        Ok(Ok(state)) => match &*state {
-            Link::Down(why) => Err(why.clone()),
-            Link::Up | Link::Unknown => Ok(()),
-        },
-        Ok(Err(_)) => Err("the client's I/O task ended".to_owned()),
-        Err(_) => Err(format!("no answer within {bound:?}")),
-    }
-}
-
-/// Spawns the I/O task driving `wire` on `runtime`.
-fn spawn<W: Wire>(wire: W, config: &ClientConfig, io: &IoConfig, runtime: &Handle) -> Spawned {
-    let (commands, command_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (event_tx, wire_events) = tokio::sync::mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
-    let transport = Arc::new(TransportStats::default());
-    let (link_tx, link) = watch::channel(Link::Unknown);
-    let task = IoTask::new(
-        wire,
-        Dispatcher::new(&config.core),
-        io,
-        IoLinks {
-            commands: command_rx,
-            events: event_tx,
-            cancel: cancel.clone(),
-            stats: Arc::clone(&transport),
-            link: link_tx,
-        },
-    );
-    Spawned {
-        commands,
-        wire_events,
-        cancel,
-        task: runtime.spawn(task.run()),
-        transport,
-        link,
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::runtime::Handle;
 
 use crate::io::fake::{FakeWire, Knobs};
 use crate::metrics::LATENCY_BUCKETS_SECONDS;
-use crate::{ClientConfig, Endpoint, LookupClient};
+use crate::{ClientConfig, Deadline, Endpoint, LookupClient};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -144,4 +144,67 @@ async fn the_idle_sweep_forgets_what_the_client_kept_per_request() {
     assert_eq!(client.core.observer().tracked(), 1);
     assert_eq!(client.stats().tracked_requests, 1);
     client.shutdown().await;
+}
+
+/// The three probe forms' waits, on virtual time with a fixed 5 ms lookup: a
+/// deadline before the reply answers `Pending` in async mode and a `Ready(0)` that
+/// gave up in sync mode (rule 10: never `Pending`); `Deadline::Answer` waits for the
+/// reply; a deadline already past answers at once. (`probe_until_blocking` shares the
+/// bounds; its threads are tested against real servers.)
+#[tokio::test(start_paused = true)]
+async fn each_deadline_waits_as_long_as_it_says() {
+    let knobs = Knobs {
+        latency: (5 * MS, 5 * MS),
+        hit: |n| n / 16 * 16,
+        ..Knobs::default()
+    };
+    let hit = |blocks: u32| Probe::Ready {
+        external_tokens: blocks * 16,
+        load_async: true,
+    };
+    let zero = Probe::Ready {
+        external_tokens: 0,
+        load_async: false,
+    };
+    let endpoint: Endpoint = "ipc:///tmp/unused-fake-wire".parse().expect("endpoint");
+    for lookup_async in [true, false] {
+        let (wire, _, _) = FakeWire::new(11, knobs.clone());
+        let mut config = ClientConfig::zmq(endpoint.clone(), 16);
+        config.core.lookup_async = lookup_async;
+        let mut client = LookupClient::with_wire(config, wire, &Handle::current()).expect("client");
+        let expected = if lookup_async {
+            Deadline::Within(Duration::ZERO)
+        } else {
+            Deadline::Answer
+        };
+        assert_eq!(client.step_deadline(), expected);
+
+        let r = req(1, 4);
+        let past = tokio::time::Instant::now().into_std();
+        let started = tokio::time::Instant::now();
+        let at_once = client.probe_until(&r, 0, Deadline::At(past)).await;
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "a past deadline never waits"
+        );
+        let short = client.probe_until(&r, 0, Deadline::Within(2 * MS)).await;
+        assert_eq!(started.elapsed(), 2 * MS);
+        if lookup_async {
+            assert_eq!((at_once, short), (Probe::Pending, Probe::Pending));
+            assert_eq!(client.stats().waits_gave_up, 0);
+        } else {
+            assert_eq!(
+                (at_once, short),
+                (zero, zero),
+                "sync mode never answers Pending"
+            );
+            assert_eq!(client.stats().waits_gave_up, 2);
+        }
+        // The lookup went on: the reply comes 5 ms after the first probe.
+        assert_eq!(client.probe_until(&r, 0, Deadline::Answer).await, hit(4));
+        assert_eq!(started.elapsed(), 5 * MS);
+
+        client.shutdown().await;
+    }
 }

@@ -1,6 +1,7 @@
-//! The client's waits: sync-mode probes (rule 10), a reset that waits for its outcome
-//! (rule 13), and a wait for progress. Each sleeps on the I/O task's reports, bounded
-//! by `lookup_timeout_s` plus [`ClientConfig::wait_margin`](super::ClientConfig::wait_margin).
+//! The client's waits: probes that wait for their answer up to a [`Deadline`]
+//! (rule 10 for sync mode), a reset that waits for its outcome (rule 13), and a wait
+//! for progress. Each sleeps on the I/O task's reports, bounded by `lookup_timeout_s`
+//! plus [`ClientConfig::wait_margin`](super::ClientConfig::wait_margin).
 
 use std::time::{Duration, Instant};
 
@@ -11,57 +12,64 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use super::{LookupClient, READY_ZERO};
 use crate::{Error, clock};
 
+/// How long a probe may wait for its answer: the latency of
+/// [`LookupClient::probe_until`] and [`LookupClient::probe_until_blocking`], written
+/// at the call site. Every form is bounded by `lookup_timeout_s` plus
+/// [`ClientConfig::wait_margin`](super::ClientConfig::wait_margin) (the wait limit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    /// Until the answer is in (sync mode, vLLM's default: rule 10): never `Pending`.
+    /// A lookup on the wire fails open at `lookup_timeout_s` (rule 11); an answer
+    /// still pending at the wait limit (its RPC queued behind a hung one) is
+    /// `Ready(0)`, counted in
+    /// [`ClientStats::waits_gave_up`](super::ClientStats::waits_gave_up), and the
+    /// lookup goes on for a later probe.
+    Answer,
+    /// At most this long after the call (prefetch plus a bounded wait; zero answers
+    /// at once).
+    Within(Duration),
+    /// At most until this instant (a scheduler step's own deadline).
+    At(Instant),
+}
+
 impl LookupClient {
-    /// The probe of each scheduler step (vLLM's `get_num_new_matched_tokens`), in the
-    /// mode `lookup_async` sets, the one switch (`spec/behaviour.md`, configuration):
-    ///
-    /// - `lookup_async = false` (sync mode, vLLM's default): as
-    ///   [`probe_wait`](Self::probe_wait), never `Pending` (rule 10).
-    /// - `lookup_async = true`: as [`probe_within`](Self::probe_within) with
-    ///   [`ClientConfig::probe_budget`](super::ClientConfig::probe_budget) (zero, the
-    ///   default, is [`probe`](Self::probe): `Pending` means "try next step").
-    pub async fn probe_step(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
+    /// The deadline of a scheduler step in the mode the configuration sets
+    /// (`spec/behaviour.md`, configuration): [`Deadline::Answer`] when
+    /// `lookup_async = false` (sync mode), [`Deadline::Within`] of
+    /// [`ClientConfig::probe_budget`](super::ClientConfig::probe_budget) (zero by
+    /// default: answer at once) when `lookup_async = true`. For a scheduler whose mode
+    /// comes from vLLM's JSON: `client.probe_until(&req, n, client.step_deadline())`.
+    #[must_use]
+    pub fn step_deadline(&self) -> Deadline {
         if self.core.config().lookup_async {
-            let budget = self.probe_budget;
-            self.probe_within(req, num_computed_tokens, budget).await
+            Deadline::Within(self.probe_budget)
         } else {
-            self.probe_wait(req, num_computed_tokens).await
+            Deadline::Answer
         }
     }
 
-    /// As [`probe_step`](Self::probe_step), blocking the calling thread (a
-    /// thread-based scheduler): [`probe_blocking`](Self::probe_blocking) in sync
-    /// mode, [`probe_within_blocking`](Self::probe_within_blocking) in async mode.
+    /// The probe of a scheduler step (vLLM's `get_num_new_matched_tokens`) that waits
+    /// for the answer up to `deadline`: probes and, while the answer is pending,
+    /// sleeps on the I/O task's reports; answers as soon as the reply is in.
     ///
-    /// # Errors
-    /// [`Error::BlockingInRuntime`] on a thread of a current-thread runtime (nothing
-    /// is probed then).
-    pub fn probe_step_blocking(
+    /// At the deadline, a still-pending answer is [`Probe::Pending`] ("defer to the
+    /// next step", vLLM's skip-and-continue) with `lookup_async = true`; with
+    /// `lookup_async = false` (sync mode, rule 10: never `Pending`) and with
+    /// [`Deadline::Answer`] it is `Ready(0)`, counted in
+    /// [`ClientStats::waits_gave_up`](super::ClientStats::waits_gave_up), the lookup
+    /// left running for a later probe. No form waits past the wait limit
+    /// (`lookup_timeout_s` plus
+    /// [`ClientConfig::wait_margin`](super::ClientConfig::wait_margin)). A deadline
+    /// already past answers at once, as [`probe`](Self::probe) in async mode.
+    #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
+    pub async fn probe_until(
         &mut self,
         req: &Request,
         num_computed_tokens: u32,
-    ) -> Result<Probe, Error> {
-        if self.core.config().lookup_async {
-            let budget = self.probe_budget;
-            self.probe_within_blocking(req, num_computed_tokens, budget)
-        } else {
-            self.probe_blocking(req, num_computed_tokens)
-        }
-    }
-
-    /// Sync mode (rule 10): probes and, while the answer is pending, waits for the
-    /// I/O task's reports, until the answer is `Ready`. Never answers `Pending`.
-    ///
-    /// Bounded: a lookup on the wire fails open when its `lookup_timeout_s` passes
-    /// (rule 11); if the answer is still pending `lookup_timeout_s` plus
-    /// [`ClientConfig::wait_margin`](super::ClientConfig::wait_margin) after the call
-    /// (its RPC queued behind a hung one), it answers `Ready(0)`, counts
-    /// [`ClientStats::waits_gave_up`](super::ClientStats::waits_gave_up) and leaves
-    /// the lookup running for a later probe.
-    #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
-    pub async fn probe_wait(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
+        deadline: Deadline,
+    ) -> Probe {
         let mut now = self.begin();
-        let give_up = deadline_after(now, self.wait_limit);
+        let (until, gives_up) = self.wait_bounds(now, deadline);
         loop {
             let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
@@ -70,42 +78,8 @@ impl LookupClient {
             }
             self.progressed = false;
             while !self.progressed {
-                if now >= give_up {
-                    self.gave_up(now);
-                    return READY_ZERO;
-                }
-                let got = recv_until(&mut self.wire_events, give_up).await;
-                self.after_wait(got);
-                now = self.begin();
-            }
-        }
-    }
-
-    /// Prefetch plus a bounded wait, in one call: probes and, while the answer is
-    /// pending, waits for the I/O task's reports at most `budget`, then answers what
-    /// is known. `Pending` when the budget passed (defer the request to the next step,
-    /// as vLLM's skip-and-continue does); `Ready` as soon as the reply is in. A
-    /// `budget` of zero is [`probe`](Self::probe). Use it with `lookup_async = true`
-    /// and prefetch on, so that most lookups are answered before their first probe.
-    #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
-    pub async fn probe_within(
-        &mut self,
-        req: &Request,
-        num_computed_tokens: u32,
-        budget: Duration,
-    ) -> Probe {
-        let mut now = self.begin();
-        let until = deadline_after(now, budget);
-        loop {
-            let answer = self.probe_core(req, num_computed_tokens, now);
-            self.end();
-            if answer != Probe::Pending || now >= until {
-                return answer;
-            }
-            self.progressed = false;
-            while !self.progressed {
                 if now >= until {
-                    return Probe::Pending;
+                    return self.deadline_passed(now, gives_up);
                 }
                 let got = recv_until(&mut self.wire_events, until).await;
                 self.after_wait(got);
@@ -114,44 +88,7 @@ impl LookupClient {
         }
     }
 
-    /// As [`probe_within`](Self::probe_within), blocking the calling thread (a
-    /// thread-based scheduler); the same placement rules as
-    /// [`probe_blocking`](Self::probe_blocking).
-    ///
-    /// # Errors
-    /// [`Error::BlockingInRuntime`] on a thread of a current-thread runtime.
-    pub fn probe_within_blocking(
-        &mut self,
-        req: &Request,
-        num_computed_tokens: u32,
-        budget: Duration,
-    ) -> Result<Probe, Error> {
-        let in_worker = match Handle::try_current() {
-            Err(_) => false,
-            Ok(current) if current.runtime_flavor() == RuntimeFlavor::MultiThread => true,
-            Ok(_) => return Err(Error::BlockingInRuntime),
-        };
-        let mut now = self.begin();
-        let until = deadline_after(now, budget);
-        loop {
-            let answer = self.probe_core(req, num_computed_tokens, now);
-            self.end();
-            if answer != Probe::Pending || now >= until {
-                return Ok(answer);
-            }
-            self.progressed = false;
-            while !self.progressed {
-                if now >= until {
-                    return Ok(Probe::Pending);
-                }
-                let got = self.block_until(until, in_worker);
-                self.after_wait(got);
-                now = self.begin();
-            }
-        }
-    }
-
-    /// As [`probe_wait`](Self::probe_wait), blocking the calling thread, for
+    /// As [`probe_until`](Self::probe_until), blocking the calling thread, for
     /// schedulers that are not async.
     ///
     /// Call it from a plain thread (the usual case with
@@ -163,10 +100,11 @@ impl LookupClient {
     /// [`Error::BlockingInRuntime`] when called on a thread of a current-thread
     /// runtime (caller misuse); nothing is probed then.
     #[tracing::instrument(level = "trace", skip_all, fields(request_id = req.request_id.0))]
-    pub fn probe_blocking(
+    pub fn probe_until_blocking(
         &mut self,
         req: &Request,
         num_computed_tokens: u32,
+        deadline: Deadline,
     ) -> Result<Probe, Error> {
         let in_worker = match Handle::try_current() {
             Err(_) => false,
@@ -174,7 +112,7 @@ impl LookupClient {
             Ok(_) => return Err(Error::BlockingInRuntime),
         };
         let mut now = self.begin();
-        let give_up = deadline_after(now, self.wait_limit);
+        let (until, gives_up) = self.wait_bounds(now, deadline);
         loop {
             let answer = self.probe_core(req, num_computed_tokens, now);
             self.end();
@@ -183,15 +121,103 @@ impl LookupClient {
             }
             self.progressed = false;
             while !self.progressed {
-                if now >= give_up {
-                    self.gave_up(now);
-                    return Ok(READY_ZERO);
+                if now >= until {
+                    return Ok(self.deadline_passed(now, gives_up));
                 }
-                let got = self.block_until(give_up, in_worker);
+                let got = self.block_until(until, in_worker);
                 self.after_wait(got);
                 now = self.begin();
             }
         }
+    }
+
+    /// When a wait that started at `now` ends, and whether it then answers `Ready(0)`
+    /// (sync mode, or [`Deadline::Answer`]) rather than `Pending`.
+    fn wait_bounds(&self, now: Instant, deadline: Deadline) -> (Instant, bool) {
+        let limit = deadline_after(now, self.wait_limit);
+        let sync = !self.core.config().lookup_async;
+        match deadline {
+            Deadline::Answer => (limit, true),
+            Deadline::Within(budget) => (deadline_after(now, budget).min(limit), sync),
+            Deadline::At(at) => (at.min(limit), sync),
+        }
+    }
+
+    /// The deadline passed with the answer pending: `Pending`, or a wait that gave up.
+    fn deadline_passed(&mut self, now: Instant, gives_up: bool) -> Probe {
+        if gives_up {
+            self.gave_up(now);
+            READY_ZERO
+        } else {
+            Probe::Pending
+        }
+    }
+
+    /// `probe_until(req, n, self.step_deadline())`.
+    #[doc(hidden)]
+    pub async fn probe_step(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
+        let deadline = self.step_deadline();
+        self.probe_until(req, num_computed_tokens, deadline).await
+    }
+
+    /// `probe_until_blocking(req, n, self.step_deadline())`.
+    ///
+    /// # Errors
+    /// As [`probe_until_blocking`](Self::probe_until_blocking).
+    #[doc(hidden)]
+    pub fn probe_step_blocking(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+    ) -> Result<Probe, Error> {
+        let deadline = self.step_deadline();
+        self.probe_until_blocking(req, num_computed_tokens, deadline)
+    }
+
+    /// `probe_until(req, n, Deadline::Answer)`.
+    #[doc(hidden)]
+    pub async fn probe_wait(&mut self, req: &Request, num_computed_tokens: u32) -> Probe {
+        self.probe_until(req, num_computed_tokens, Deadline::Answer)
+            .await
+    }
+
+    /// `probe_until(req, n, Deadline::Within(budget))`.
+    #[doc(hidden)]
+    pub async fn probe_within(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        budget: Duration,
+    ) -> Probe {
+        self.probe_until(req, num_computed_tokens, Deadline::Within(budget))
+            .await
+    }
+
+    /// `probe_until_blocking(req, n, Deadline::Within(budget))`.
+    ///
+    /// # Errors
+    /// As [`probe_until_blocking`](Self::probe_until_blocking).
+    #[doc(hidden)]
+    pub fn probe_within_blocking(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        budget: Duration,
+    ) -> Result<Probe, Error> {
+        self.probe_until_blocking(req, num_computed_tokens, Deadline::Within(budget))
+    }
+
+    /// `probe_until_blocking(req, n, Deadline::Answer)`.
+    ///
+    /// # Errors
+    /// As [`probe_until_blocking`](Self::probe_until_blocking).
+    #[doc(hidden)]
+    pub fn probe_blocking(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+    ) -> Result<Probe, Error> {
+        self.probe_until_blocking(req, num_computed_tokens, Deadline::Answer)
     }
 
     /// [`reset`](Self::reset) and wait for its outcome, at most `lookup_timeout_s` plus

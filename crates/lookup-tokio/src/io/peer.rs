@@ -216,8 +216,26 @@ pub(crate) enum PeerEvent {
     Disconnected,
     /// A connect attempt failed and is retried (`CONNECT_RETRIED`, `CLOSED`).
     Retrying,
-    /// The handshake failed: what answered is not a (compatible) ZeroMQ server.
+    /// The handshake failed on the protocol or on authentication: what answered is
+    /// not a (compatible) ZeroMQ server. A handshake cut short by the peer closing
+    /// (libzmq's `HANDSHAKE_FAILED_NO_DETAIL`: a server that is stopping accepted the
+    /// reconnect from its listen backlog) is [`Disconnected`](Self::Disconnected).
     HandshakeFailed,
+}
+
+impl PeerEvent {
+    /// The event this client acts on for libzmq's event number `id`, if any.
+    fn of(id: u16) -> Option<Self> {
+        match id {
+            EVENT_HANDSHAKE_SUCCEEDED => Some(Self::Up),
+            EVENT_DISCONNECTED | EVENT_HANDSHAKE_FAILED_NO_DETAIL => Some(Self::Disconnected),
+            EVENT_CONNECT_RETRIED | EVENT_CLOSED => Some(Self::Retrying),
+            EVENT_HANDSHAKE_FAILED_PROTOCOL | EVENT_HANDSHAKE_FAILED_AUTH => {
+                Some(Self::HandshakeFailed)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// libzmq's event numbers (`zmq.h`, stable since 4.3).
@@ -270,15 +288,49 @@ impl Monitor {
             let Some(event) = header.get(..2) else {
                 continue;
             };
-            match u16::from_ne_bytes([event[0], event[1]]) {
-                EVENT_HANDSHAKE_SUCCEEDED => return PeerEvent::Up,
-                EVENT_DISCONNECTED => return PeerEvent::Disconnected,
-                EVENT_CONNECT_RETRIED | EVENT_CLOSED => return PeerEvent::Retrying,
-                EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                | EVENT_HANDSHAKE_FAILED_PROTOCOL
-                | EVENT_HANDSHAKE_FAILED_AUTH => return PeerEvent::HandshakeFailed,
-                _ => {}
+            if let Some(event) = PeerEvent::of(u16::from_ne_bytes([event[0], event[1]])) {
+                return event;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handshake cut short by a stopping server reads as a closed connection (a
+    /// write checks the endpoint again and finds the next server at once), never as
+    /// "not ZeroMQ" (which only a liveness check or the next handshake lifts).
+    #[test]
+    fn libzmq_events_map_to_what_the_client_does() {
+        assert_eq!(
+            PeerEvent::of(EVENT_HANDSHAKE_SUCCEEDED),
+            Some(PeerEvent::Up)
+        );
+        assert_eq!(
+            PeerEvent::of(EVENT_DISCONNECTED),
+            Some(PeerEvent::Disconnected)
+        );
+        assert_eq!(
+            PeerEvent::of(EVENT_HANDSHAKE_FAILED_NO_DETAIL),
+            Some(PeerEvent::Disconnected)
+        );
+        assert_eq!(
+            PeerEvent::of(EVENT_HANDSHAKE_FAILED_PROTOCOL),
+            Some(PeerEvent::HandshakeFailed)
+        );
+        assert_eq!(
+            PeerEvent::of(EVENT_HANDSHAKE_FAILED_AUTH),
+            Some(PeerEvent::HandshakeFailed)
+        );
+        assert_eq!(
+            PeerEvent::of(EVENT_CONNECT_RETRIED),
+            Some(PeerEvent::Retrying)
+        );
+        assert_eq!(PeerEvent::of(EVENT_CLOSED), Some(PeerEvent::Retrying));
+        // CONNECTED (0x0001) and CONNECT_DELAYED (0x0002) change nothing.
+        assert_eq!(PeerEvent::of(0x0001), None);
+        assert_eq!(PeerEvent::of(0x0002), None);
     }
 }

@@ -3,6 +3,7 @@
 //! exact instant, with no real sleep (the real-socket tests in `tests/` prove the
 //! wire itself).
 
+use crate::Deadline;
 use std::time::Duration;
 
 use lookup_core::{
@@ -275,7 +276,10 @@ async fn a_sync_probe_queued_behind_a_hung_rpc_gives_up_at_timeout_plus_margin()
     tokio::time::sleep(MS).await;
     let t0 = Instant::now();
     // Queued behind the prefetch until it times out at 200 ms, then due at 400 ms.
-    assert_eq!(client.probe_wait(&req(2, 2), 0).await, ready(0));
+    assert_eq!(
+        client.probe_until(&req(2, 2), 0, Deadline::Answer).await,
+        ready(0)
+    );
     assert_eq!(Instant::now() - t0, 300 * MS);
     assert_eq!(client.stats().waits_gave_up, 1);
 }
@@ -365,7 +369,7 @@ async fn prefetch_configured_in_sync_mode_is_reported_inactive() {
     assert!(!client.stats().prefetch_inactive);
 }
 
-/// Issue regression (huge durations panic): a timeout of 1e19 s and a TTL of 1e20 s
+/// Regression (huge durations panic): a timeout of 1e19 s and a TTL of 1e20 s
 /// saturate in the I/O task and in sync-mode waits; nothing panics.
 #[tokio::test(start_paused = true)]
 async fn huge_timeouts_saturate_in_the_driver() {
@@ -381,8 +385,14 @@ async fn huge_timeouts_saturate_in_the_driver() {
     cfg.core.lookup_async = false;
     cfg.core.lookup_prefetch_limit = 0;
     let mut client = LookupClient::with_wire(cfg, wire, &Handle::current()).unwrap();
-    assert_eq!(client.probe_wait(&req(1, 4), 0).await, ready(64));
-    assert_eq!(client.probe_wait(&req(1, 4), 0).await, ready(64));
+    assert_eq!(
+        client.probe_until(&req(1, 4), 0, Deadline::Answer).await,
+        ready(64)
+    );
+    assert_eq!(
+        client.probe_until(&req(1, 4), 0, Deadline::Answer).await,
+        ready(64)
+    );
     assert_eq!(client.stats().rpcs_sent, 1);
 }
 
@@ -399,12 +409,19 @@ async fn probe_within_waits_at_most_its_budget() {
     let (wire, knobs, _) = FakeWire::new(10, knobs);
     let mut client = LookupClient::with_wire(config(200), wire, &Handle::current()).unwrap();
     let t0 = Instant::now();
-    assert_eq!(client.probe_within(&req(1, 4), 0, 5 * MS).await, ready(64));
+    assert_eq!(
+        client
+            .probe_until(&req(1, 4), 0, Deadline::Within(5 * MS))
+            .await,
+        ready(64)
+    );
     assert_eq!(Instant::now() - t0, 3 * MS);
     knobs.lock().unwrap().latency = (8 * MS, 8 * MS);
     let t1 = Instant::now();
     assert_eq!(
-        client.probe_within(&req(2, 4), 0, 5 * MS).await,
+        client
+            .probe_until(&req(2, 4), 0, Deadline::Within(5 * MS))
+            .await,
         Probe::Pending
     );
     assert_eq!(Instant::now() - t1, 5 * MS);

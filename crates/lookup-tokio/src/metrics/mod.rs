@@ -36,7 +36,7 @@
 //! | `lookup_rpcs_shared_total` | counter | lookups | — | lookups that joined an RPC already queued or in flight (`spec/behaviour.md` rule 16) |
 //! | `lookup_refreshes_total` | counter | lookups | `reason` | results looked up again: `ttl` (rule 6), `chain` (rule 7) |
 //! | `lookup_prefetch_skipped_total` | counter | arrivals | `reason` | arrivals not prefetched: `ineligible` (rule 1), `cap_full` (rule 2), `backlog_full` (`max_queued`) |
-//! | `lookup_answers_total` | counter | probes | `answer` | `Ready` answers by what they rest on (issue "never a silent miss", section 2): `hit`, `miss`, `not_needed` (nothing to ask), `unavailable` (the 0 is not a miss: timed out, transport down, malformed, retrying, disabled, closed) |
+//! | `lookup_answers_total` | counter | probes | `answer` | `Ready` answers by what they rest on: `hit`, `miss`, `not_needed` (nothing to ask), `unavailable` (the 0 is not a miss: timed out, transport down, malformed, retrying, disabled, closed) |
 //! | `lookup_first_probes_total` | counter | requests | `result` | eligible requests by their first probe's answer: `ready`, `pending` |
 //! | `lookup_first_probe_ready_ratio` | gauge | ratio 0-1 | — | `ready / (ready + pending)` of the counter above, over the process's life |
 //! | `lookup_in_flight` | gauge | RPCs | — | lookup RPCs on the wire (sent, not ended) |

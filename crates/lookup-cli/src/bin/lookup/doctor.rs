@@ -325,7 +325,7 @@ async fn check_master(
 }
 
 /// `ttl`: a cached result must not outlive the read lease that keeps its blocks
-/// (issue "never a silent miss", section 3; `spec/mooncake-master-rpc.md`).
+/// (`spec/mooncake-master-rpc.md`, "Where the lease can be read").
 /// `reported` is the lease the master reported, which takes the place of
 /// `--lease-ttl-s`, or why there is none.
 fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Result<Duration, &str>) {
