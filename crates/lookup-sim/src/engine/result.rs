@@ -276,6 +276,9 @@ pub struct ModeResult {
     pub ttft_us: Histogram<u64>,
     /// TTFTs summed (ns), for an exact mean.
     pub ttft_sum_ns: u128,
+    /// TPOT (µs): first token to the last, over the output tokens after the first, of
+    /// each request with more than one output token.
+    pub tpot_us: Histogram<u64>,
     /// Queue waits (arrival to first scheduling) summed (ns).
     pub queue_wait_sum_ns: u128,
     /// TTFT breakdowns summed.
@@ -358,6 +361,7 @@ impl ModeResult {
             requests: 0,
             ttft_us: histogram(),
             ttft_sum_ns: 0,
+            tpot_us: histogram(),
             queue_wait_sum_ns: 0,
             breakdown: BreakdownSums::default(),
             buckets: BUCKET_FLOORS.iter().map(|&f| Bucket::new(f)).collect(),
@@ -395,6 +399,13 @@ impl ModeResult {
         let us = r.ttft_ns / 1_000;
         record(&mut self.ttft_us, us);
         self.ttft_sum_ns += u128::from(r.ttft_ns);
+        if r.output_length > 1 {
+            let decode = r.finished_ns.saturating_sub(r.arrival_ns + r.ttft_ns);
+            record(
+                &mut self.tpot_us,
+                decode / u64::from(r.output_length - 1) / 1_000,
+            );
+        }
         self.queue_wait_sum_ns += u128::from(r.queue_wait_ns);
         self.breakdown.add(&r.breakdown);
         let b = &mut self.buckets[bucket_of(r.input_length)];

@@ -161,6 +161,9 @@ pub struct ModeSummary {
     /// Time to first token (hdrhistogram, 3 significant digits, recorded in µs; the
     /// mean exact).
     pub ttft_ms: Percentiles,
+    /// Time per output token after the first (hdrhistogram of each request's mean,
+    /// recorded in µs), of requests with more than one output token.
+    pub tpot_ms: Percentiles,
     /// Where the TTFT went (means, ms).
     pub ttft_breakdown_ms: BreakdownMs,
     /// Mean time from arrival to first scheduling (ms).
@@ -286,6 +289,7 @@ pub fn summarise(r: &ModeResult, gpu_kv_blocks: u64) -> ModeSummary {
         mode: r.mode,
         requests: n,
         ttft_ms: Percentiles::of_us(&r.ttft_us, Some(mean_ms(r.ttft_sum_ns, n))),
+        tpot_ms: Percentiles::of_us(&r.tpot_us, None),
         ttft_breakdown_ms: BreakdownMs::of(&r.breakdown, n),
         queue_wait_mean_ms: mean_ms(r.queue_wait_sum_ns, n),
         lookups: LookupSummary {
