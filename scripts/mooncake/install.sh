@@ -4,10 +4,16 @@
 # used with protocol "tcp"), Debian's etcd-server (the masters' leader election in
 # high-availability mode), the pinned PyPI wheel and pyzmq (the Python lookup server
 # `cargo xtask calibrate` measures, and the interop tests' peer) into the
-# project-local venv `.venv`. Prints the path of `mooncake_master` on its last line.
+# project-local venv `.venv`, and the masters of the other releases users run
+# (`spec/mooncake-master-rpc.md`, "Master releases") unpacked under
+# `.venv/releases/<version>/`: 0.3.10 (`mooncake-transfer-engine-non-cuda`, with its own
+# Python client) and 0.3.14 (`mooncake-transfer-engine-cuda13`, the only 0.3.14 build;
+# its master runs without a GPU, its Python client needs libcuda and is not used).
+# Prints the path of the pinned `mooncake_master` on its last line.
 #
 # Environment: PYTHON (default python3, must be CPython 3.11 for the wheel),
-# MOONCAKE_VENV (default <repo>/.venv).
+# MOONCAKE_VENV (default <repo>/.venv), MOONCAKE_RELEASES (default "0.3.10 0.3.14";
+# empty for none).
 set -euo pipefail
 
 WHEEL="mooncake-transfer-engine-non-cuda==0.3.13.post1"
@@ -65,4 +71,42 @@ if [ ! -x "$MASTER" ]; then
 fi
 # The import is the check that the shared libraries resolve.
 "$VENV/bin/python" -c "from mooncake.store import MooncakeDistributedStore" >&2
+
+# Other releases: the wheel downloaded (no dependencies, no install) and unpacked, so
+# several versions sit side by side; run from the unpacked `mooncake/` folder, with
+# the libraries the wheel bundles beside it in `*.libs/`.
+wheel_of() {
+    case "$1" in
+        0.3.10) echo "mooncake-transfer-engine-non-cuda==0.3.10" ;;
+        0.3.14) echo "mooncake-transfer-engine-cuda13==0.3.14" ;;
+        *) echo "error: no wheel known for Mooncake $1" >&2; return 1 ;;
+    esac
+}
+for VERSION in ${MOONCAKE_RELEASES-0.3.10 0.3.14}; do
+    DIR="$VENV/releases/$VERSION"
+    if [ ! -x "$DIR/mooncake/mooncake_master" ]; then
+        SPEC="$(wheel_of "$VERSION")"
+        echo "== fetching the $VERSION master ($SPEC) into $DIR" >&2
+        TMP="$(mktemp -d)"
+        "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check \
+            --no-deps --python-version 3.11 --only-binary=:all: -d "$TMP" "$SPEC"
+        rm -rf "$DIR"
+        mkdir -p "$DIR"
+        "$VENV/bin/python" -m zipfile -e "$TMP"/*.whl "$DIR"
+        rm -rf "$TMP"
+        chmod +x "$DIR/mooncake/mooncake_master"
+    fi
+    # The check that the master's shared libraries resolve.
+    if ! "$DIR/mooncake/mooncake_master" --version >/dev/null 2>&1; then
+        echo "error: the $VERSION master at $DIR does not run:" >&2
+        "$DIR/mooncake/mooncake_master" --version >&2 || true
+        exit 1
+    fi
+    # 0.3.10's masters take only its own client's calls: its Python client runs from
+    # the unpacked folder on PYTHONPATH (0.3.14's master takes the pinned client's).
+    if [ "$VERSION" = 0.3.10 ]; then
+        PYTHONPATH="$DIR" "$VENV/bin/python" -c \
+            "import mooncake.store, sys; sys.exit(not mooncake.store.__file__.startswith('$DIR'))" >&2
+    fi
+done
 echo "$MASTER"

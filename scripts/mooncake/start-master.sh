@@ -8,7 +8,8 @@
 # Stop it with `kill "$MOONCAKE_MASTER_PID"`.
 #
 # Environment: MOONCAKE_MASTER_BIN (default <repo>/.venv/bin/mooncake_master, from
-# scripts/mooncake/install.sh), MOONCAKE_MASTER_LOG (default: a new temp file).
+# scripts/mooncake/install.sh; another release's is .venv/releases/<version>/mooncake/
+# mooncake_master), MOONCAKE_MASTER_LOG (default: a new temp file).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -25,8 +26,16 @@ RPC_PORT="${1:-$(free_port)}"
 METRICS_PORT="${2:-$(free_port)}"
 LOG="${MOONCAKE_MASTER_LOG:-$(mktemp -t mooncake-master.XXXXXX.log)}"
 
+# Masters before 0.3.11 (e.g. .venv/releases/0.3.10) have no -metrics_host: their admin
+# port binds every interface.
+# (The whole help is read first: `grep -q` closing the pipe early fails it under pipefail.)
+METRICS_HOST=()
+HELP="$("$BIN" --helpfull 2>&1 || true)"
+if grep -q -- '-metrics_host' <<<"$HELP"; then
+    METRICS_HOST=(--metrics_host=127.0.0.1)
+fi
 "$BIN" --rpc_address=127.0.0.1 --rpc_port="$RPC_PORT" \
-    --metrics_host=127.0.0.1 --metrics_port="$METRICS_PORT" \
+    "${METRICS_HOST[@]}" --metrics_port="$METRICS_PORT" \
     </dev/null >"$LOG" 2>&1 &
 PID=$!
 

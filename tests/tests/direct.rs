@@ -7,5 +7,7 @@ mod batch;
 mod lease;
 #[path = "direct/master.rs"]
 mod master;
+#[path = "direct/store_check.rs"]
+mod store_check;
 #[path = "direct/transport.rs"]
 mod transport;

@@ -1,5 +1,6 @@
 //! Against a real Mooncake master and the real Python store client: the master
-//! client, the Mooncake index behind the server, the master's read lease, the trace replay, and two latency
+//! client, the Mooncake index behind the server, the master's read lease, the other
+//! releases' masters, the trace replay, and two latency
 //! measurements (ignored by default).
 
 #[path = "mooncake/index_latency.rs"]
@@ -12,5 +13,7 @@ mod lease;
 mod master;
 #[path = "mooncake/master_latency.rs"]
 mod master_latency;
+#[path = "mooncake/releases.rs"]
+mod releases;
 #[path = "mooncake/replay.rs"]
 mod replay;

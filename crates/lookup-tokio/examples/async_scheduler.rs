@@ -1,7 +1,7 @@
 //! An async scheduler loop on tokio: a front-end task announces arrivals through a
 //! cloned `LookupHandle` before the hop to the scheduler; the scheduler probes each
-//! waiting request with prefetch plus a bounded wait (`probe_step` in async mode with
-//! a `probe_budget`, i.e. `probe_within`), allocates, preempts one request when its
+//! waiting request with prefetch plus a bounded wait (`probe_until` at
+//! `step_deadline()`: async mode with a `probe_budget`, `Deadline::Within`), allocates, preempts one request when its
 //! KV budget runs out and resumes it later, and finishes each.
 //!
 //! It starts its own reference lookup server on 127.0.0.1 with the first blocks of

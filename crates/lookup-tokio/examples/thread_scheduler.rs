@@ -1,7 +1,7 @@
 //! A thread-based scheduler (no async code in it): the client's I/O task runs on a
 //! tokio runtime owned by the process, the scheduler loop on a plain thread calls the
 //! blocking twins. Sync mode (vLLM's default, `lookup_async = false`):
-//! `probe_step_blocking` waits for each answer and never answers `Pending`.
+//! `probe_until_blocking` at `step_deadline()` (`Deadline::Answer`) waits for each answer and never answers `Pending`.
 //!
 //! It starts its own reference lookup server on 127.0.0.1 and checks every answer
 //! against what was stored.

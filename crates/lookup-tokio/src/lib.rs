@@ -68,6 +68,7 @@ mod clock;
 mod error;
 mod io;
 pub mod metrics;
+mod store_check;
 mod transport;
 pub mod vllm;
 mod warn;
@@ -95,6 +96,7 @@ pub use mooncake_master::MasterAddr;
 /// makes the one a vLLM deployment uses), and how it batches them.
 pub use mooncake_master::batch::{LeaseSource, LeaseTtl};
 pub use mooncake_master::{BatchConfig, BatchStats, KeyLayout, PresenceCacheConfig, RankNamespace};
+pub use store_check::{StoreCheck, StoreCheckLimits, StoredBlocks};
 pub use transport::{Transport, ZmqConfig};
 /// vLLM 0.33's block hashes and store keys, byte for byte ([`vllm`]).
 pub use vllm_block_hash;

@@ -80,12 +80,15 @@ impl Master {
             let legacy_only = self.legacy_only.load(Ordering::SeqCst);
             let mut out = Vec::new();
             match header.function_id {
-                FunctionId::BATCH_EXIST_KEY => {
-                    let args = codec::decode_batch_exist_key_args(&body).unwrap();
-                    let keys = self.keys.lock().unwrap();
-                    let answers: Vec<_> = args.keys.iter().map(|k| Ok(keys.contains(k))).collect();
-                    codec::encode_batch_exist_key_reply(&mut out, seq, &answers, lit);
-                }
+                FunctionId::BATCH_EXIST_KEY => match codec::decode_batch_exist_key_args(&body) {
+                    Ok(args) if args.tenant_id.is_some() != legacy_only => {
+                        let keys = self.keys.lock().unwrap();
+                        let answers: Vec<_> =
+                            args.keys.iter().map(|k| Ok(keys.contains(k))).collect();
+                        codec::encode_batch_exist_key_reply(&mut out, seq, &answers, lit);
+                    }
+                    _ => codec::encode_error_reply(&mut out, seq, 4, "invalid rpc arg", lit),
+                },
                 FunctionId::REMOVE_ALL => match codec::decode_remove_all_args(&body) {
                     Ok(args) if args.tenant_id.is_some() != legacy_only => {
                         let removed = {
@@ -563,4 +566,40 @@ async fn remove_all_sends_force_and_the_tenant_or_falls_back() {
         ]
     );
     assert_eq!(client.stats().signature_fallbacks, 1);
+    // An existence call on the same connection goes out in the old form at once, and
+    // its keys are counted once.
+    let before = client.stats();
+    master
+        .keys
+        .lock()
+        .unwrap()
+        .extend(["k0", "k1"].map(str::to_owned));
+    assert_eq!(client.leading_run(&keys(4)).await.unwrap(), 2);
+    let after = client.stats();
+    assert_eq!(after.keys_asked - before.keys_asked, 4);
+    assert_eq!(after.requests - before.requests, 1);
+    // A new connection starts where the last one settled.
+    client.reconnect("test");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !client.is_connected() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(client.leading_run(&keys(4)).await.unwrap(), 2);
+    assert_eq!(client.stats().requests - after.requests, 1);
+    // The master upgraded: one refused call, then the tenant form again.
+    master.legacy_only.store(false, Ordering::SeqCst);
+    let before = client.stats();
+    assert_eq!(client.leading_run(&keys(4)).await.unwrap(), 2);
+    let after = client.stats();
+    assert_eq!(
+        (
+            after.requests - before.requests,
+            after.keys_asked - before.keys_asked,
+            after.signature_fallbacks
+        ),
+        (2, 4, 2)
+    );
 }

@@ -4,11 +4,13 @@
 //!
 //! - [`Master`]: `mooncake_master` on free loopback ports, killed on drop (also when
 //!   the test panics).
-//! - [`Writer`]: `scripts/mooncake/writer.py`, the PyPI client
+//! - [`Writer`]: `python/writer.py` of this crate ([`writer_script`]), the PyPI client
 //!   (`mooncake.store.MooncakeDistributedStore`) driven over stdin/stdout: it writes
 //!   blocks, and answers with its own `batch_is_exist` as the reference. It stays
 //!   alive for the test because the master drops a client's keys when it closes.
 //! - [`ha`]: a real etcd and masters in high-availability mode.
+//! - [`release`]: the masters of the other Mooncake releases users run (0.3.10,
+//!   0.3.14), for [`Master::start_release`] and [`Writer::start_for`].
 //!
 //! Both come from `scripts/mooncake/install.sh` (the pinned wheel in `.venv`). A missing
 //! binary fails with a message naming that script: never skipped, never a hang. The
@@ -17,6 +19,9 @@
 //! that message as an error instead.
 
 pub mod ha;
+pub mod release;
+
+pub use release::Release;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -33,6 +38,29 @@ const WRITER_ANSWER_SECS: u64 = 60;
 /// Most keys per writer command line.
 const KEYS_PER_LINE: usize = 500;
 
+/// The Python store client's source (`python/writer.py` of this crate): it puts and
+/// removes keys through the PyPI `MooncakeDistributedStore`, one command per line on
+/// its stdin (see its docstring).
+pub const WRITER_SCRIPT: &str = include_str!("../python/writer.py");
+
+/// [`WRITER_SCRIPT`] written once per process to a file in the temp dir, for
+/// `python writer.py MASTER_ADDR` ([`Writer`] runs it so; a downstream test may too).
+///
+/// # Panics
+/// When the temp dir cannot be written.
+pub fn writer_script() -> PathBuf {
+    static WRITTEN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    WRITTEN
+        .get_or_init(|| {
+            let path = std::env::temp_dir()
+                .join(format!("mooncake-peers-writer-{}.py", std::process::id()));
+            std::fs::write(&path, WRITER_SCRIPT)
+                .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            path
+        })
+        .clone()
+}
+
 /// The workspace root (this crate sits in `crates/mooncake-peers`).
 #[must_use]
 pub fn workspace_root() -> PathBuf {
@@ -43,13 +71,35 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` \
-    (Debian libibverbs1 + PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into .venv)";
+const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` in this \
+    repository (Debian libibverbs1 + PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into \
+    .venv), or elsewhere `apt-get install libibverbs1` and `pip install \
+    mooncake-transfer-engine-non-cuda==0.3.13.post1` (which puts mooncake_master and python \
+    on PATH)";
 
-/// `$var` if set, else `default` under the workspace root; an error naming `what` and
-/// the install script when that file does not exist.
+/// `$var` if set, else `default` under the workspace root (this repository's
+/// `.venv`), else the file's name on `PATH` (a downstream project that installed the
+/// wheel itself); an error naming `what` and the install steps when none exists.
 fn find(var: &str, default: &str, what: &str) -> Result<PathBuf, String> {
-    let path = std::env::var_os(var).map_or_else(|| workspace_root().join(default), PathBuf::from);
+    let path = std::env::var_os(var).map_or_else(
+        || {
+            let local = workspace_root().join(default);
+            if local.is_file() {
+                return local;
+            }
+            let name = Path::new(default)
+                .file_name()
+                .unwrap_or_default()
+                .to_owned();
+            std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths)
+                .map(|dir| dir.join(&name))
+                .find(|p| p.is_file())
+                .unwrap_or(local)
+        },
+        PathBuf::from,
+    );
     if path.is_file() {
         Ok(path)
     } else {
@@ -139,6 +189,24 @@ impl Master {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Starts the master of another `release` on free ports with `extra` flags and
+    /// waits until it accepts connections.
+    ///
+    /// # Panics
+    /// When it cannot run or does not listen in time, with its log's tail.
+    pub fn start_release(release: &Release, extra: &[String]) -> Self {
+        let mut master = Self::spawn_with(
+            &release.master_bin,
+            free_port(),
+            extra,
+            &std::env::temp_dir(),
+            release.metrics_host,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        master.wait_ready(MASTER_START_SECS);
+        master
+    }
+
     /// Runs `bin` on loopback at `rpc_port` (metrics on a free port) with `extra`
     /// flags, its log in `log_dir`, without waiting.
     ///
@@ -149,6 +217,18 @@ impl Master {
         rpc_port: u16,
         extra: &[String],
         log_dir: &Path,
+    ) -> Result<Self, String> {
+        Self::spawn_with(bin, rpc_port, extra, log_dir, true)
+    }
+
+    /// As [`try_spawn`](Self::try_spawn); `metrics_host` passes `-metrics_host`
+    /// (which masters before 0.3.11 refuse: theirs binds every interface).
+    fn spawn_with(
+        bin: &Path,
+        rpc_port: u16,
+        extra: &[String],
+        log_dir: &Path,
+        metrics_host: bool,
     ) -> Result<Self, String> {
         let metrics_port = free_port();
         let log = log_dir.join(format!(
@@ -163,7 +243,7 @@ impl Master {
         let child = Command::new(bin)
             .arg("--rpc_address=127.0.0.1")
             .arg(format!("--rpc_port={rpc_port}"))
-            .arg("--metrics_host=127.0.0.1")
+            .args(metrics_host.then_some("--metrics_host=127.0.0.1"))
             .arg(format!("--metrics_port={metrics_port}"))
             .args(extra)
             .stdin(Stdio::null())
@@ -277,7 +357,7 @@ impl Drop for Master {
     }
 }
 
-/// The Python store client (`scripts/mooncake/writer.py`), killed on drop.
+/// The Python store client ([`writer_script`]), killed on drop.
 pub struct Writer {
     child: Child,
     stdin: ChildStdin,
@@ -291,12 +371,25 @@ impl Writer {
         Self::start_at(&master.addr(), &[])
     }
 
+    /// Starts a writer connected to `master`, a master of `release`: the release's
+    /// own Python client when the pinned one cannot write into it
+    /// ([`Release::python_path`]).
+    pub fn start_for(master: &Master, release: &Release) -> Self {
+        match &release.python_path {
+            Some(path) => {
+                let path = path.to_string_lossy();
+                Self::start_at(&master.addr(), &[("PYTHONPATH", &path)])
+            }
+            None => Self::start(master),
+        }
+    }
+
     /// Starts a writer with the master address `addr` (`host:port` or
-    /// `etcd://h:p`) and extra environment variables (`MC_STORE_CLUSTER_ID`), and
-    /// waits for its `ready`.
+    /// `etcd://h:p`) and extra environment variables (`MC_STORE_CLUSTER_ID`,
+    /// `PYTHONPATH`), and waits for its `ready`.
     pub fn start_at(addr: &str, env: &[(&str, &str)]) -> Self {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
-        let script = workspace_root().join("scripts/mooncake/writer.py");
+        let script = writer_script();
         // The native client logs a lot: kept in a file, shown when something fails.
         let log = std::env::temp_dir().join(format!(
             "mooncake-writer-{}-{}.log",

@@ -1,6 +1,6 @@
 //! The direct transport (`Transport::Direct`) against the real `mooncake_master`
 //! (PyPI 0.3.13.post1), blocks written by the real Python store client
-//! (`scripts/mooncake/writer.py`): its answers agree with a `LookupClient` asking our
+//! (`mooncake_peers::writer_script`): its answers agree with a `LookupClient` asking our
 //! `LookupServer` over ZeroMQ (with `MooncakeIndex` on the same master) and with the
 //! reference computation of `spec/wire.md` on 500 random chains; prefetch end to end;
 //! a master stopped and restarted mid-run. Needs `scripts/mooncake/install.sh`.

@@ -1,6 +1,6 @@
 //! `MooncakeIndex` behind a real `LookupServer`, against the real `mooncake_master`
 //! (PyPI 0.3.13.post1) with blocks written by the real Python store client
-//! (`scripts/mooncake/writer.py`) under exactly the keys of the server's `KeyLayout`
+//! (`mooncake_peers::writer_script`) under exactly the keys of the server's `KeyLayout`
 //! (`spec/wire.md`, "What the server computes"). Clients are REQ and DEALER sockets
 //! written with tmq directly and our `LookupClient` (the `lookup-server` program's
 //! `--mooncake-master` is tested with the program, in `lookup-cli`).

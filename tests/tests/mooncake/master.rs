@@ -1,5 +1,5 @@
 //! Our master client against the real `mooncake_master` (PyPI 0.3.13.post1), with
-//! blocks written by the real Python client (`scripts/mooncake/writer.py`), whose own
+//! blocks written by the real Python client (`mooncake_peers::writer_script`), whose own
 //! `batch_is_exist` is the reference answer. Needs `scripts/mooncake/install.sh`.
 
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! simulate --calibration FILE` reads (`crates/lookup-sim/calibration.json` is the built-in one).
 //!
 //! One real `mooncake_master` (from `scripts/mooncake/install.sh`'s `.venv`) on free
-//! loopback ports, with the Python store client (`scripts/mooncake/writer.py`) holding
+//! loopback ports, with the Python store client (`mooncake_peers::writer_script`) holding
 //! the keys of 262,144 blocks (keys disappear when the client that put them closes).
 //! Every timed lookup asks keys no lookup just asked: a window over the stored blocks
 //! that moves with each lookup, or absent blocks never asked before.

@@ -4,7 +4,7 @@
 //! Two worlds on loopback, each with the real peers of `mooncake-peers`: one
 //! `mooncake_master` (faults `remove`, `wipe`, `restart`), and an etcd with two HA
 //! masters (faults `leader-kill`, `etcd-down`). In each, the Python store client
-//! (`scripts/mooncake/writer.py`) stores every block of a few prompts, and four clients
+//! (`mooncake_peers::writer_script`) stores every block of a few prompts, and four clients
 //! look the prompts up in a loop ([`load`]): a direct client with its presence cache
 //! off and one with it on, and a ZeroMQ client of a `lookup-server --mooncake-master`
 //! process with the server's presence cache off and one with it on ([`server`]). The

@@ -5,7 +5,7 @@
 //! For each (mode, transport) run, one after another:
 //!
 //! 1. a fresh `mooncake_master` on free loopback ports (or the one given with
-//!    `--master`), and the Python store client (`scripts/mooncake/writer.py`) that
+//!    `--master`), and the Python store client (`mooncake_peers::writer_script`) that
 //!    writes blocks, under a model name of the run's own, so runs never see each
 //!    other's blocks;
 //! 2. the transport: `zmq`, our [`LookupServer`](lookup_server::LookupServer) with a [`MooncakeIndex`](lookup_server::MooncakeIndex) on that

@@ -1,6 +1,6 @@
 //! The real peers of a replay: a `mooncake_master` process (or one given with
 //! `--master`), its metrics port, and the Python store client that writes blocks
-//! (`scripts/mooncake/writer.py`, the PyPI `MooncakeDistributedStore`).
+//! (`mooncake_peers::writer_script`, the PyPI `MooncakeDistributedStore`).
 //!
 //! Both programs come from `bash scripts/mooncake/install.sh` (the pinned wheel in
 //! `.venv`); a missing one is an error naming that script.
@@ -249,7 +249,7 @@ impl Writer {
     /// # Errors
     /// The interpreter or script is missing, or setup fails (with the end of its log).
     pub fn start(python: &Path, addr: &str, log_dir: &Path) -> anyhow::Result<Self> {
-        let script = workspace_root().join("scripts/mooncake/writer.py");
+        let script = mooncake_peers::writer_script();
         if !python.is_file() {
             bail!(
                 "the Mooncake Python client's interpreter not found at {}: {INSTALL_HINT}",

@@ -178,7 +178,7 @@ async fn mooncake_master_doctor_names_a_model_that_differs_from_the_writers() {
         lines.contains(
             &"ok ttl: lookup_prefetch_ttl_s 2 s is below the store's read lease 10 s (from \
               --lease-ttl-s; the master reports its lease only for a key that exists, and the \
-              first block's is not stored)"
+              first block's first key is not stored)"
         ),
         "{stdout}"
     );

@@ -62,9 +62,10 @@ pub(super) struct Conn {
     /// Most bytes the outbox holds; a call that would exceed it fails fast.
     max_queued_bytes: usize,
     pending: Mutex<Pending>,
-    /// The master refused the `tenant_id` signatures (err_code 4) and accepted the
-    /// older ones: remembered for this connection only, since a reconnect may reach an
-    /// upgraded master.
+    /// The signatures this connection uses: the pre-0.3.12 ones (no `tenant_id`) when
+    /// set. Starts as the client's last connection settled ([`Inner::legacy_hint`]),
+    /// and flips when the master refuses a call with `err_code` 4 and takes it in the
+    /// other form (a reconnect may reach an upgraded or older master).
     legacy_signatures: AtomicBool,
     pub(super) shutdown: CancellationToken,
 }
@@ -95,9 +96,11 @@ pub(super) enum Link {
 
 impl MasterClient {
     /// Calls a function that gained a `tenant_id` argument in 0.3.12: first in the
-    /// signature this connection is known to accept; on `err_code` 4 to the new
-    /// signature, once more in the old one, remembered for the connection when that
-    /// works. `encode(out, seq, legacy)` appends the frame.
+    /// signature this connection uses; on `err_code` 4 (the master's "invalid rpc arg")
+    /// once more in the other signature, which the connection (and the client's next
+    /// connections) then keep when it works. So only the first call a client makes to
+    /// an older master is sent twice, and the refused attempt asked the master nothing.
+    /// `encode(out, seq, legacy)` appends the frame.
     pub(super) async fn call_with_fallback(
         &self,
         function: FunctionId,
@@ -108,13 +111,20 @@ impl MasterClient {
         let mut reply = self
             .encoded_roundtrip(&conn, function, legacy, &encode)
             .await?;
-        if reply.header.err_code == ERR_INVALID_ARGUMENTS && !legacy {
+        if reply.header.err_code == ERR_INVALID_ARGUMENTS {
             let retry = self
-                .encoded_roundtrip(&conn, function, true, &encode)
+                .encoded_roundtrip(&conn, function, !legacy, &encode)
                 .await?;
-            if retry.header.err_code == 0 && !conn.legacy_signatures.swap(true, Ordering::Relaxed) {
+            if retry.header.err_code == 0
+                && conn.legacy_signatures.swap(!legacy, Ordering::Relaxed) == legacy
+            {
+                self.inner.legacy_hint.store(!legacy, Ordering::Relaxed);
                 bump(&self.inner.counters.signature_fallbacks, 1);
-                tracing::info!(addr = %conn.addr, "master takes no tenant_id: using the pre-0.3.12 signatures on this connection");
+                if legacy {
+                    tracing::info!(addr = %conn.addr, "master takes tenant_id: using the 0.3.12 signatures on this connection");
+                } else {
+                    tracing::info!(addr = %conn.addr, "master takes no tenant_id: using the pre-0.3.12 signatures on this connection");
+                }
             }
             reply = retry;
         }
@@ -334,7 +344,7 @@ pub(super) async fn open(inner: &Arc<Inner>, target: &Endpoint) -> Result<Arc<Co
         wake_writer: Notify::new(),
         max_queued_bytes: inner.config.max_queued_bytes,
         pending: Mutex::new(Pending::default()),
-        legacy_signatures: AtomicBool::new(false),
+        legacy_signatures: AtomicBool::new(inner.legacy_hint.load(Ordering::Relaxed)),
         shutdown: CancellationToken::new(),
     });
     bump(&inner.counters.connects, 1);

@@ -54,6 +54,9 @@ struct Inner {
     next_conn_id: AtomicU64,
     /// `RemoveAll` calls of this client started plus those ended: odd while one runs.
     wipes: AtomicU64,
+    /// The signatures the last connection settled on (pre-0.3.12 when set): where
+    /// the next connection starts.
+    legacy_hint: std::sync::atomic::AtomicBool,
     state: Mutex<State>,
     counters: Arc<Counters>,
     /// The leader follower, for an `etcd://` address.
@@ -196,6 +199,7 @@ impl MasterClient {
             next_seq: AtomicU32::new(1),
             next_conn_id: AtomicU64::new(1),
             wipes: AtomicU64::new(0),
+            legacy_hint: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(State {
                 link: Link::Down {
                     retry_at: Instant::now(),
@@ -539,8 +543,10 @@ impl MasterClient {
     /// # Errors
     /// Connection errors and RPC refusals as [`exist`](Self::exist);
     /// [`MasterError::Store`] with `-704` (`OBJECT_NOT_FOUND`) for a key without a
-    /// complete replica; [`MasterError::MalformedReply`] for a reply that is not
-    /// 0.3.13's layout, including a replica kind the decoder does not read.
+    /// complete replica; [`MasterError::MalformedReply`] for a reply in none of the
+    /// layouts read (0.3.10's, 0.3.13's and 0.3.14's:
+    /// [`ReplicaListLayout`](codec::ReplicaListLayout)), including a replica kind the
+    /// decoder does not read.
     pub async fn get_replica_list(&self, key: &str) -> Result<codec::ReplicaList, MasterError> {
         let function = FunctionId::GET_REPLICA_LIST;
         let tenant = self.inner.config.tenant_id.as_str();
@@ -657,10 +663,16 @@ impl MasterClient {
         let tenant = self.inner.config.tenant_id.as_str();
         let literal = self.inner.config.type_literal;
         let counters = &self.inner.counters;
+        // Counted once per call, when it is first encoded for a live connection: a call
+        // the master refused for its signature and took in the other asked it about
+        // these keys once.
+        let first = std::sync::atomic::AtomicBool::new(true);
         let reply = self
             .call_with_fallback(function, |out, seq, legacy| {
-                bump(&counters.batch_exist_calls, 1);
-                bump(&counters.keys_asked, keys.len() as u64);
+                if first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                    bump(&counters.batch_exist_calls, 1);
+                    bump(&counters.keys_asked, keys.len() as u64);
+                }
                 codec::encode_batch_exist_key(out, seq, keys, (!legacy).then_some(tenant), literal)
             })
             .await?;

@@ -32,8 +32,9 @@ pub struct MasterStats {
     pub connect_failures: u64,
     /// Connections that broke.
     pub connections_lost: u64,
-    /// Connections that switched to the pre-0.3.12 signatures (no `tenant_id`) after
-    /// an `err_code` 4.
+    /// Times a connection switched signatures after an `err_code` 4: to the
+    /// pre-0.3.12 ones (no `tenant_id`, masters up to 0.3.11), or back. Later
+    /// connections start where the last one settled.
     pub signature_fallbacks: u64,
     /// Times the client moved to a newer leader (a higher view version in etcd); the
     /// first leader found is not a change. Always 0 for a fixed address.

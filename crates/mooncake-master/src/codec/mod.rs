@@ -10,14 +10,19 @@
 //!   [`encode_raw`];
 //!   [`decode_batch_exist_key_reply`], [`decode_exist_key_reply`],
 //!   [`decode_service_ready_reply`], [`decode_remove_all_reply`],
-//!   [`decode_get_replica_list_reply`] (the read lease), [`decode_error_reply`].
+//!   [`decode_get_replica_list_reply`] (the read lease, in the layout of 0.3.10 or of
+//!   0.3.13 and 0.3.14: [`decode_get_replica_list_reply_layout`]),
+//!   [`decode_error_reply`].
 //! - Server side (fake masters in tests): [`decode_batch_exist_key_args`],
 //!   [`decode_exist_key_args`], [`decode_remove_all_args`],
 //!   [`encode_batch_exist_key_reply`], [`encode_exist_key_reply`],
 //!   [`encode_service_ready_reply`], [`encode_remove_all_reply`],
-//!   [`encode_get_replica_list_reply`], [`encode_error_reply`].
+//!   [`encode_get_replica_list_reply`] ([`encode_get_replica_list_reply_in`] for
+//!   another [`ReplicaListLayout`]), [`encode_error_reply`].
 //!
 //! Decoders accept both the debug form (type literal included) and the release form,
+//! skip the `compatible` fields a later master appends (struct_pack's total-size
+//! metainfo, `spec/mooncake-master-rpc.md`, "Master releases"),
 //! compare type hashes on bits 1-31 only, and answer malformed or truncated input with
 //! a [`CodecError`]: they never panic and never allocate more than their input's size.
 //!
@@ -171,6 +176,18 @@ pub(crate) mod types {
         ],
         hash: 0x88c6_276c,
     };
+    /// `expected<GetReplicaListResponse, ErrorCode>` of 0.3.10 (`{ vector<Replica::
+    /// Descriptor> replicas, uint64 lease_ttl_ms }`, no checksum; a descriptor's
+    /// variant is `<memory, disk, local disk>`), captured from the real master of PyPI
+    /// `mooncake-transfer-engine-non-cuda==0.3.10`.
+    pub(crate) const GET_REPLICA_LIST_REPLY_0_3_10: PackType = PackType {
+        literal: &[
+            0x87, 0xfd, 0x84, 0xfd, 0x04, 0x86, 0xfd, 0xfd, 0x04, 0x04, 0x80, 0x0c, 0x80, 0x0c,
+            0xff, 0xff, 0xfd, 0x80, 0x0c, 0x04, 0xff, 0xfd, 0xfd, 0x04, 0x04, 0x89, 0x89, 0xff,
+            0x04, 0x80, 0x0c, 0xff, 0xff, 0x01, 0xff, 0x04, 0xff, 0x01,
+        ],
+        hash: 0x8362_cb40,
+    };
     /// `pair<uint16_t, string_view>`: coro_rpc's body for `err_code` 255. Its literal
     /// is inferred from struct_pack's type codes (uint16 = 0x08), not captured, so
     /// receivers here do not check it.
@@ -181,7 +198,7 @@ pub(crate) mod types {
 
     /// Every type above, for the test that recomputes the hashes.
     #[cfg(test)]
-    pub(crate) const ALL: [PackType; 12] = [
+    pub(crate) const ALL: [PackType; 13] = [
         BATCH_EXIST_ARGS,
         BATCH_EXIST_ARGS_LEGACY,
         EXIST_ARGS,
@@ -194,6 +211,7 @@ pub(crate) mod types {
         INT64,
         ERROR_PAIR,
         GET_REPLICA_LIST_REPLY,
+        GET_REPLICA_LIST_REPLY_0_3_10,
     ];
 }
 
@@ -254,9 +272,11 @@ pub enum CodecError {
         /// Bytes left over.
         count: usize,
     },
-    /// Peer: a replica descriptor of a kind this decoder does not read (3 local disk,
-    /// 4 distributed file system, or a later one), so nothing behind it can be placed.
-    #[error("replica descriptor of kind {0} (only memory 0, NoF 1 and disk 2 are decoded)")]
+    /// Peer: a replica descriptor of a kind this decoder does not read (a local-disk or
+    /// distributed-file-system replica: variant index 3 or 4 from 0.3.13, 2 on 0.3.10;
+    /// or a later kind), so nothing behind it can be placed. Caller, when encoding: a
+    /// kind the chosen layout has no index for (NoF on 0.3.10).
+    #[error("replica descriptor of kind {0} (only memory, NVMe-oF and disk replicas are decoded)")]
     UnsupportedReplicaKind(u8),
     /// Caller: a request body longer than the header's u32 length field can say.
     #[error("request body of {bytes} bytes exceeds coro_rpc's 4 GiB limit")]

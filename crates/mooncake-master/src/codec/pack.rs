@@ -20,9 +20,14 @@ const HAS_METAINFO: u32 = 1;
 const META_TYPE_LITERAL: u8 = 0b0000_0100;
 /// Metainfo bits 3-4: the width of every length prefix.
 const META_WIDTH_SHIFT: u8 = 3;
-/// Metainfo bits this subset does not support: 0-1 (`compatible<T>` total length)
-/// and 5-7 (reserved). None of the RPC's types has a `compatible` field.
-const META_UNSUPPORTED: u8 = 0b1110_0011;
+/// Metainfo bits 0-1: the type has `compatible<T>` fields (added by a later version),
+/// and the message's total size follows the metainfo byte in 2 (01), 4 (10) or 8 (11)
+/// bytes. Compatible fields sit after every other field; a reader that does not know
+/// them skips them (struct_pack's forward compatibility). Seen on 0.3.14's
+/// `GetReplicaList` reply.
+const META_COMPATIBLE: u8 = 0b0000_0011;
+/// Metainfo bits this subset does not support: 5-7 (reserved).
+const META_UNSUPPORTED: u8 = 0b1110_0000;
 
 /// Whether a message carries its type literal. The PyPI master and client are debug
 /// builds and send it; release builds do not; receivers accept both
@@ -182,6 +187,9 @@ pub(crate) struct PackReader<'a> {
     buf: &'a [u8],
     pos: usize,
     width: LenWidth,
+    /// The message declared its total size (it has `compatible` fields): bytes left
+    /// once the known fields are read are those fields, skipped by [`Self::finish`].
+    compatible: bool,
 }
 
 impl<'a> PackReader<'a> {
@@ -189,26 +197,70 @@ impl<'a> PackReader<'a> {
     /// is the metainfo flag) and the literal, when present, byte for byte. `None`
     /// skips both checks (for error messages, whose exact type is not pinned down).
     pub(crate) fn open(buf: &'a [u8], ty: Option<PackType>) -> Result<Self, CodecError> {
+        match ty {
+            Some(ty) => Ok(Self::open_any(buf, &[ty])?.0),
+            None => Self::open_with(buf, |_| Ok(None)).map(|(r, _)| r),
+        }
+    }
+
+    /// Reads the prologue of a message that may be any of `types` (the layouts of
+    /// several master versions): the hash picks one, whose literal is then checked
+    /// when present. Returns the reader and the index of the type in `types`.
+    pub(crate) fn open_any(buf: &'a [u8], types: &[PackType]) -> Result<(Self, usize), CodecError> {
+        let (r, index) = Self::open_with(buf, |hash| {
+            types
+                .iter()
+                .position(|ty| (hash ^ ty.hash) & !HAS_METAINFO == 0)
+                .map(|i| Some((i, types[i].literal)))
+                .ok_or(CodecError::TypeHashMismatch {
+                    expected: types.first().map_or(0, |ty| ty.hash),
+                    got: hash & !HAS_METAINFO,
+                })
+        })?;
+        Ok((r, index.unwrap_or(0)))
+    }
+
+    /// The prologue; `pick(hash)` names the expected type's index and literal (or
+    /// `None` for no check), or refuses the hash.
+    fn open_with(
+        buf: &'a [u8],
+        pick: impl Fn(u32) -> Result<Option<(usize, &'static [u8])>, CodecError>,
+    ) -> Result<(Self, Option<usize>), CodecError> {
         let mut r = Self {
             buf,
             pos: 0,
             width: LenWidth::One,
+            compatible: false,
         };
         let hash = u32::from_le_bytes(r.array::<4>()?);
-        if let Some(ty) = ty {
-            if (hash ^ ty.hash) & !HAS_METAINFO != 0 {
-                return Err(CodecError::TypeHashMismatch {
-                    expected: ty.hash,
-                    got: hash & !HAS_METAINFO,
-                });
-            }
-        }
+        let expected = pick(hash)?;
         if hash & HAS_METAINFO != 0 {
             let [meta] = r.array::<1>()?;
             if meta & META_UNSUPPORTED != 0 {
                 return Err(CodecError::UnsupportedMetainfo(meta));
             }
             r.width = LenWidth::from_bits(meta >> META_WIDTH_SHIFT);
+            if meta & META_COMPATIBLE != 0 {
+                let size = match meta & META_COMPATIBLE {
+                    1 => u64::from(u16::from_le_bytes(r.array::<2>()?)),
+                    2 => u64::from(u32::from_le_bytes(r.array::<4>()?)),
+                    _ => u64::from_le_bytes(r.array::<8>()?),
+                };
+                // The total covers the whole message, prologue included.
+                let total = buf.len() as u64;
+                if size > total {
+                    return Err(CodecError::Truncated {
+                        needed: usize::try_from(size - total).unwrap_or(usize::MAX),
+                        remaining: 0,
+                    });
+                }
+                if size < total {
+                    return Err(CodecError::TrailingBytes {
+                        count: usize::try_from(total - size).unwrap_or(usize::MAX),
+                    });
+                }
+                r.compatible = true;
+            }
             if meta & META_TYPE_LITERAL != 0 {
                 let rest = &r.buf[r.pos..];
                 let end = rest
@@ -216,19 +268,18 @@ impl<'a> PackReader<'a> {
                     .position(|&b| b == 0)
                     .ok_or(CodecError::UnterminatedTypeLiteral)?;
                 let literal = &rest[..end];
-                match ty {
-                    Some(ty) if literal != ty.literal => {
-                        return Err(CodecError::TypeLiteralMismatch {
-                            expected: ty.literal,
-                            got: literal.to_vec(),
-                        });
-                    }
-                    _ => {}
+                if let Some((_, want)) = expected
+                    && literal != want
+                {
+                    return Err(CodecError::TypeLiteralMismatch {
+                        expected: want,
+                        got: literal.to_vec(),
+                    });
                 }
                 r.pos += end + 1;
             }
         }
-        Ok(r)
+        Ok((r, expected.map(|(i, _)| i)))
     }
 
     fn remaining(&self) -> usize {
@@ -321,10 +372,13 @@ impl<'a> PackReader<'a> {
         Ok(u64::from_le_bytes(self.array::<8>()?))
     }
 
-    /// Ends the message: every byte must have been read.
+    /// Ends the message: every byte must have been read, but for the `compatible`
+    /// fields of a message that declared its total size (a later version's additions,
+    /// skipped as struct_pack's own readers skip them).
     pub(crate) fn finish(self) -> Result<(), CodecError> {
         match self.remaining() {
             0 => Ok(()),
+            _ if self.compatible => Ok(()),
             count => Err(CodecError::TrailingBytes { count }),
         }
     }

@@ -411,9 +411,22 @@ fn reply_decoders_give_typed_errors_on_malformed_bodies() {
         decode_batch_exist_key_reply(&hex("5d8c5f2a 04 84870b01")),
         Err(CodecError::UnterminatedTypeLiteral)
     );
+    // Reserved metainfo bits are refused; bits 0-1 announce a total size.
+    assert_eq!(
+        decode_batch_exist_key_reply(&hex("5d8c5f2a 20 00")),
+        Err(CodecError::UnsupportedMetainfo(0x20))
+    );
     assert_eq!(
         decode_batch_exist_key_reply(&hex("5d8c5f2a 01 00")),
-        Err(CodecError::UnsupportedMetainfo(0x01))
+        Err(CodecError::Truncated {
+            needed: 2,
+            remaining: 1
+        })
+    );
+    // A total size that holds the data: the known fields, then skipped extras.
+    assert_eq!(
+        decode_batch_exist_key_reply(&hex("5d8c5f2a 01 0d00 01 0101 00 abcd")),
+        Ok(vec![Ok(true)])
     );
     assert_eq!(
         decode_batch_exist_key_reply(&hex("5c8c5f2a 01 0101 00")),

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use lookup_core::wire::{self, Format};
 use lookup_core::{BlockHashes, Endpoint};
-use lookup_server::mooncake_master::MasterClient;
+use lookup_server::mooncake_master::{MasterClient, MasterError, StoreErrorCode};
 
 use crate::args::{Master, Prompt, Target};
 use crate::exchange::exchange;
@@ -137,28 +137,32 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
         return Err(Failure::usage("--lease-ttl-s must be above 0"));
     }
     let mut report = Report::default();
-    let mut reported_lease: Result<Duration, &str> = Err(
+    let mut reported_lease: Result<Duration, String> = Err(
         "--lease-ttl-s; through a lookup server the master's own lease is not known here: \
-         the server logs it and exports lookup_server_mooncake_lease_seconds",
+         the server logs it and exports lookup_server_mooncake_lease_seconds"
+            .to_owned(),
     );
     let reachable = match &args.master.mooncake_master {
         Some(addr) => {
-            let master = check_master(&mut report, addr, &args, &block_hashes, timeout).await;
-            if let Some(master) = &master {
+            let checked = check_master(&mut report, addr, &args, &block_hashes, timeout).await;
+            if let Some((master, version)) = &checked {
                 keys::check(&mut report, master, &layout, &block_hashes).await;
-                reported_lease = Err(
-                    "--lease-ttl-s; the master reports its lease only for a key \
-                     that exists, and the first block's is not stored",
-                );
-                if let Some(first) = block_hashes.get(0) {
-                    if let Some(key) = layout.block_keys(first).first() {
-                        if let Ok(lease) = master.read_lease(key).await {
-                            reported_lease = Ok(lease);
-                        }
-                    }
-                }
+                let first_key = block_hashes
+                    .get(0)
+                    .and_then(|first| layout.block_keys(first).into_iter().next());
+                reported_lease = match first_key {
+                    None => Err(
+                        "--lease-ttl-s; no block hash was given to read the master's \
+                                 lease with"
+                            .to_owned(),
+                    ),
+                    Some(key) => master
+                        .read_lease(&key)
+                        .await
+                        .map_err(|e| lease_unread(&e, version.as_deref())),
+                };
             }
-            master.is_some()
+            checked.is_some()
         }
         None => {
             let endpoint = args.target.endpoint()?;
@@ -258,14 +262,39 @@ async fn check_server(
     true
 }
 
-/// `reachability` and `wire` against a master; the connected client, if any.
+/// Why the master's own lease is not used, after `GetReplicaList` of the first block's
+/// first key failed with `error` (`spec/mooncake-master-rpc.md`, "Where the lease can
+/// be read"): that key is not stored (`-704`), or the master did not report it in a
+/// form this client reads, which names the version `ServiceReady` gave.
+fn lease_unread(error: &MasterError, version: Option<&str>) -> String {
+    match error {
+        MasterError::Store { code, .. } if *code == StoreErrorCode::OBJECT_NOT_FOUND => {
+            "--lease-ttl-s; the master reports its lease only for a key that exists, and \
+             the first block's first key is not stored"
+                .to_owned()
+        }
+        error => {
+            let version = version.map_or_else(
+                || "of unknown version (ServiceReady failed)".to_owned(),
+                |v| format!("version {v}"),
+            );
+            format!(
+                "--lease-ttl-s; the master's lease is unreadable: the master ({version}) \
+                 did not report it: {error}"
+            )
+        }
+    }
+}
+
+/// `reachability` and `wire` against a master; the connected client and the version
+/// its `ServiceReady` reported, if any.
 async fn check_master(
     report: &mut Report,
     addr: &str,
     args: &DoctorArgs,
     block_hashes: &BlockHashes,
     timeout: Duration,
-) -> Option<MasterClient> {
+) -> Option<(MasterClient, Option<String>)> {
     let (client, connect_time) = match master::connect(addr, &args.master, timeout).await {
         Ok(connected) => connected,
         Err(e) => {
@@ -283,7 +312,9 @@ async fn check_master(
         .map(|l| format!(" (leader {}, view {})", l.leader, l.version))
         .unwrap_or_default();
     let started = Instant::now();
-    match client.service_ready().await {
+    let ready = client.service_ready().await;
+    let version = ready.as_ref().ok().cloned();
+    match ready {
         Ok(version) => report.ok(
             "reachability",
             &format!(
@@ -302,7 +333,7 @@ async fn check_master(
     let started = Instant::now();
     let layout = match args.master.layout() {
         Ok(layout) => layout,
-        Err(_) => return Some(client),
+        Err(_) => return Some((client, version)),
     };
     match master::ask(&client, &layout, &args.prompt, block_hashes).await {
         Ok(found) => report.ok(
@@ -321,14 +352,14 @@ async fn check_master(
             "check the master's version (0.3.5 or later) and --tenant-id",
         ),
     }
-    Some(client)
+    Some((client, version))
 }
 
 /// `ttl`: a cached result must not outlive the read lease that keeps its blocks
 /// (`spec/mooncake-master-rpc.md`, "Where the lease can be read").
 /// `reported` is the lease the master reported, which takes the place of
 /// `--lease-ttl-s`, or why there is none.
-fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Result<Duration, &str>) {
+fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Result<Duration, String>) {
     let ttl = args.lookup_prefetch_ttl_s;
     let (lease, source) = match reported {
         Ok(lease) => (lease.as_secs_f64(), " (reported by the master)".to_owned()),
@@ -349,6 +380,44 @@ fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Result<Duration, 
             &format!(
                 "lookup_prefetch_ttl_s {ttl} s is below the store's read lease {lease} s{source}"
             ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lookup_server::mooncake_master::codec::{CodecError, FunctionId};
+
+    use super::*;
+
+    #[test]
+    fn an_unread_lease_is_not_stored_or_unreadable_with_the_version() {
+        let absent = MasterError::Store {
+            code: StoreErrorCode::OBJECT_NOT_FOUND,
+            key_index: Some(0),
+        };
+        assert_eq!(
+            lease_unread(&absent, Some("2.0.0")),
+            "--lease-ttl-s; the master reports its lease only for a key that exists, and \
+             the first block's first key is not stored"
+        );
+        let other_layout = MasterError::MalformedReply {
+            function: FunctionId::GET_REPLICA_LIST,
+            source: CodecError::TypeHashMismatch {
+                expected: 0x88c6_276c,
+                got: 0x1234_5678,
+            },
+        };
+        assert_eq!(
+            lease_unread(&other_layout, Some("2.0.0")),
+            format!(
+                "--lease-ttl-s; the master's lease is unreadable: the master (version 2.0.0) \
+                 did not report it: {other_layout}"
+            )
+        );
+        assert!(
+            lease_unread(&other_layout, None)
+                .contains("the master (of unknown version (ServiceReady failed))")
         );
     }
 }

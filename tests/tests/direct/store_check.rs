@@ -1,0 +1,173 @@
+//! The router's store check ([`StoreCheck`]) against the scripted fake master: checks
+//! from many tasks share calls (exact call and key counts, with the first batch held
+//! at the gate), each check keeps its own exact answer, and every failure is an
+//! `Unavailable` error, never 0 blocks (`spec/behaviour.md` rule 11). A master that is
+//! down: the router example (`crates/lookup-tokio/examples/router_check_blocks.rs`).
+
+use std::time::Duration;
+
+use lookup_core::BlockHashes;
+use lookup_tests::direct::{Behaviour, FakeMaster, LIMIT, eventually};
+use lookup_tokio::mooncake_master::batch::DEFAULT_LEASE_TTL;
+use lookup_tokio::mooncake_master::{Coalescer, MasterClient, MasterConfig};
+use lookup_tokio::{
+    BatchConfig, DirectConfig, KeyLayout, RankNamespace, StoreCheck, StoreCheckLimits,
+    StoredBlocks, Unavailable,
+};
+
+/// Block size in tokens.
+const B: u32 = 16;
+
+fn layout() -> KeyLayout {
+    KeyLayout::new("m")
+        .with_namespaces(RankNamespace::grid(2, 1))
+        .expect("namespaces")
+}
+
+fn direct(fake: &FakeMaster, max_wait: Duration) -> DirectConfig {
+    let mut direct = DirectConfig::parse(&fake.addr, layout()).expect("address");
+    let mut batch = BatchConfig::default();
+    batch.max_wait = max_wait;
+    direct.batch = batch;
+    direct
+}
+
+/// Prompt `p`: 4 blocks, ids `p * 10..p * 10 + 4`.
+fn chain(p: u64) -> BlockHashes {
+    BlockHashes::from_u64s(&(p * 10..p * 10 + 4).collect::<Vec<_>>())
+}
+
+fn stored(hit_blocks: usize) -> StoredBlocks {
+    StoredBlocks {
+        hit_blocks,
+        hit_tokens: hit_blocks as u32 * B,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_from_many_tasks_share_the_masters_calls() {
+    let fake = FakeMaster::start(Behaviour::Gated).await;
+    // Prompt p stores p % 5 of its 4 blocks in both namespaces (4 stores all).
+    for p in 0..17u64 {
+        let n = (p % 5) as usize;
+        fake.store(&layout().chain_keys(&chain(p), n));
+    }
+    // A batch waits for the one in flight however long it takes.
+    let store = StoreCheck::connect_direct(direct(&fake, Duration::from_secs(60)), B)
+        .await
+        .expect("connect");
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move { store.check(&chain(0)).await })
+    };
+    eventually("the first check's call reaches the master", || {
+        fake.calls().len() == 1
+    })
+    .await;
+    let rest: Vec<_> = (1..17u64)
+        .map(|p| {
+            let store = store.clone();
+            tokio::spawn(async move { store.check(&chain(p)).await })
+        })
+        .collect();
+    // Time for every task to queue its check behind the batch held at the gate.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        fake.calls(),
+        [8],
+        "nothing more goes out while a batch is held"
+    );
+    fake.open_gate();
+    assert_eq!(first.await.unwrap(), Ok(stored(0)));
+    for (p, task) in (1..17u64).zip(rest) {
+        let want = (p % 5) as usize;
+        assert_eq!(task.await.unwrap(), Ok(stored(want)), "prompt {p}");
+    }
+    // The 16 checks went out as one call of their 128 keys.
+    assert_eq!(fake.calls(), [8, 128]);
+    let stats = store.batch_stats();
+    assert_eq!(
+        (stats.lookups, stats.batches, stats.keys_asked),
+        (17, 2, 136)
+    );
+    // No block hash: nothing asked.
+    assert_eq!(store.check(&BlockHashes::default()).await, Ok(stored(0)));
+    assert_eq!(fake.calls().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_unavailable_never_zero_blocks() {
+    // A key the master answers with an error code ends the run at its block.
+    let fake = FakeMaster::start(Behaviour::Answer).await;
+    let keys = layout().chain_keys(&chain(1), 4);
+    fake.store(&keys);
+    fake.fail(&keys[5..6]);
+    let store = StoreCheck::connect_direct(direct(&fake, Duration::from_millis(1)), B)
+        .await
+        .expect("connect");
+    assert_eq!(store.check(&chain(1)).await, Ok(stored(2)));
+
+    let garbage = FakeMaster::start(Behaviour::Garbage).await;
+    let store = StoreCheck::connect_direct(direct(&garbage, Duration::from_millis(1)), B)
+        .await
+        .expect("connect");
+    assert_eq!(store.check(&chain(1)).await, Err(Unavailable::Malformed));
+
+    let silent = FakeMaster::start(Behaviour::Silent).await;
+    let limits = StoreCheckLimits::default().with_timeout(Duration::from_millis(200));
+    let store = StoreCheck::connect_with(direct(&silent, Duration::from_millis(1)), B, limits)
+        .await
+        .expect("connect");
+    let started = std::time::Instant::now();
+    assert_eq!(store.check(&chain(1)).await, Err(Unavailable::TimedOut));
+    assert!(started.elapsed() < LIMIT);
+}
+
+/// Two models on one master: two checks over one master client and one coalescer
+/// share the connection and its batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_two_layouts_share_one_batcher() {
+    let fake = FakeMaster::start(Behaviour::Gated).await;
+    let other = KeyLayout::new("other");
+    fake.store(&layout().chain_keys(&chain(1), 3));
+    fake.store(&other.chain_keys(&chain(1), 1));
+    let master = MasterClient::connect(&fake.addr, MasterConfig::default())
+        .await
+        .expect("connect");
+    let mut batch = BatchConfig::default();
+    batch.max_wait = Duration::from_secs(60);
+    let coalescer = Coalescer::new(master.clone(), batch, DEFAULT_LEASE_TTL, Duration::ZERO);
+    let limits = StoreCheckLimits::default();
+    let make = |layout: KeyLayout| {
+        StoreCheck::from_parts(master.clone(), coalescer.clone(), layout, B, limits).unwrap()
+    };
+    let (mine, theirs) = (make(layout()), make(other));
+    // A check of a prompt with nothing stored holds the gate; the two models' checks
+    // queue behind it and go out together.
+    let held = {
+        let mine = mine.clone();
+        tokio::spawn(async move { mine.check(&chain(7)).await })
+    };
+    eventually("the first call reaches the master", || {
+        fake.calls().len() == 1
+    })
+    .await;
+    let a = {
+        let mine = mine.clone();
+        tokio::spawn(async move { mine.check(&chain(1)).await })
+    };
+    let b = tokio::spawn(async move { theirs.check(&chain(1)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fake.open_gate();
+    assert_eq!(held.await.unwrap(), Ok(stored(0)));
+    assert_eq!(a.await.unwrap(), Ok(stored(3)));
+    assert_eq!(b.await.unwrap(), Ok(stored(1)));
+    // 8 keys, then both checks' 8 + 4 keys in one call.
+    assert_eq!(fake.calls(), [8, 12]);
+    assert_eq!(
+        StoreCheck::from_parts(master, coalescer, layout(), 0, limits)
+            .unwrap_err()
+            .to_string(),
+        "invalid client configuration `block_size`: must be at least 1"
+    );
+}
