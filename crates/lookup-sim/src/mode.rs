@@ -138,7 +138,11 @@ pub struct LookupParams {
     pub preempted_wait_s: f64,
 }
 
-fn policy_key<S: serde::Serializer>(p: &OnPreemption, s: S) -> Result<S::Ok, S::Error> {
+/// Serialises a `lookup_on_preemption` value by its key name.
+///
+/// # Errors
+/// The serializer's.
+pub fn policy_key<S: serde::Serializer>(p: &OnPreemption, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(p.as_key())
 }
 
