@@ -2,18 +2,25 @@
 LookupKeyClient (from its wheel, python/tests/conftest.py), called from Python, in the
 same run, against the same `lookup-server` (a separate process at vLLM's ipc path).
 
-For each client:
-- `submit`: the first `lookup(non_block=True)` of a request (starts it, answers None);
-- `ready`: the `lookup(non_block=True)` call that returns the result;
-  both timed with `time.perf_counter_ns()` around the one call, in a loop that admits
+Every lookup is 64 block hashes of 32 bytes, num_tokens 64 x 16 + 1, all stored: every
+answer must be 1,024 hit tokens (`wrong` counts the others). In each of `--reps`
+repetitions, for vLLM's client then the drop-in:
+- `n1_lookups_per_s`: `--count` blocking `lookup(non_block=False)` calls one after the
+  other (N=1), divided by their elapsed time;
+- `prefetch_lookups_per_s`: `--count` lookups in batches of `--batch` requests that
+  arrive together: each is started (vLLM: its first `lookup(non_block=True)`; the
+  drop-in: `prefetch`, `lookup_prefetch_limit` = the batch, `max_in_flight` 4), then all
+  are polled with `lookup(non_block=True)` until every one has answered, sleeping
+  `--poll-sleep-us` between two rounds of polls;
+- `submit_*` / `ready_*`: the first `lookup(non_block=True)` of a request (starts it,
+  answers None) and the call that returns the result, each timed with
+  `time.perf_counter_ns()` around the one call, in a loop that admits
   `--arrivals-per-step` requests per step, polls the others once, then sleeps
   `--step-us` (a forward pass); p50 / p99 nearest rank (index round(q * (n - 1)));
-- `lookups_per_s`: `--count` blocking `lookup(non_block=False)` calls one after the
-  other (N=1), divided by their elapsed time.
-Every answer is checked: `wrong` counts those that are not the preloaded hit.
+  `timer_ns` is the median of an empty timed region, included in every figure.
 
-Usage: drop_in_vs_vllm.py --lookup-server PATH --wheel VLLM_WHEEL [--count 5000]
-Prints one JSON object.
+Usage: drop_in_vs_vllm.py --lookup-server PATH --wheel VLLM_WHEEL [--reps 5]
+Prints one JSON object: {"settings": {...}, "reps": [{"vllm": row, "drop_in": row}]}.
 """
 
 import argparse
@@ -78,21 +85,101 @@ def probe_loop(client, prefix, count, per_step, step_us):
     }
 
 
+def timer_ns():
+    clock = time.perf_counter_ns
+    spans = []
+    for _ in range(10_000):
+        t0 = clock()
+        spans.append(clock() - t0)
+    return pct(spans, 0.5)
+
+
+def prefetch_throughput(client, prefix, count, batch, start, poll_sleep_us):
+    """`count` lookups in batches of `batch`: all started by `start(client, rid)`, then
+    polled until every one answered, `poll_sleep_us` between two rounds of polls (a
+    scheduler polls once per step; a busy loop would hold the GIL that vLLM's lookup
+    thread needs)."""
+    wrong, done = 0, 0
+    t0 = time.perf_counter()
+    while done < count:
+        ids = [f"{prefix}{done + i}" for i in range(min(batch, count - done))]
+        for rid in ids:
+            start(client, rid)
+        while ids:
+            still = []
+            for rid in ids:
+                got = client.lookup(rid, NUM_TOKENS, HASHES, non_block=True)
+                if got is None:
+                    still.append(rid)
+                else:
+                    wrong += got.hit_length != HIT
+                    done += 1
+            ids = still
+            if ids:
+                time.sleep(poll_sleep_us / 1e6)
+    return {"prefetch_lookups_per_s": round(count / (time.perf_counter() - t0)), "wrong": wrong}
+
+
+def vllm_start(client, rid):
+    """vLLM's client starts a lookup with its first non-blocking call."""
+    got = client.lookup(rid, NUM_TOKENS, HASHES, non_block=True)
+    assert got is None or got.hit_length == HIT
+
+
+def drop_in_start(client, rid):
+    client.prefetch(rid, NUM_TOKENS, HASHES)
+
+
 def throughput(client, prefix, count):
     wrong = 0
     start = time.perf_counter()
     for i in range(count):
         wrong += client.lookup(f"{prefix}{i}", NUM_TOKENS, HASHES).hit_length != HIT
-    return {"lookups_per_s": round(count / (time.perf_counter() - start)), "wrong": wrong}
+    return {"n1_lookups_per_s": round(count / (time.perf_counter() - start)), "wrong": wrong}
+
+
+def measure(name, make, args, rep):
+    """One repetition's row of client `name`."""
+    wrong = 0
+    # Every request has the same hashes: the drop-in must not share one RPC between
+    # lookups in flight together (rule 16), or it would count lookups never asked.
+    ours = {"lookup_share": False} if name == "drop_in" else {}
+    client = make(vllm_config(BS, **ours))
+    try:
+        throughput(client, f"w{rep}-", args.warmup)
+        row = throughput(client, f"t{rep}-", args.count)
+        wrong += row.pop("wrong")
+        probe = probe_loop(client, f"p{rep}-", args.probe_count, args.arrivals_per_step, args.step_us)
+        wrong += probe.pop("wrong")
+        row.update(probe)
+    finally:
+        client.close()
+    extra = {"lookup_prefetch_limit": args.batch, "max_in_flight": 4, **ours}
+    client = make(vllm_config(BS, **extra)) if name == "drop_in" else make(vllm_config(BS))
+    try:
+        start = drop_in_start if name == "drop_in" else vllm_start
+        got = prefetch_throughput(
+            client, f"f{rep}-", args.count, args.batch, start, args.poll_sleep_us)
+        wrong += got.pop("wrong")
+        row.update(got)
+    finally:
+        client.close()
+    row["wrong"] = wrong
+    return row
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lookup-server", required=True)
     ap.add_argument("--wheel", required=True)
-    ap.add_argument("--count", type=int, default=5000)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--count", type=int, default=3000)
+    ap.add_argument("--probe-count", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--arrivals-per-step", type=int, default=8)
     ap.add_argument("--step-us", type=float, default=1000.0)
+    ap.add_argument("--poll-sleep-us", type=float, default=50.0)
     args = ap.parse_args()
     base = tempfile.mkdtemp()
     os.environ["VLLM_RPC_BASE_PATH"] = base
@@ -105,17 +192,17 @@ def main():
          "--block-size", str(BS), "--preload", preload], stdout=subprocess.PIPE, text=True)
     try:
         server.stdout.readline()
-        out = {}
-        for name, make in (("vllm", vllm.LookupKeyClient), ("drop_in", mooncake_lookup.LookupKeyClient)):
-            client = make(vllm_config(BS))
-            throughput(client, "w", 200)  # warm-up
-            row = throughput(client, "t", args.count)
-            row.update(probe_loop(client, "p", args.count, args.arrivals_per_step, args.step_us))
-            client.close()
-            out[name] = row
-        out["submit_p50_ratio"] = round(out["vllm"]["submit_p50_ns"] / max(1, out["drop_in"]["submit_p50_ns"]), 1)
-        out["ready_p50_ratio"] = round(out["vllm"]["ready_p50_ns"] / max(1, out["drop_in"]["ready_p50_ns"]), 1)
-        print(json.dumps(out))
+        reps = []
+        for rep in range(args.reps):
+            reps.append({
+                name: measure(name, make, args, rep)
+                for name, make in (("vllm", vllm.LookupKeyClient),
+                                   ("drop_in", mooncake_lookup.LookupKeyClient))
+            })
+        settings = {k: v for k, v in vars(args).items() if k not in ("lookup_server", "wheel")}
+        settings.update(timer_ns=timer_ns(), python=sys.version.split()[0], vllm="0.33.0",
+                        blocks=len(HASHES), hash_len=32, block_size=BS)
+        print(json.dumps({"settings": settings, "reps": reps}))
     finally:
         server.kill()
         server.wait()

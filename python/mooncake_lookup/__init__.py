@@ -20,6 +20,7 @@ The transport comes from ``kv_connector_extra_config``:
   path component of ``model_config.model``, as vLLM's worker keys them).
 """
 
+import functools
 import json
 import os
 import socket
@@ -29,19 +30,44 @@ from typing import NamedTuple
 
 from ._native import NativeClient
 
-__all__ = ["Answer", "LookupKeyClient", "LookupResult", "endpoint_of"]
+__all__ = [
+    "Answer", "LookupKeyClient", "LookupResult", "TailKeyBoundary", "endpoint_of",
+    "tail_key_boundaries",
+]
 
 # The keys this package reads beyond the Rust client's (which ignores them).
 TRANSPORT_KEYS = ("lookup_endpoint", "lookup_mooncake_master", "lookup_model")
 
 
+@dataclass(frozen=True)
+class TailKeyBoundary:
+    """vLLM's ``TailKeyBoundary``: the token boundary ``num_tokens`` whose prefix hash
+    keys KV-cache group ``group_id``'s tail block in the store."""
+
+    group_id: int
+    num_tokens: int
+
+
 @dataclass
 class LookupResult:
     """vLLM's ``MooncakeLookupResult``: ``hit_length`` tokens stored, and the tail-key
-    boundaries (always empty here: the Rust client reads a reply's hit length only)."""
+    boundaries (``tail_key_boundaries``)."""
 
     hit_length: int
     tail_key_boundaries: tuple = ()
+
+
+def tail_key_boundaries(hit_length, group_ids=(0,), boundary_type=TailKeyBoundary):
+    """The tail-key boundaries vLLM 0.33's worker answers with a hit of ``hit_length``
+    tokens (``MooncakeStoreWorker._tail_key_boundaries``): none for 0, else one per
+    prefix-cacheable KV-cache group in ``group_ids``, each at ``hit_length`` (a hit of
+    whole blocks, without partial hash hits, ends on every group's stored key).
+
+    The Rust client reads a reply's hit length only, so the drop-in answers these for
+    every transport: on vLLM's own worker they are the bytes its server sends."""
+    if hit_length <= 0:
+        return ()
+    return tuple(boundary_type(g, hit_length) for g in group_ids)
 
 
 class Answer(NamedTuple):
@@ -55,16 +81,25 @@ class Answer(NamedTuple):
     reason: str | None
 
 
-def _result_type():
-    """vLLM's own result class when vLLM is importable, else ``LookupResult``."""
+def _result_types():
+    """vLLM's own result and boundary classes when vLLM is importable, else
+    ``LookupResult`` and ``TailKeyBoundary``."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
             MooncakeLookupResult,
         )
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+            TailKeyBoundary as VllmTailKeyBoundary,
+        )
 
-        return MooncakeLookupResult
-    except Exception:  # noqa: BLE001 - no vLLM (or no torch): same fields, our class
-        return LookupResult
+        return MooncakeLookupResult, VllmTailKeyBoundary
+    except Exception:  # noqa: BLE001 - no vLLM (or no torch): same fields, our classes
+        return LookupResult, TailKeyBoundary
+
+
+def _build_result(result_type, boundary_type, group_ids, hit):
+    """``result_type(hit, its tail-key boundaries)``."""
+    return result_type(hit, tail_key_boundaries(hit, group_ids, boundary_type))
 
 
 def endpoint_of(vllm_config) -> str:
@@ -81,10 +116,18 @@ def endpoint_of(vllm_config) -> str:
 
 class LookupKeyClient:
     """Drop-in for vLLM 0.33's ``LookupKeyClient`` (module docstring). Raises
-    ``ValueError`` for a bad ``kv_connector_extra_config`` key or address."""
+    ``ValueError`` for a bad ``kv_connector_extra_config`` key or address.
 
-    def __init__(self, vllm_config):
-        extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+    ``tail_key_groups``: the store's KV-cache group ids a result's
+    ``tail_key_boundaries`` name (``(0,)``: one full-attention group; the connector
+    of ``mooncake_lookup.vllm`` sets it from the engine's KV-cache config)."""
+
+    def __init__(self, vllm_config, extra_config=None):
+        """``extra_config``: used instead of the config's ``kv_connector_extra_config``
+        when given (the connector adds its prefetch defaults this way)."""
+        if extra_config is None:
+            extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
+        extra = dict(extra_config or {})
         block_size = int(vllm_config.cache_config.block_size)
         master = extra.get("lookup_mooncake_master")
         if master:
@@ -97,16 +140,37 @@ class LookupKeyClient:
             model = str(getattr(model_config, "model", "model")).rstrip("/").split("/")[-1]
         rust_keys = {k: v for k, v in extra.items() if k not in TRANSPORT_KEYS}
         self.endpoint = target
-        self._result = _result_type()
+        self._result, self._boundary = _result_types()
+        self._tail_key_groups = (0,)
         self._native = NativeClient(transport, target, block_size, json.dumps(rust_keys), model)
+        self._set_factory()
+        # The native call itself, no Python frame between: the poll costs the client's.
+        self.lookup = self._native.lookup
+
+    def _set_factory(self):
+        # A partial, not a bound method: the native client holding `self` would be a
+        # cycle the garbage collector cannot see through.
+        self._native.set_result_factory(functools.partial(
+            _build_result, self._result, self._boundary, self._tail_key_groups))
 
     def lookup(self, req_id, num_tokens, block_hashes, non_block=False):
         """The request's result, or ``None`` while pending when ``non_block``; the first
-        call starts the lookup, the answering call consumes it (as vLLM's)."""
-        hit = self._native.lookup(str(req_id), int(num_tokens), block_hashes, non_block)
-        if hit is None:
-            return None
-        return self._result(hit)
+        call starts the lookup, the answering call consumes it (as vLLM's). ``req_id``
+        a ``str``, ``num_tokens`` an ``int``, ``block_hashes`` a sequence of ``bytes``
+        (vLLM's types; others raise ``TypeError``). Results are shared by requests with
+        the same answer (vLLM's scheduler only reads them). Replaced per instance by
+        the native method itself (``__init__``); this is its documentation."""
+        return self._native.lookup(req_id, num_tokens, block_hashes, non_block)
+
+    @property
+    def tail_key_groups(self):
+        """The KV-cache group ids a result's tail-key boundaries name (class doc)."""
+        return self._tail_key_groups
+
+    @tail_key_groups.setter
+    def tail_key_groups(self, groups):
+        self._tail_key_groups = tuple(groups)
+        self._set_factory()
 
     def prefetch(self, req_id, num_tokens, block_hashes):
         """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent
@@ -122,6 +186,20 @@ class LookupKeyClient:
     def discard(self, req_id):
         """Drop any queued, in-flight or answered lookup of ``req_id``."""
         self._native.discard(str(req_id))
+
+    def on_allocated(self, req_id):
+        """``req_id`` got its blocks: a lookup still held (a prefetch never read) is
+        dropped (rule 8)."""
+        self._native.on_allocated(str(req_id))
+
+    def on_preempted(self, req_id):
+        """``req_id`` was preempted: its lookup and last answer are dropped; it is
+        looked up again when rescheduled (rule 8)."""
+        self._native.on_preempted(str(req_id))
+
+    def tracked_requests(self):
+        """Requests with a lookup held (announced, not yet answered or dropped)."""
+        return self._native.tracked_requests()
 
     def reset(self):
         """Wipe the store through the server; True on its acknowledgement, False on a

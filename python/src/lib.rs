@@ -15,11 +15,12 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 use lookup_tokio::{
-    Answer, BlockHashes, KeyLayout, LookupClient, Probe, Request, RequestId, ResetOutcome,
-    Unavailable,
+    Answer, BlockHashes, Deadline, KeyLayout, LookupClient, LookupHandle, Probe, Request,
+    RequestId, ResetOutcome, Unavailable,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 /// The process's runtime for every client's I/O task: one worker thread, started at
 /// the first client.
@@ -59,6 +60,13 @@ struct Tracked {
 #[pyclass(module = "mooncake_lookup._native")]
 struct NativeClient {
     client: LookupClient,
+    /// Announces into `client`, applied at its next call: a read answer's end rides on
+    /// the call that follows instead of a call of its own.
+    handle: LookupHandle,
+    /// Builds the Python result of a hit length (`set_result_factory`); each hit
+    /// length's result is built once and kept in `results`.
+    result_factory: Option<Py<PyAny>>,
+    results: HashMap<u32, Py<PyAny>>,
     tracked: HashMap<String, Tracked>,
     /// Each request's last answer, kept until `discard` (`answer_of`).
     answers: HashMap<String, Answer>,
@@ -95,6 +103,36 @@ fn reason(why: Unavailable) -> &'static str {
     }
 }
 
+/// The block hashes of a sequence (vLLM's `list[BlockHash]`, each `bytes`; other
+/// buffers such as `bytearray` are converted) as `(hash length, concatenation)`,
+/// copied once into one buffer. Errors when an item is not bytes-like or the lengths
+/// differ.
+fn concat_hashes(req_id: &str, block_hashes: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<u8>)> {
+    let mut data = Vec::new();
+    let mut hash_len = None;
+    for item in block_hashes.try_iter()? {
+        let item = item?;
+        let owned;
+        let bytes: &[u8] = if let Ok(b) = item.cast::<PyBytes>() {
+            b.as_bytes()
+        } else {
+            owned = item.extract::<Vec<u8>>()?;
+            &owned
+        };
+        let len = *hash_len.get_or_insert(bytes.len());
+        if bytes.len() != len {
+            return Err(PyValueError::new_err(format!(
+                "request {req_id}: block hashes of different lengths"
+            )));
+        }
+        if data.is_empty() {
+            data.reserve(len * block_hashes.len().unwrap_or(1));
+        }
+        data.extend_from_slice(bytes);
+    }
+    Ok((hash_len.unwrap_or(0), data))
+}
+
 impl NativeClient {
     /// The tracked request of `req_id`, announced at its first sight.
     /// `block_hashes` (a sequence of `bytes`) is read only then: a re-poll costs no
@@ -108,16 +146,10 @@ impl NativeClient {
         if self.tracked.contains_key(req_id) {
             return Ok(());
         }
-        let block_hashes: Vec<Vec<u8>> = block_hashes.extract()?;
-        let hash_len = block_hashes.first().map_or(0, Vec::len);
-        if block_hashes.iter().any(|h| h.len() != hash_len) {
-            return Err(PyValueError::new_err(format!(
-                "request {req_id}: block hashes of different lengths"
-            )));
-        }
+        let (hash_len, data) = concat_hashes(req_id, block_hashes)?;
         let hash_len = u16::try_from(hash_len)
             .map_err(|_| PyValueError::new_err(format!("request {req_id}: hash too long")))?;
-        let data = Bytes::from(block_hashes.concat());
+        let data = Bytes::from(data);
         let block_hashes = BlockHashes::new(hash_len, data)
             .map_err(|e| PyValueError::new_err(format!("request {req_id}: {e}")))?;
         self.next_id += 1;
@@ -136,12 +168,30 @@ impl NativeClient {
     /// a later lookup of the same id asks again (vLLM pops its future).
     fn consume(&mut self, req_id: &str, request_id: RequestId) -> u32 {
         let answer = self.client.answer_of(request_id);
-        if let Some(a) = answer {
-            self.answers.insert(req_id.to_owned(), a);
+        // Applied at the client's next call (a done lookup holds no slot meanwhile).
+        let _ = self.handle.on_finished(request_id);
+        if let Some((key, _)) = self.tracked.remove_entry(req_id)
+            && let Some(a) = answer
+        {
+            self.answers.insert(key, a);
         }
-        self.client.on_finished(request_id);
-        self.tracked.remove(req_id);
         hit_length(answer)
+    }
+
+    /// The Python result of `hit` tokens: the factory's, built once per hit length
+    /// (at most 4,096 kept); the bare int without a factory.
+    fn result(&mut self, py: Python<'_>, hit: u32) -> PyResult<Py<PyAny>> {
+        if let Some(r) = self.results.get(&hit) {
+            return Ok(r.clone_ref(py));
+        }
+        let Some(factory) = &self.result_factory else {
+            return Ok(hit.into_pyobject(py)?.into_any().unbind());
+        };
+        let r = factory.call1(py, (hit,))?;
+        if self.results.len() < 4096 {
+            self.results.insert(hit, r.clone_ref(py));
+        }
+        Ok(r)
     }
 }
 
@@ -175,6 +225,9 @@ impl NativeClient {
             .connect_lazy_with_handle(rt.handle())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
+            handle: client.handle(),
+            result_factory: None,
+            results: HashMap::new(),
             client,
             tracked: HashMap::new(),
             answers: HashMap::new(),
@@ -182,8 +235,9 @@ impl NativeClient {
         })
     }
 
-    /// vLLM's `lookup`: the hit length in tokens (0 for a miss or an unavailable
-    /// store; `answer_of` tells them apart), or `None` while pending when `non_block`.
+    /// vLLM's `lookup`: the result of the hit length in tokens (0 for a miss or an
+    /// unavailable store; `answer_of` tells them apart; the `set_result_factory`
+    /// object, else the int), or `None` while pending when `non_block`.
     /// The first call for `req_id` starts the lookup; the call that answers ends it.
     /// A blocking call releases the GIL and waits at most `lookup_timeout_s` plus the
     /// client's wait margin.
@@ -195,20 +249,31 @@ impl NativeClient {
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
-    ) -> PyResult<Option<u32>> {
+    ) -> PyResult<Option<Py<PyAny>>> {
         self.track(req_id, num_tokens, block_hashes)?;
         let request = self.tracked[req_id].request.clone();
         let probe = if non_block {
             self.client.probe(&request, 0)
         } else {
             let client = &mut self.client;
-            py.detach(|| client.probe_blocking(&request, 0))
+            py.detach(|| client.probe_until_blocking(&request, 0, Deadline::Answer))
                 .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
         };
         match probe {
             Probe::Pending => Ok(None),
-            Probe::Ready { .. } => Ok(Some(self.consume(req_id, request.request_id))),
+            Probe::Ready { .. } => {
+                let hit = self.consume(req_id, request.request_id);
+                self.result(py, hit).map(Some)
+            }
         }
+    }
+
+    /// `factory(hit_length)` builds `lookup`'s results from now on (each hit length's
+    /// once: results are shared by the requests with that answer, which vLLM's
+    /// scheduler only reads); `None` goes back to bare ints.
+    fn set_result_factory(&mut self, factory: Option<Py<PyAny>>) {
+        self.result_factory = factory;
+        self.results.clear();
     }
 
     /// Starts `req_id`'s lookup ahead of its first `lookup` (a prefetch: sent when
@@ -234,6 +299,26 @@ impl NativeClient {
     /// its last answer. Never blocks.
     fn discard(&mut self, req_id: &str) {
         if let Some(t) = self.tracked.remove(req_id) {
+            self.client.on_finished(t.request.request_id);
+        }
+        self.answers.remove(req_id);
+    }
+
+    /// The request got its blocks (vLLM's `update_state_after_alloc`, rule 8): its
+    /// lookup, if any is still held (a prefetch never read), is consumed and dropped.
+    /// Never blocks.
+    fn on_allocated(&mut self, req_id: &str) {
+        if let Some(t) = self.tracked.remove(req_id) {
+            self.client.on_allocated(t.request.request_id);
+            self.client.on_finished(t.request.request_id);
+        }
+    }
+
+    /// The request was preempted (vLLM's `preempted_req_ids`, rule 8): its lookup and
+    /// last answer are dropped; it is looked up again when rescheduled. Never blocks.
+    fn on_preempted(&mut self, req_id: &str) {
+        if let Some(t) = self.tracked.remove(req_id) {
+            self.client.on_preempted(t.request.request_id);
             self.client.on_finished(t.request.request_id);
         }
         self.answers.remove(req_id);

@@ -37,6 +37,11 @@ WANTED = {
     ],
     STORE + "worker.py": ["LookupKeyServer", "LookupKeyClient", "get_zmq_rpc_path_lookup"],
 }
+# Methods taken from a class of a source: (source, class) -> method names; each lands
+# in the namespace as `Class_method`, a plain function to bind to a stand-in.
+WANTED_METHODS = {
+    (STORE + "worker.py", "MooncakeStoreWorker"): ["_tail_key_boundaries"],
+}
 
 
 def wheel_path():
@@ -69,6 +74,19 @@ def _nodes(source, names):
     missing = set(names) - {getattr(n, "name", None) or _target(n) for n in out}
     assert not missing, f"vLLM 0.33.0's sources lack {sorted(missing)}"
     return out
+
+
+def _methods(source, class_name, names):
+    """The methods `names` of the top-level class `class_name` in `source`, renamed
+    `{class_name}{name}`."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            out = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name in names]
+            assert len(out) == len(names), f"vLLM 0.33.0's {class_name} lacks one of {names}"
+            for f in out:
+                f.name = class_name + f.name
+            return out
+    raise AssertionError(f"vLLM 0.33.0's sources lack class {class_name}")
 
 
 def _target(node):
@@ -128,12 +146,18 @@ def load_vllm_classes(wheel):
         "Sequence": Sequence, "dataclass": dataclass, "field": field,
         "BlockHash": bytes, "VllmConfig": object, "MooncakeStoreWorker": object,
         "envs": _Envs(), "logger": _Logger(), "make_zmq_socket": _make_zmq_socket,
+        "cdiv": lambda a, b: -(a // -b), "ExternalCachedBlockPool": object,
     }
     with zipfile.ZipFile(wheel) as z:
         for name, wanted in WANTED.items():
             module = ast.Module(body=_nodes(z.read(name).decode(), wanted), type_ignores=[])
             exec(compile(module, f"vllm-0.33.0/{name}", "exec"), ns)  # noqa: S102
-    return SimpleNamespace(**{k: ns[k] for names in WANTED.values() for k in names})
+        for (name, cls), wanted in WANTED_METHODS.items():
+            module = ast.Module(body=_methods(z.read(name).decode(), cls, wanted), type_ignores=[])
+            exec(compile(module, f"vllm-0.33.0/{name}", "exec"), ns)  # noqa: S102
+    names = [k for names in WANTED.values() for k in names]
+    names += [cls + m for (_, cls), methods in WANTED_METHODS.items() for m in methods]
+    return SimpleNamespace(**{k: ns[k] for k in names})
 
 
 def vllm_config(block_size=16, **extra):
@@ -150,15 +174,27 @@ class StoreWorker:
     """Stand-in for vLLM's `MooncakeStoreWorker` behind its `LookupKeyServer`: the
     store is a set of present block hashes; a lookup answers the leading run of
     present blocks among the prompt's full blocks, times the block size, a full hit
-    cut below the prompt's end (`MooncakeStoreWorker.lookup`)."""
+    cut below the prompt's end (`MooncakeStoreWorker.lookup`), with the tail-key
+    boundaries of vLLM's own `MooncakeStoreWorker._tail_key_boundaries` (one
+    full-attention KV-cache group, no partial hash hits)."""
 
-    def __init__(self, result_type, block_size, present=()):
-        self.result_type = result_type
+    def __init__(self, classes, block_size, present=()):
+        self.result_type = classes.MooncakeLookupResult
+        self.boundaries = classes.MooncakeStoreWorker_tail_key_boundaries
         self.block_size = block_size
+        self.hash_block_size = block_size
         self.present = set(present)
         self.kv_send_thread = None
         self.store = self
         self.lookups = 0
+        # What vLLM's `_tail_key_boundaries` reads of the worker.
+        self.token_dbs = [SimpleNamespace(block_size=block_size)]
+        self._kv_cache_groups = [SimpleNamespace(kv_cache_spec=SimpleNamespace(prefix_cacheable=True))]
+        self.coord = SimpleNamespace(enable_partial_hash_hits=False)
+
+    def contains(self, group_id, block_hash):
+        """`ExternalCachedBlockPool.contains`: one group, the present set."""
+        return group_id == 0 and bytes(block_hash) in self.present
 
     def lookup(self, num_tokens, block_hashes):
         self.lookups += 1
@@ -171,7 +207,7 @@ class StoreWorker:
             # vLLM's worker re-derives a full hit below the request end: the last
             # token is always recomputed.
             hit = min(run, (num_tokens - 1) // self.block_size) * self.block_size
-        return self.result_type(hit)
+        return self.result_type(hit, self.boundaries(self, block_hashes, hit, self))
 
     def remove_all(self, force=False):
         assert force

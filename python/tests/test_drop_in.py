@@ -31,6 +31,23 @@ CASES = [
 ]
 
 
+def pairs(boundaries):
+    """Tail-key boundaries as (group_id, num_tokens) pairs (vLLM's class and ours
+    compare by value this way)."""
+    return tuple((b.group_id, b.num_tokens) for b in boundaries)
+
+
+# The hit and the tail-key boundaries vLLM 0.33's worker answers for each of CASES.
+WANT = [
+    (3 * BS, ((0, 3 * BS),)),
+    (2 * BS, ((0, 2 * BS),)),
+    (0, ()),
+    (0, ()),
+    (0, ()),
+    (BS, ((0, BS),)),
+]
+
+
 def wait_ready(client, req_id, num_tokens, hashes, polls=10_000):
     """Polls with non_block=True until an answer; returns (answer, polls that were None)."""
     for n in range(polls):
@@ -43,7 +60,7 @@ def wait_ready(client, req_id, num_tokens, hashes, polls=10_000):
 
 @pytest.fixture
 def vllm_server(vllm_classes, rpc_base):
-    worker = StoreWorker(vllm_classes.MooncakeLookupResult, BS, PRESENT)
+    worker = StoreWorker(vllm_classes, BS, PRESENT)
     server = vllm_classes.LookupKeyServer(worker, vllm_config(BS))
     yield worker
     # Left open: vLLM's close() from another thread aborts libzmq while its server
@@ -65,9 +82,9 @@ def test_answers_equal_vllms_client_on_vllms_server(vllm_classes, vllm_server):
         for i, (num_tokens, hashes) in enumerate(CASES):
             want = theirs.lookup(f"v{i}", num_tokens, hashes)
             got = ours.lookup(f"o{i}", num_tokens, hashes)
-            assert (got.hit_length, got.tail_key_boundaries) == (
-                want.hit_length, want.tail_key_boundaries), (num_tokens, len(hashes))
-            # The same bytes on the wire back: vLLM's encoder of our result.
+            assert (want.hit_length, pairs(want.tail_key_boundaries)) == WANT[i]
+            assert (got.hit_length, pairs(got.tail_key_boundaries)) == WANT[i], (num_tokens, len(hashes))
+            # Byte for byte: vLLM's encoder of our result is the reply its server sent.
             assert vllm_classes.encode_lookup_response(
                 vllm_classes.MooncakeLookupResult(got.hit_length, got.tail_key_boundaries)
             ) == vllm_classes.encode_lookup_response(want)
@@ -125,6 +142,8 @@ def test_reset_wipes_vllms_store(vllm_classes, vllm_server):
 
 
 def test_answers_equal_vllms_client_on_lookup_server(vllm_classes, lookup_server):
+    """The same hits as vLLM's client; `lookup-server` sends no tail-key boundaries
+    (vLLM's client reads none there), the drop-in answers vLLM's worker's."""
     endpoint = lookup_server([x.hex() for x in PRESENT])
     assert endpoint == mooncake_lookup.endpoint_of(vllm_config(BS))
     ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
@@ -133,8 +152,8 @@ def test_answers_equal_vllms_client_on_lookup_server(vllm_classes, lookup_server
         for i, (num_tokens, hashes) in enumerate(CASES):
             want = theirs.lookup(f"v{i}", num_tokens, hashes)
             got = ours.lookup(f"o{i}", num_tokens, hashes)
-            assert (got.hit_length, got.tail_key_boundaries) == (
-                want.hit_length, want.tail_key_boundaries), (num_tokens, len(hashes))
+            assert (want.hit_length, want.tail_key_boundaries) == (WANT[i][0], ())
+            assert (got.hit_length, pairs(got.tail_key_boundaries)) == WANT[i], (num_tokens, len(hashes))
         assert theirs.reset() is True
         assert ours.lookup("after", 4 * BS + 1, PRESENT).hit_length == 0
     finally:
@@ -150,6 +169,19 @@ def test_lookup_endpoint_key_chooses_a_tcp_server(lookup_server):
     try:
         assert ours.endpoint == endpoint
         assert ours.lookup("x", 4 * BS + 1, PRESENT).hit_length == 3 * BS
+    finally:
+        ours.close()
+
+
+def test_tail_key_boundaries_name_every_group(vllm_server):
+    """With two KV-cache groups (a hybrid model), one boundary per group, as vLLM's
+    worker answers a whole-block hit; none for a miss."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    ours.tail_key_groups = (0, 1)
+    try:
+        got = ours.lookup("g", 4 * BS + 1, PRESENT)
+        assert (got.hit_length, pairs(got.tail_key_boundaries)) == (3 * BS, ((0, 3 * BS), (1, 3 * BS)))
+        assert ours.lookup("m", 2 * BS + 1, [h(7), h(8)]).tail_key_boundaries == ()
     finally:
         ours.close()
 
@@ -199,3 +231,23 @@ def test_bad_extra_config_is_a_value_error(rpc_base):
         mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_timeout_s=-1.0))
     with pytest.raises(ValueError):
         mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_mooncake_master="not-a-host"))
+
+
+def test_hashes_of_other_buffers_and_bad_types(vllm_server):
+    """bytearray hashes read as bytes; a hash of another length, a non-str request id
+    or a non-buffer hash is an error, not a lookup."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    try:
+        got = ours.lookup("b", 4 * BS + 1, [bytearray(x) for x in PRESENT])
+        assert got.hit_length == 3 * BS
+        # The same answer, the same (read-only) result object.
+        assert ours.lookup("c", 4 * BS + 1, PRESENT) is got
+        with pytest.raises(ValueError, match="different lengths"):
+            ours.lookup("d", 4 * BS + 1, [h(1), b"short"])
+        with pytest.raises(TypeError):
+            ours.lookup(7, 4 * BS + 1, PRESENT)
+        with pytest.raises(TypeError):
+            ours.lookup("e", 4 * BS + 1, ["not bytes"])
+        assert ours.tracked_requests() == 0
+    finally:
+        ours.close()

@@ -10,27 +10,13 @@
 # wheel build and lookup-server). Extra arguments go to pytest.
 set -euo pipefail
 
-VLLM_VERSION="0.33.0"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 VENV="${VLLM_VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 WHEEL_DIR="${VLLM_WHEEL_DIR:-$ROOT/target/vllm-wheel}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "== creating venv $VENV" >&2
-    "$PYTHON" -m venv "$VENV"
-fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install --quiet "pytest>=8" "pyzmq==27.3.0"
-
-WHEEL="$(ls "$WHEEL_DIR"/vllm-"$VLLM_VERSION"-*.whl 2>/dev/null | head -n 1 || true)"
-if [ -z "$WHEEL" ]; then
-    echo "== downloading vllm==$VLLM_VERSION (wheel only, no dependencies) into $WHEEL_DIR" >&2
-    mkdir -p "$WHEEL_DIR"
-    "${PIP[@]}" download --quiet --no-deps --only-binary=:all: -d "$WHEEL_DIR" "vllm==$VLLM_VERSION"
-    WHEEL="$(ls "$WHEEL_DIR"/vllm-"$VLLM_VERSION"-*.whl | head -n 1)"
-fi
+source "$ROOT/scripts/python/env.sh"
 
 echo "== building lookup-server" >&2
 cargo build --quiet -p lookup-cli --bin lookup-server

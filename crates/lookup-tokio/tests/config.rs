@@ -336,3 +336,43 @@ fn connect_outside_a_runtime_is_an_error() {
             .expect_err("no runtime");
     assert!(matches!(err, Error::NoRuntime), "{err}");
 }
+
+/// With the direct transport the client builds the store keys: a key-changing setting
+/// its layout does not carry is an error naming it (a silent miss otherwise); one the
+/// layout carries, or any with ZeroMQ (the worker's), is accepted.
+#[test]
+fn a_store_key_setting_the_direct_layout_does_not_carry_is_refused() {
+    let with = |layout: KeyLayout, extra: serde_json::Value| {
+        built(
+            LookupClient::builder()
+                .direct("127.0.0.1:50051", layout)
+                .kv_connector_extra_config(&extra),
+        )
+    };
+    let plain = KeyLayout::new("m");
+    let prefixed = KeyLayout::new("m").with_cache_prefix(Some("tenant-a".to_owned()));
+    for (key, value) in [
+        ("cache_prefix", json!("tenant-a")),
+        ("store_tp_size", json!(4)),
+        ("enable_store_tp_lcm", json!(true)),
+        ("enable_cross_layers_blocks", json!(true)),
+    ] {
+        let error = with(plain.clone(), json!({ key: value })).unwrap_err();
+        assert!(
+            error.starts_with(&format!("kv_connector_extra_config key `{key}`")),
+            "{error}"
+        );
+        assert!(error.contains("VllmSetup::direct_client_config"), "{error}");
+        assert!(
+            built(
+                LookupClient::builder()
+                    .zmq("ipc:///tmp/unused")
+                    .kv_connector_extra_config(&json!({ key: value }))
+            )
+            .is_ok(),
+            "{key} is the worker's with ZeroMQ"
+        );
+    }
+    assert!(with(prefixed, json!({ "cache_prefix": "tenant-a" })).is_ok());
+    assert!(with(plain, json!({ "enable_cross_layers_blocks": false })).is_ok());
+}

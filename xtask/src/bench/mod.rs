@@ -19,7 +19,11 @@
 //!
 //! Each measurement is repeated `--reps` times, the rows interleaved, and the table
 //! shows medians. `--json PATH` writes every run too.
+//!
+//! `--python` runs another section alone ([`dropin`]): the Python package's drop-in
+//! against vLLM's own client, both called from Python.
 
+pub mod dropin;
 pub mod growth;
 pub mod ours;
 pub mod payload;
@@ -94,7 +98,12 @@ pub struct Args {
     pub json: Option<PathBuf>,
     /// The Python interpreter that runs the Python design (needs pyzmq).
     #[arg(long, value_name = "PATH", default_value = "python3")]
-    pub python: PathBuf,
+    pub python_bin: PathBuf,
+    /// Run only the Python section: `mooncake_lookup`'s drop-in (release wheel)
+    /// against vLLM 0.33.0's own `LookupKeyClient`, both called from Python, same
+    /// `lookup-server` (`scripts/python/bench.sh`; `--reps` and `--quick` apply).
+    #[arg(long)]
+    pub python: bool,
     /// Skip the Python design's rows (and the goals that need them).
     #[arg(long)]
     pub no_python: bool,
@@ -183,8 +192,11 @@ fn root() -> PathBuf {
 /// lookup is answered wrongly or not at all, or the JSON cannot be written.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let settings = args.settings()?;
+    if args.python {
+        return run_drop_in(args, &settings);
+    }
     let python = Python {
-        interpreter: args.python.clone(),
+        interpreter: args.python_bin.clone(),
         script: python::script_path(&root()),
     };
     let python_version = if settings.python {
@@ -304,6 +316,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     print!("{}", report.table());
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The `--python` section: runs it, prints its table, writes its JSON.
+fn run_drop_in(args: &Args, settings: &Settings) -> anyhow::Result<()> {
+    let run = dropin::run(&root(), settings.reps, args.quick)?;
+    print!("{}", run.table());
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&run)?;
         std::fs::write(path, json + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());

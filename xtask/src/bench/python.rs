@@ -112,7 +112,7 @@ impl Python {
             .args(["-c", "import zmq; print(zmq.__version__)"])
             .output()
             .with_context(|| {
-                format!("cannot start {python}: install Python 3, pass --python PATH, or pass --no-python to skip the Python rows")
+                format!("cannot start {python}: install Python 3, pass --python-bin PATH, or pass --no-python to skip the Python rows")
             })?;
         if !out.status.success() {
             bail!(

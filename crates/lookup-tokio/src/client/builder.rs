@@ -46,8 +46,21 @@ pub struct ClientBuilder {
     probe_budget: Option<Duration>,
     client_label: Option<String>,
     connect_timeout: Option<Duration>,
+    /// The store-key settings of the extra config given (key, value), checked
+    /// against a direct transport's layout by [`build`](Self::build).
+    store_key_settings: Vec<(String, Value)>,
     error: Option<Error>,
 }
+
+/// `kv_connector_extra_config` keys that change the store keys (vLLM 0.33's
+/// `worker.py`).
+const STORE_KEY_SETTINGS: [&str; 5] = [
+    "cache_prefix",
+    "store_tp_size",
+    "enable_store_tp_lcm",
+    "prefill_tp_sizes",
+    "enable_cross_layers_blocks",
+];
 
 impl Default for ClientBuilder {
     fn default() -> Self {
@@ -58,6 +71,7 @@ impl Default for ClientBuilder {
             wait_margin: None,
             probe_budget: None,
             client_label: None,
+            store_key_settings: Vec::new(),
             connect_timeout: None,
             error: None,
         }
@@ -114,7 +128,15 @@ impl ClientBuilder {
     /// ([`KvConnectorExtraConfig::from_kv_connector_extra_config`]: an unknown or
     /// mistyped key is the error `build` returns). Settings made after this call
     /// override it.
-    pub fn kv_connector_extra_config(self, extra: &Value) -> Self {
+    ///
+    /// The keys that change the store keys (`cache_prefix`, `store_tp_size`,
+    /// `enable_store_tp_lcm`, `prefill_tp_sizes`, `enable_cross_layers_blocks`) are
+    /// the worker's with [`zmq`](Self::zmq); with [`direct`](Self::direct) the
+    /// client builds the keys itself, so `build` refuses one its `KeyLayout` does not
+    /// carry (a silent miss otherwise): build that client from
+    /// [`VllmSetup`](crate::vllm::VllmSetup), which honours them all.
+    pub fn kv_connector_extra_config(mut self, extra: &Value) -> Self {
+        self.note_store_keys(extra);
         self.extra(KvConnectorExtraConfig::from_kv_connector_extra_config(
             extra,
         ))
@@ -122,8 +144,20 @@ impl ClientBuilder {
 
     /// As [`kv_connector_extra_config`](Self::kv_connector_extra_config), ignoring
     /// unknown keys.
-    pub fn kv_connector_extra_config_lenient(self, extra: &Value) -> Self {
+    pub fn kv_connector_extra_config_lenient(mut self, extra: &Value) -> Self {
+        self.note_store_keys(extra);
         self.extra(KvConnectorExtraConfig::from_kv_connector_extra_config_lenient(extra))
+    }
+
+    fn note_store_keys(&mut self, extra: &Value) {
+        if let Some(map) = extra.as_object() {
+            for key in STORE_KEY_SETTINGS {
+                if let Some(value) = map.get(key).filter(|v| !v.is_null()) {
+                    self.store_key_settings
+                        .push((key.to_owned(), value.clone()));
+                }
+            }
+        }
     }
 
     fn extra(mut self, read: Result<KvConnectorExtraConfig, Error>) -> Self {
@@ -237,6 +271,27 @@ impl ClientBuilder {
         self.core.validate()?;
         if let Transport::Direct(direct) = &transport {
             direct.validate()?;
+            for (key, value) in &self.store_key_settings {
+                let carried = match (key.as_str(), value) {
+                    ("cache_prefix", Value::String(prefix)) => {
+                        direct.layout.cache_prefix().unwrap_or_default() == prefix
+                    }
+                    ("enable_cross_layers_blocks" | "enable_store_tp_lcm", Value::Bool(false)) => {
+                        true
+                    }
+                    _ => false,
+                };
+                if !carried {
+                    return Err(Error::ExtraConfig {
+                        key: key.clone(),
+                        why: format!(
+                            "{value} changes the store keys, and the direct transport's \
+                             KeyLayout does not carry it (a silent miss): build the client \
+                             with lookup_tokio::vllm::VllmSetup::direct_client_config"
+                        ),
+                    });
+                }
+            }
         }
         let mut config = ClientConfig::new(transport, self.core.block_size);
         config.core = self.core;
