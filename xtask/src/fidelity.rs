@@ -126,6 +126,9 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
         lookup: r.lookup.clone(),
         rate_scale: r.rate_scale,
         seed: 0,
+        order_seed: 0,
+        route_offset: 0,
+        timeseries: false,
     })
 }
 

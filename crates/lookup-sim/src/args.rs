@@ -50,6 +50,11 @@ pub struct Args {
     /// `target/simulate/ttft_cdf.png` in the workspace.
     #[arg(long, value_name = "PATH")]
     pub plot: Option<PathBuf>,
+    /// Also write every engine's state once per virtual second (waiting, running, KV
+    /// held, preemptions, lookups in flight) of the first run of each mode to this
+    /// file (JSONL).
+    #[arg(long, value_name = "PATH")]
+    pub timeseries: Option<PathBuf>,
     /// Do not draw the plots.
     #[arg(long)]
     pub no_plot: bool,
@@ -69,9 +74,11 @@ pub struct Args {
     #[arg(long, value_name = "PARAM=V,...")]
     pub sweep: Vec<String>,
     /// Runs per setting: the first as given, the others perturbed (seed + i, arrival
-    /// rate +1 %, −1 %, +0.5 %, ...), so each figure shows its spread and a run whose
-    /// p99 moves more than 2x is flagged unstable. 1 turns the check off.
-    #[arg(long, value_name = "K", default_value_t = 3)]
+    /// rate +1 %, −1 %, +0.5 %, ..., the order within bursts and the routing offset
+    /// drawn on their own), so each figure shows its spread, its collapse rate (the
+    /// overload detector) with a 95 % interval, and a setting whose p99 moves more
+    /// than 2x or that collapses in any run is flagged unstable. 1 turns the check off.
+    #[arg(long, value_name = "K", default_value_t = 10)]
     pub repeats: u32,
     /// Skip the recommendation (a search over mode, prefetch limit, TTL, wait budget
     /// and server concurrency at the end of a run without `--sweep`).
@@ -139,6 +146,14 @@ pub struct Args {
     /// (the client's recent on-wire p90, within `--wait-budget-bounds-ms`) or ms.
     #[arg(long, default_value = "auto")]
     pub wait_budget_ms: BudgetArg,
+    /// `lookup_on_preemption`: what a preemption does to the request's lookup
+    /// (`discard`, vLLM's; `keep`; `wait`; `keep_wait`: `spec/behaviour.md` rule 8).
+    #[arg(long, default_value_t = LookupParams::default().on_preemption, value_parser = crate::mode::policy_arg)]
+    pub on_preemption: lookup_core::OnPreemption,
+    /// `lookup_preempted_wait_s` (seconds): with `wait` or `keep_wait`, the longest
+    /// wait for a preempted request's probe.
+    #[arg(long, default_value_t = LookupParams::default().preempted_wait_s, value_parser = crate::mode::seconds_arg)]
+    pub preempted_wait_s: f64,
     /// Bounds of the `auto` wait budget (ms): MIN,MAX.
     #[arg(long, value_delimiter = ',', default_value = "0.5,10")]
     pub wait_budget_bounds_ms: Vec<f64>,
@@ -155,7 +170,8 @@ pub struct Args {
     /// Engine: most running requests.
     #[arg(long, default_value_t = EngineParams::default().max_num_seqs)]
     pub max_num_seqs: u32,
-    /// Engine: GPU KV-cache capacity in 512-token blocks.
+    /// Engine: GPU KV-cache capacity in vLLM's 16-token KV blocks (a 512-token trace
+    /// block is 32).
     #[arg(long, default_value_t = EngineParams::default().gpu_kv_blocks)]
     pub gpu_kv_blocks: u64,
     /// Step cost: fixed part (ms).
@@ -309,9 +325,14 @@ impl Args {
                 prefetch_ttl_s: self.prefetch_ttl_s,
                 timeout_s: self.lookup_timeout_s,
                 wait_budget: self.wait_budget_ms.budget((min_ms, max_ms)),
+                on_preemption: self.on_preemption,
+                preempted_wait_s: self.preempted_wait_s,
             },
             rate_scale: self.rate_scale,
             seed: self.seed,
+            order_seed: 0,
+            route_offset: 0,
+            timeseries: self.timeseries.is_some(),
         };
         params.validate()?;
         Ok(params)

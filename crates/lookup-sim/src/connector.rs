@@ -198,6 +198,16 @@ impl Connector {
         self.pump(now, store);
     }
 
+    /// Lookup RPCs queued or on the wire.
+    pub(crate) fn open_rpcs(&self) -> usize {
+        self.lookups.open_rpcs()
+    }
+
+    /// Rule 8's wait for a preempted request's probe (ns; 0: none).
+    pub(crate) fn wait_budget(&self, id: RequestId) -> u64 {
+        u64::try_from(self.lookups.wait_budget(id).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn on_preempted(&mut self, id: RequestId, now: u64, store: &ExternalStore) {
         self.lookups.on_preempted(id);
         self.pump(now, store);

@@ -20,6 +20,7 @@ pub mod calibration;
 mod connector;
 pub mod engine;
 pub mod generator;
+pub mod health;
 pub mod mode;
 pub mod recommend;
 pub mod report;
@@ -130,10 +131,10 @@ fn header(source: &str, requests: u64, p: &SimParams, calibration: &str) -> Stri
     let s = &p.server;
     format!(
         "trace: {source}, {requests} requests, rate scale {}\n\
-         {} engines ({:?}): budget {} tokens, {} seqs, {} GPU blocks each; store {} blocks; arrivals {:?}\n\
+         {} engines ({:?}): budget {} tokens, {} seqs, {} GPU KV blocks of 16 tokens each; store {} blocks of 512; arrivals {:?}\n\
          lookup server ({calibration}): {:.3} ms + {:.1} µs/call + {:.2} µs/present key + {:.2} µs/absent key, \
          jitter {:.3} ms, concurrency {}; keys: block size {}, {} namespace(s), {}\n\
-         lookups: prefetch limit {}, TTL {} s, timeout {} s, wait budget {}",
+         lookups: prefetch limit {}, TTL {} s, timeout {} s, wait budget {}, on preemption {} (wait {} s)",
         p.rate_scale,
         p.engine.engines,
         p.engine.router,
@@ -159,6 +160,8 @@ fn header(source: &str, requests: u64, p: &SimParams, calibration: &str) -> Stri
         p.lookup.prefetch_ttl_s,
         p.lookup.timeout_s,
         p.lookup.wait_budget,
+        p.lookup.on_preemption,
+        p.lookup.preempted_wait_s,
     )
 }
 
@@ -285,6 +288,9 @@ pub fn run_to(args: &Args, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         }
     }
     let wall = started.elapsed();
+    if let Some(path) = &args.timeseries {
+        write_timeseries(path, &results[..modes.len()])?;
+    }
     let kv = params.engine.gpu_kv_blocks;
     let summaries: Vec<ModeSummary> = results.iter().map(|r| summarise(r, kv)).collect();
     let base = &summaries[..modes.len()];
@@ -411,6 +417,35 @@ pub fn run_to(args: &Args, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--timeseries`: every engine's samples of each mode's first run, one JSON line each.
+fn write_timeseries(path: &Path, results: &[ModeResult]) -> anyhow::Result<()> {
+    #[derive(Serialize)]
+    struct Line<'a> {
+        mode: Mode,
+        #[serde(flatten)]
+        sample: &'a engine::Sample,
+    }
+    let file =
+        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    for r in results {
+        for sample in &r.timeseries {
+            serde_json::to_writer(
+                &mut out,
+                &Line {
+                    mode: r.mode,
+                    sample,
+                },
+            )
+            .context("encoding a sample")?;
+            out.write_all(b"\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    out.flush()
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn write_json(

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use lookup_core::Config;
+use lookup_core::{Config, OnPreemption};
 
 use super::budget::WaitBudget;
 
@@ -79,6 +79,10 @@ impl Mode {
             c.lookup_timeout = timeout;
         }
         c.max_in_flight = max_in_flight;
+        c.lookup_on_preemption = lookup.on_preemption;
+        if let Ok(wait) = lookup_core::duration_from_secs(lookup.preempted_wait_s) {
+            c.lookup_preempted_wait = wait;
+        }
         let (lookup_async, limit, ours) = match self {
             Self::Sync => (false, 0, false),
             Self::Async => (true, 0, false),
@@ -127,15 +131,39 @@ pub struct LookupParams {
     /// queued or on the wire. Default: adaptive (the recent on-wire p90 within
     /// [0.5, 10] ms, [`WaitBudget::default`]).
     pub wait_budget: WaitBudget,
+    /// `lookup_on_preemption` (`spec/behaviour.md` rule 8). Default the core's.
+    #[serde(serialize_with = "policy_key")]
+    pub on_preemption: OnPreemption,
+    /// `lookup_preempted_wait_s` (seconds). Default the core's.
+    pub preempted_wait_s: f64,
+}
+
+/// Serialises a `lookup_on_preemption` value by its key name.
+///
+/// # Errors
+/// The serializer's.
+pub fn policy_key<S: serde::Serializer>(p: &OnPreemption, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(p.as_key())
 }
 
 impl Default for LookupParams {
     fn default() -> Self {
+        let core = Config::new(TRACE_BLOCK_TOKENS);
         Self {
             prefetch_limit: 32,
             prefetch_ttl_s: 2.0,
             timeout_s: 5.0,
             wait_budget: WaitBudget::default(),
+            on_preemption: core.lookup_on_preemption,
+            preempted_wait_s: core.lookup_preempted_wait.as_secs_f64(),
         }
     }
+}
+
+/// A `--on-preemption` argument: a `lookup_on_preemption` value.
+///
+/// # Errors
+/// The core's message naming the accepted values.
+pub fn policy_arg(s: &str) -> Result<OnPreemption, String> {
+    OnPreemption::from_key(s).map_err(|e| e.to_string())
 }

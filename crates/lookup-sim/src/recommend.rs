@@ -1,12 +1,13 @@
-//! The recommendation at the end of a run: the lookup settings (mode, prefetch limit,
-//! TTL, wait budget, server concurrency) that serve the trace best at the stable p99,
-//! with the margin over sync.
+//! The recommendation at the end of a run: the lookup settings (mode, preemption
+//! policy, prefetch limit, TTL, wait budget, server concurrency) that serve the trace
+//! best at the stable p99, with the margin over sync.
 //!
 //! "Stable p99" is the largest TTFT p99 of a setting's perturbed reruns, and only
 //! settings whose reruns stay within 2x of each other qualify
-//! ([`stability`](super::stability)): a setting that wins one run and collapses on the next is not
-//! a recommendation. The search is coordinate-wise, per mode, from the run's own
-//! settings: server concurrency {1, 4}, then prefetch limit {8, 32, 128}, then TTL
+//! ([`stability`](super::stability)) and none collapses: a setting that wins one run
+//! and collapses on the next is not a recommendation. The search is coordinate-wise,
+//! per mode, from the run's own settings: `lookup_on_preemption` {discard,
+//! keep_wait}, then server concurrency {1, 4}, then prefetch limit {8, 32, 128}, then TTL
 //! {1, 2, 5} s, then (`prefetch+wait`) the wait budget {auto, 2 ms, 5 ms}; each stage
 //! keeps the best value found so far. A candidate whose first run is already above
 //! the best stable p99 found is not rerun: its reruns can only raise its stable p99.
@@ -16,6 +17,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::budget::WaitBudget;
+use lookup_core::OnPreemption;
+
 use super::engine::SimParams;
 use super::mode::Mode;
 use super::report::{ModeSummary, summarise};
@@ -36,6 +39,9 @@ pub struct Setting {
     pub ttl_s: f64,
     /// `prefetch+wait`'s wait budget.
     pub wait_budget: WaitBudget,
+    /// `lookup_on_preemption` (`spec/behaviour.md` rule 8).
+    #[serde(serialize_with = "crate::mode::policy_key")]
+    pub on_preemption: OnPreemption,
 }
 
 impl Setting {
@@ -48,6 +54,7 @@ impl Setting {
             prefetch_limit: params.lookup.prefetch_limit,
             ttl_s: params.lookup.prefetch_ttl_s,
             wait_budget: params.lookup.wait_budget,
+            on_preemption: params.lookup.on_preemption,
         }
     }
 
@@ -59,6 +66,7 @@ impl Setting {
         p.lookup.prefetch_limit = self.prefetch_limit;
         p.lookup.prefetch_ttl_s = self.ttl_s;
         p.lookup.wait_budget = self.wait_budget;
+        p.lookup.on_preemption = self.on_preemption;
         p
     }
 
@@ -83,6 +91,7 @@ impl Setting {
         if self.mode == Mode::PrefetchWait {
             let _ = write!(out, ", wait budget {}", self.wait_budget);
         }
+        let _ = write!(out, ", on preemption {}", self.on_preemption);
         out
     }
 }
@@ -213,7 +222,19 @@ pub fn search(
     let mut runs = 0;
     let mut best: Vec<Setting> = modes.iter().map(|&m| Setting::of(m, base)).collect();
     type Stage = (fn(&Setting) -> bool, fn(&Setting) -> Vec<Setting>);
-    let stages: [Stage; 4] = [
+    let stages: [Stage; 5] = [
+        // Rule 8's policy first: it decides whether the asynchronous modes collapse.
+        (
+            |_| true,
+            |s| {
+                [OnPreemption::Discard, OnPreemption::KeepWait]
+                    .map(|on_preemption| Setting {
+                        on_preemption,
+                        ..*s
+                    })
+                    .to_vec()
+            },
+        ),
         (
             |s| s.mode != Mode::Sync,
             |s| {

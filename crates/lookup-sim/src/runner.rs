@@ -38,14 +38,31 @@ pub fn rate_factor(repeat: u32) -> f64 {
     }
 }
 
-/// Rerun `repeat` of `params`: the server's jitter seed moved by `repeat` and the
-/// arrival rate scaled by [`rate_factor`]. Rerun 0 is `params` itself.
+/// Rerun `repeat` of `params`, each perturbation drawn on its own: the server's
+/// jitter seed moved by `repeat`, the arrival rate scaled by [`rate_factor`], the
+/// requests of each burst (one timestamp) shuffled by a seed of their own, and the
+/// routing moved by an offset of its own (mod the engines). Rerun 0 is `params`
+/// itself; only it keeps `timeseries`.
 #[must_use]
 pub fn perturbed(params: &SimParams, repeat: u32) -> SimParams {
     let mut p = params.clone();
+    if repeat == 0 {
+        return p;
+    }
+    let draw = |salt: u64| mix(params.seed ^ mix(u64::from(repeat) ^ salt));
     p.seed = params.seed.wrapping_add(u64::from(repeat));
     p.rate_scale = params.rate_scale * rate_factor(repeat);
+    p.order_seed = draw(0x006f_7264_6572) | 1;
+    p.route_offset = (draw(0x0072_6f75_7465) % u64::from(params.engine.engines.max(1))) as u32;
+    p.timeseries = false;
     p
+}
+
+/// SplitMix64's finaliser (the engine model's own, for independent draws).
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// Worker threads for `jobs` jobs: one per core, at most one per job.
@@ -145,5 +162,17 @@ mod tests {
         assert_eq!(perturbed(&p, 0), p);
         let q = perturbed(&p, 2);
         assert_eq!((q.seed, q.rate_scale), (2, 0.99));
+        // Order and routing are drawn on their own: ten reruns give ten shuffles and
+        // use every offset of the four engines.
+        let reruns: Vec<SimParams> = (1..=10).map(|i| perturbed(&p, i)).collect();
+        let mut orders: Vec<u64> = reruns.iter().map(|r| r.order_seed).collect();
+        orders.sort_unstable();
+        orders.dedup();
+        assert_eq!(orders.len(), 10);
+        assert!(orders.iter().all(|&o| o != 0));
+        let mut offsets: Vec<u32> = reruns.iter().map(|r| r.route_offset).collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        assert_eq!(offsets, [0, 1, 2, 3]);
     }
 }

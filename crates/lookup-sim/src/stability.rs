@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::engine::Perturbation;
+use super::health::{Health, wilson};
 use super::mode::Mode;
 use super::report::ModeSummary;
 
@@ -54,7 +56,8 @@ pub struct Verdict {
     pub p99_ms: Range,
     /// Largest over smallest p99.
     pub spread: f64,
-    /// `spread <= MAX_SPREAD` (true with a single run: nothing to compare).
+    /// `spread <= MAX_SPREAD` (true with a single run: nothing to compare) and no run
+    /// collapsed: a setting that collapses is never stable, however reproducibly.
     pub stable: bool,
     /// Preemptions over the runs.
     pub preemptions: Range,
@@ -64,6 +67,29 @@ pub struct Verdict {
     pub kv_peak: Range,
     /// Longest waiting queue over the runs.
     pub waiting_peak: Range,
+    /// Runs the overload detector found collapsed ([`crate::health`]).
+    pub collapsed_runs: usize,
+    /// `collapsed_runs / runs`.
+    pub collapse_rate: f64,
+    /// The collapse rate's 95 % Wilson interval.
+    pub collapse_interval: (f64, f64),
+    /// Every run: its perturbation, TTFT p50 and p99 (ms), preemptions and health.
+    pub reruns: Vec<Rerun>,
+}
+
+/// One rerun of a verdict, as kept in the JSON.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rerun {
+    /// What it varied.
+    pub perturbation: Perturbation,
+    /// TTFT p50 (ms).
+    pub p50_ms: f64,
+    /// TTFT p99 (ms).
+    pub p99_ms: f64,
+    /// TPOT p50 (ms), if any request decoded more than one token.
+    pub preemptions: u64,
+    /// The overload detector's verdict.
+    pub health: Health,
 }
 
 impl Verdict {
@@ -79,13 +105,27 @@ impl Verdict {
         } else {
             1.0
         };
+        let collapsed_runs = runs.iter().filter(|s| s.health.collapsed).count();
         Self {
+            collapsed_runs,
+            collapse_rate: collapsed_runs as f64 / runs.len().max(1) as f64,
+            collapse_interval: wilson(collapsed_runs, runs.len()),
+            reruns: runs
+                .iter()
+                .map(|s| Rerun {
+                    perturbation: s.perturbation,
+                    p50_ms: s.ttft_ms.p50,
+                    p99_ms: s.ttft_ms.p99,
+                    preemptions: s.preemptions,
+                    health: s.health.clone(),
+                })
+                .collect(),
             mode,
             runs: runs.len(),
             p50_ms: Range::of(runs.iter().map(|s| s.ttft_ms.p50)),
             p99_ms: p99,
             spread,
-            stable: spread <= MAX_SPREAD,
+            stable: spread <= MAX_SPREAD && collapsed_runs == 0,
             preemptions: Range::of(runs.iter().map(|s| s.preemptions as f64)),
             kv_mean: Range::of(runs.iter().map(|s| s.kv_occupancy_mean)),
             kv_peak: Range::of(runs.iter().map(|s| s.kv_occupancy_peak)),
@@ -106,6 +146,18 @@ impl Verdict {
             self.waiting_peak.min,
             self.waiting_peak.max
         );
+        if let Some(r) = self.reruns.iter().find(|r| r.health.collapsed) {
+            let _ = write!(
+                out,
+                "; collapsed in {} of {} runs (rate {:.0} %, 95 % interval {:.0}-{:.0} %), e.g. {}",
+                self.collapsed_runs,
+                self.runs,
+                100.0 * self.collapse_rate,
+                100.0 * self.collapse_interval.0,
+                100.0 * self.collapse_interval.1,
+                r.health.signs.join(", ")
+            );
+        }
         if self.preemptions.max > 2.0 * self.preemptions.min + 10.0 {
             out.push_str(
                 ": the long-tailed reruns preempt far more (over-admission thrashes the KV cache)",
@@ -135,24 +187,28 @@ pub fn describe(verdicts: &[Verdict]) -> String {
             .map_or(1.0, |v| v.spread);
         let _ = writeln!(
             out,
-            "stability: stable, every mode's TTFT p99 within {worst:.2}x over {runs} perturbed reruns (seed, arrival rate +-1 %)"
+            "stability: stable, every mode's TTFT p99 within {worst:.2}x over {runs} perturbed reruns (seed, arrival rate +-1 %, order within bursts, routing offset), none collapsed"
         );
     } else {
         let names: Vec<&str> = unstable.iter().map(|v| v.mode.name()).collect();
         let _ = writeln!(
             out,
-            "stability: UNSTABLE ({}): TTFT p99 moves more than {MAX_SPREAD}x over {runs} perturbed reruns (seed, arrival rate +-1 %); one run of this setting is not a measurement",
+            "stability: UNSTABLE ({}): TTFT p99 moves more than {MAX_SPREAD}x, or a run collapses (overload detector), over {runs} perturbed reruns (seed, arrival rate +-1 %, order within bursts, routing offset); one run of this setting is not a measurement",
             names.join(", ")
         );
     }
     for v in verdicts {
         let _ = writeln!(
             out,
-            "  {:<14} p99 {:.1}-{:.1} ms ({:.2}x) {}{}",
+            "  {:<14} p99 {:.1}-{:.1} ms ({:.2}x), collapsed {}/{} (95 % {:.0}-{:.0} %) {}{}",
             v.mode.name(),
             v.p99_ms.min,
             v.p99_ms.max,
             v.spread,
+            v.collapsed_runs,
+            v.runs,
+            100.0 * v.collapse_interval.0,
+            100.0 * v.collapse_interval.1,
             if v.stable { "stable" } else { "UNSTABLE" },
             if v.stable {
                 String::new()

@@ -1,51 +1,88 @@
 //! The two KV caches of the model: the GPU's block pool with its local prefix cache,
 //! and the external store (Mooncake Store) behind the lookup server.
 //!
-//! Both count blocks of 512 tokens, the trace's hash granularity, and both keep only
-//! full blocks under a hash: vLLM hashes full blocks only. The GPU's cache hashes
-//! generated blocks too (as vLLM V1 does); the external store holds prompt blocks,
-//! written at the end of a prefill.
+//! Both keep only full blocks under a hash, at the trace's 512-token granularity
+//! (vLLM hashes full blocks only). The GPU's pool counts its capacity in vLLM's
+//! 16-token KV blocks (a 512-token hash block is 32 of them) and hashes generated
+//! blocks too, as vLLM V1 does; the external store counts 512-token blocks and holds
+//! prompt blocks, written at the end of a prefill.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-/// The GPU KV-cache block pool, with vLLM's prefix cache.
+use crate::trace::TRACE_BLOCK_TOKENS;
+
+/// Tokens per GPU KV block: vLLM's default block size (`CacheConfig.block_size` 16).
+pub(crate) const KV_BLOCK_TOKENS: u32 = 16;
+/// KV blocks per trace hash block (512 / 16): the unit the prefix cache hashes here,
+/// since the traces name only 512-token blocks.
+pub(crate) const KV_PER_HASH: u64 = (TRACE_BLOCK_TOKENS / KV_BLOCK_TOKENS) as u64;
+
+/// The GPU KV-cache block pool with vLLM V1's prefix cache, counted in vLLM's 16-token
+/// blocks (vllm/v1/core/block_pool.py, kv_cache_manager.py, vLLM 0.33).
 ///
-/// A block is either *hashed* (a full block of prompt or generated tokens, shareable,
-/// found by later requests through its hash) or *anonymous* (a partial block, or a
-/// block still being loaded). Hashed blocks nobody references stay
-/// cached until evicted; eviction takes the least recently freed first, and a
-/// request frees its blocks tail first, so a chain's prefix outlives its tail
-/// (vLLM `FreeKVCacheBlockQueue`).
+/// A request holds *hashed* groups (a full 512-token trace block of prompt or
+/// generated tokens: 32 KV blocks under one hash, shareable, found by later requests)
+/// and *anonymous* blocks (its partial tail, or blocks still being loaded).
+///
+/// Free blocks are vLLM's `FreeKVCacheBlockQueue`, in its order:
+/// - blocks never used (or left from an evicted group) come first;
+/// - then freed blocks in the order they were freed: a request's blocks are freed in
+///   reverse (`KVCacheManager.free` → `BlockPool.free_blocks(reversed(blocks))`),
+///   its anonymous tail first, then its hashed groups from last to first;
+/// - a cached block keeps its hash until it is taken from the queue's head for a new
+///   allocation (`BlockPool.get_new_blocks` → `_maybe_evict_cached_block`), so a
+///   request preempted a moment ago finds its blocks again;
+/// - a cached block hit by a new request leaves the queue (`touch`).
+///
+/// A group is evicted whole: a hit needs the whole 512-token group, as the traces'
+/// hashes do (vLLM would still hit the group's first 16-token blocks).
 #[derive(Debug)]
 pub(crate) struct LocalCache {
     capacity: u64,
+    /// KV blocks held by requests under no hash.
     anonymous: u64,
+    /// Free blocks at the queue's head holding nothing a request could hit.
+    fresh: u64,
     entries: HashMap<u64, Entry>,
-    evictable: BTreeSet<(u64, u64)>,
+    /// The rest of the free queue, by the stamp of when it was freed.
+    queue: BTreeMap<u64, Freed>,
+    /// KV blocks in `queue`.
+    queued: u64,
     clock: u64,
 }
 
 #[derive(Debug)]
 struct Entry {
     refs: u32,
-    /// Position in `evictable` while `refs == 0`.
+    /// Its stamp in `queue` while `refs == 0`.
     freed_at: u64,
 }
 
+/// A run of the free queue.
+#[derive(Debug, Clone, Copy)]
+enum Freed {
+    /// Anonymous blocks freed together (a request's partial tail).
+    Anonymous(u64),
+    /// A cached group (its hash), [`KV_PER_HASH`] blocks.
+    Cached(u64),
+}
+
 impl LocalCache {
-    /// An empty pool of `capacity` blocks.
+    /// An empty pool of `capacity` KV blocks (16 tokens each).
     pub(crate) fn new(capacity: u64) -> Self {
         Self {
             capacity,
             anonymous: 0,
+            fresh: capacity,
             entries: HashMap::new(),
-            evictable: BTreeSet::new(),
+            queue: BTreeMap::new(),
+            queued: 0,
             clock: 0,
         }
     }
 
-    /// Leading blocks of `hashes` (at most `max_blocks`) cached on the GPU: the local
-    /// prefix-cache hit, in blocks (vLLM `get_computed_blocks`).
+    /// Leading groups of `hashes` (at most `max_blocks`) cached on the GPU: the local
+    /// prefix-cache hit, in 512-token groups (vLLM `get_computed_blocks`).
     pub(crate) fn hit_blocks(&self, hashes: &[u64], max_blocks: usize) -> usize {
         hashes
             .iter()
@@ -54,55 +91,76 @@ impl LocalCache {
             .count()
     }
 
-    fn free(&self) -> u64 {
-        self.capacity - self.anonymous - self.entries.len() as u64
-    }
-
-    /// True when `new_blocks` more blocks fit after reusing the cached `hits`
-    /// (which must not be evicted to make room for them).
+    /// True when `new_blocks` more KV blocks fit after reusing the cached groups
+    /// `hits` (which must not be evicted to make room for them).
     pub(crate) fn can_allocate(&self, hits: &[u64], new_blocks: u64) -> bool {
         let pinned_free = hits
             .iter()
             .filter(|h| self.entries.get(h).is_some_and(|e| e.refs == 0))
             .count() as u64;
-        self.free() + self.evictable.len() as u64 - pinned_free >= new_blocks
+        self.fresh + self.queued - pinned_free * KV_PER_HASH >= new_blocks
     }
 
-    /// Takes a reference on each cached block of `hits` (a local prefix hit).
+    /// Takes a reference on each cached group of `hits` (a local prefix hit): a free
+    /// one leaves the free queue.
     pub(crate) fn reference(&mut self, hits: &[u64]) {
         for h in hits {
             let e = self.entries.get_mut(h).expect("hits are cached blocks");
             if e.refs == 0 {
-                self.evictable.remove(&(e.freed_at, *h));
+                self.queue.remove(&e.freed_at);
+                self.queued -= KV_PER_HASH;
             }
             e.refs += 1;
         }
     }
 
-    /// Allocates `n` anonymous blocks, evicting cached blocks as needed. False (and
-    /// nothing changed) when they do not fit.
+    /// Allocates `n` anonymous KV blocks from the head of the free queue, evicting the
+    /// cached groups it reaches. False (and nothing changed) when they do not fit.
     pub(crate) fn allocate(&mut self, n: u64) -> bool {
-        if self.free() + (self.evictable.len() as u64) < n {
+        if self.fresh + self.queued < n {
             return false;
         }
-        while self.free() < n {
-            let (_, h) = self.evictable.pop_first().expect("checked above");
-            self.entries.remove(&h);
+        let mut need = n;
+        let take = need.min(self.fresh);
+        self.fresh -= take;
+        need -= take;
+        while need > 0 {
+            let (stamp, run) = self.queue.pop_first().expect("checked above");
+            match run {
+                Freed::Anonymous(c) => {
+                    let t = c.min(need);
+                    need -= t;
+                    self.queued -= t;
+                    if c > t {
+                        self.queue.insert(stamp, Freed::Anonymous(c - t));
+                    }
+                }
+                Freed::Cached(h) => {
+                    self.entries.remove(&h);
+                    self.queued -= KV_PER_HASH;
+                    let t = KV_PER_HASH.min(need);
+                    need -= t;
+                    self.fresh += KV_PER_HASH - t;
+                }
+            }
         }
         self.anonymous += n;
         true
     }
 
-    /// One anonymous block of a request became the full prompt block `hash`: it joins
-    /// the prefix cache, or, when another request cached the same block meanwhile,
-    /// references that one and frees its own.
+    /// [`KV_PER_HASH`] anonymous blocks of a request became the full trace block
+    /// `hash` (`BlockPool.cache_full_blocks`): it joins the prefix cache, or, when
+    /// another request cached the same block meanwhile, references that one and frees
+    /// its own.
     pub(crate) fn promote(&mut self, hash: u64) {
-        self.anonymous -= 1;
+        self.anonymous -= KV_PER_HASH;
         if let Some(e) = self.entries.get_mut(&hash) {
             if e.refs == 0 {
-                self.evictable.remove(&(e.freed_at, hash));
+                self.queue.remove(&e.freed_at);
+                self.queued -= KV_PER_HASH;
             }
             e.refs += 1;
+            self.fresh += KV_PER_HASH;
         } else {
             self.entries.insert(
                 hash,
@@ -114,35 +172,43 @@ impl LocalCache {
         }
     }
 
-    /// A request released its blocks: `hashed` (in prompt order) are dereferenced,
-    /// tail first; `anonymous` are freed.
+    /// A request released its blocks (finished or preempted): freed in reverse order,
+    /// as vLLM's `KVCacheManager.free` does: its `anonymous` tail first, then its
+    /// `hashed` groups (in prompt order) from the last; a group still referenced by
+    /// another request stays.
     pub(crate) fn release(&mut self, hashed: &[u64], anonymous: u64) {
         self.anonymous -= anonymous;
+        if anonymous > 0 {
+            self.clock += 1;
+            self.queue.insert(self.clock, Freed::Anonymous(anonymous));
+            self.queued += anonymous;
+        }
         for h in hashed.iter().rev() {
             let e = self.entries.get_mut(h).expect("held blocks are cached");
             e.refs -= 1;
             if e.refs == 0 {
                 self.clock += 1;
                 e.freed_at = self.clock;
-                self.evictable.insert((self.clock, *h));
+                self.queue.insert(self.clock, Freed::Cached(*h));
+                self.queued += KV_PER_HASH;
             }
         }
     }
 
-    /// Blocks held by requests (neither free nor only cached): the KV occupancy.
+    /// KV blocks held by requests (neither free nor only cached): the KV occupancy.
     pub(crate) fn held(&self) -> u64 {
-        self.anonymous + self.entries.len() as u64 - self.evictable.len() as u64
+        self.capacity - self.fresh - self.queued
     }
 
-    /// Capacity in blocks.
+    /// Capacity in KV blocks.
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    /// Blocks in use or cached.
+    /// KV blocks in use or cached.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
-        self.anonymous + self.entries.len() as u64
+        self.anonymous + self.entries.len() as u64 * KV_PER_HASH
     }
 }
 
@@ -230,39 +296,65 @@ impl ExternalStore {
 mod tests {
     use super::*;
 
+    const G: u64 = KV_PER_HASH;
+
     #[test]
     fn local_cache_reuses_evicts_tail_first_and_refuses_when_full() {
-        let mut c = LocalCache::new(4);
-        assert!(c.allocate(3));
+        let mut c = LocalCache::new(4 * G);
+        assert!(c.allocate(3 * G));
         for h in [10, 11, 12] {
             c.promote(h);
         }
         assert_eq!(c.hit_blocks(&[10, 11, 12, 13], 9), 3);
         assert_eq!(c.hit_blocks(&[10, 11, 12, 13], 2), 2);
         c.release(&[10, 11, 12], 0);
-        assert_eq!(c.used(), 3);
-        // Two new blocks: one free, then the least recently freed (the tail, 12).
-        assert!(c.allocate(2));
+        assert_eq!(c.used(), 3 * G);
+        assert_eq!(c.held(), 0);
+        // Two groups' worth: the never-used group, then the least recently freed
+        // (the tail, 12).
+        assert!(c.allocate(2 * G));
         assert_eq!(c.hit_blocks(&[10, 11, 12], 9), 2);
         // Pinning the remaining hits leaves no room for one more block.
         assert!(!c.can_allocate(&[10, 11], 1));
         c.reference(&[10, 11]);
         assert!(!c.allocate(1));
-        c.release(&[], 2);
+        assert_eq!(c.held(), 4 * G);
+        c.release(&[], 2 * G);
         c.release(&[10, 11], 0);
-        assert_eq!(c.used(), 2);
+        assert_eq!(c.used(), 2 * G);
+    }
+
+    /// vLLM's free queue: blocks freed later are evicted later, whatever they hold. A
+    /// request's partial tail (anonymous) freed after another request's cached group
+    /// is taken after that group: the group is evicted first, its leftover blocks
+    /// reused before the tail.
+    #[test]
+    fn freed_blocks_are_taken_in_the_order_they_were_freed() {
+        let mut c = LocalCache::new(2 * G + 5);
+        assert!(c.allocate(G));
+        c.promote(7);
+        c.release(&[7], 0);
+        assert!(c.allocate(G + 5));
+        // Everything never used is gone: 0 fresh, the group 7 cached in the queue.
+        c.release(&[], G + 5);
+        // 5 blocks: group 7 (freed first) goes, 27 of its blocks stay free.
+        assert!(c.allocate(5));
+        assert_eq!(c.hit_blocks(&[7], 1), 0);
+        assert_eq!(c.held(), 5);
+        assert!(c.can_allocate(&[], 2 * G));
+        assert!(!c.can_allocate(&[], 2 * G + 1));
     }
 
     #[test]
     fn promote_of_a_block_cached_meanwhile_shares_it() {
-        let mut c = LocalCache::new(4);
-        assert!(c.allocate(2));
+        let mut c = LocalCache::new(4 * G);
+        assert!(c.allocate(2 * G));
         c.promote(5);
         c.promote(5);
-        assert_eq!(c.used(), 1);
+        assert_eq!(c.used(), G);
         c.release(&[5], 0);
         c.release(&[5], 0);
-        assert_eq!(c.used(), 1);
+        assert_eq!(c.used(), G);
         assert_eq!(c.hit_blocks(&[5], 1), 1);
     }
 

@@ -297,11 +297,12 @@ pub fn table(cells: &[Cell]) -> String {
                 format!("{:.0}", c.keys_asked_mean),
                 format!("{:.0}-{:.0}", v.preemptions.min, v.preemptions.max),
                 format!("{:.0}-{:.0}%", v.kv_mean.min * 100.0, v.kv_mean.max * 100.0),
-                if v.stable {
-                    "stable".into()
-                } else {
-                    "UNSTABLE".into()
-                },
+                format!(
+                    "{} ({}/{} collapsed)",
+                    if v.stable { "stable" } else { "UNSTABLE" },
+                    v.collapsed_runs,
+                    v.runs
+                ),
             ]
         })
         .collect();

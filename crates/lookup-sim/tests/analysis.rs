@@ -49,15 +49,30 @@ fn reruns_that_differ_more_than_2x_at_p99_are_flagged_unstable() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0],
-        "stability: UNSTABLE (async): TTFT p99 moves more than 2x over 3 perturbed reruns \
-         (seed, arrival rate +-1 %); one run of this setting is not a measurement"
+        "stability: UNSTABLE (async): TTFT p99 moves more than 2x, or a run collapses \
+         (overload detector), over 3 perturbed reruns (seed, arrival rate +-1 %, order within \
+         bursts, routing offset); one run of this setting is not a measurement"
     );
     assert_eq!(
         lines[1],
-        "  sync           p99 11000.0-12000.0 ms (1.09x) stable"
+        "  sync           p99 11000.0-12000.0 ms (1.09x), collapsed 0/2 (95 % 0-66 %) stable"
     );
     assert!(lines[2].starts_with(
-        "  async          p99 11000.0-30000.0 ms (2.73x) UNSTABLE: preemptions 40-2900"
+        "  async          p99 11000.0-30000.0 ms (2.73x), collapsed 0/3 (95 % 0-56 %) UNSTABLE: \
+         preemptions 40-2900"
+    ));
+    // A collapsed run makes a setting unstable however close its p99s are.
+    let mut flat = runs[..2].to_vec();
+    flat[1].health.collapsed = true;
+    flat[1].health.signs = vec!["drains 900 s after the last arrival".to_owned()];
+    let collapsed = Verdict::of(Mode::Async, &flat);
+    assert_eq!(collapsed.spread, 12.0 / 11.0);
+    assert_eq!(collapsed.collapsed_runs, 1);
+    assert_eq!(collapsed.collapse_rate, 0.5);
+    assert!(!collapsed.stable);
+    assert_eq!(collapsed.reruns.len(), 2);
+    assert!(collapsed.cause().contains(
+        "; collapsed in 1 of 2 runs (rate 50 %, 95 % interval 9-91 %), e.g. drains 900 s after the last arrival"
     ));
     // One run: nothing to compare.
     assert_eq!(
@@ -191,13 +206,13 @@ fn a_request_larger_than_the_gpu_is_refused_with_its_line() {
     .to_string();
     assert_eq!(
         err,
-        "request 2 (60000 input + 1 output tokens) needs 118 KV blocks of 512 tokens; a GPU has 100 (--gpu-kv-blocks)"
+        "request 2 (60000 input + 1 output tokens) needs 3750 KV blocks of 16 tokens; a GPU has 3200 (--gpu-kv-blocks)"
     );
 }
 
 /// `cargo xtask simulate` with its defaults (here on 300 generated requests): the
 /// table's lookup latency row holds each shown mode's figures, the stability verdict
-/// is that of the three perturbed reruns, and the run ends with a recommendation.
+/// is that of the ten perturbed reruns, and the run ends with a recommendation.
 #[test]
 fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
     use lookup_sim::runner::{Job, perturbed, run_jobs};
@@ -207,12 +222,12 @@ fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
     lookup_sim::run_to(&cli.args, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
 
-    // The same runs, made here: the default modes x 3 perturbed reruns.
+    // The same runs, made here: the default modes x 10 perturbed reruns.
     let params = cli.args.params().unwrap();
-    assert_eq!(cli.args.repeats, 3);
+    assert_eq!(cli.args.repeats, 10);
     let modes = cli.args.modes.clone();
     assert_eq!(modes, Mode::ALL.to_vec());
-    let jobs: Vec<Job> = (0..3)
+    let jobs: Vec<Job> = (0..10)
         .flat_map(|i| {
             let p = perturbed(&params, i);
             modes.iter().map(move |&mode| Job {
@@ -292,7 +307,7 @@ fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
     assert!(stability.starts_with("stability: "));
     assert!(text.contains(&stability), "{stability}\nnot in\n{text}");
 
-    let r = at("recommendation: the lowest TTFT p99 that holds over 3 perturbed reruns (");
+    let r = at("recommendation: the lowest TTFT p99 that holds over 10 perturbed reruns (");
     let setting = lines[r + 1];
     assert!(
         Mode::ALL

@@ -154,11 +154,11 @@ fn trace() -> Vec<TraceRequest> {
 fn a_livelock_is_reported_in_every_mode() {
     // The defaults of `cargo xtask simulate` (four engines), with the two flags.
     let mut p = SimParams::default();
-    p.engine.gpu_kv_blocks = 18;
+    p.engine.gpu_kv_blocks = 18 * 32;
     p.engine.local_prefix_cache = false;
     for mode in Mode::ALL {
         let err = simulate(trace().into_iter().map(Ok), mode, &p, &|_| {})
-            .expect_err("18 blocks cannot hold these requests side by side");
+            .expect_err("18 x 32 blocks cannot hold these requests side by side");
         let msg = format!("{err:#}");
         assert!(
             msg.starts_with(&format!("{mode} mode "))

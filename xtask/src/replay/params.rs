@@ -229,6 +229,7 @@ impl Args {
                 prefetch_ttl_s: self.prefetch_ttl_s,
                 timeout_s: self.lookup_timeout_s,
                 wait_budget: self.wait_budget_ms.budget((min_ms, max_ms)),
+                ..LookupParams::default()
             },
             engine: EngineModel {
                 max_num_batched_tokens: self.max_num_batched_tokens,

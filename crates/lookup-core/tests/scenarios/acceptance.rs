@@ -173,7 +173,34 @@ fn s7_finish_while_queued_never_sent_and_while_in_flight_slot_freed_on_completio
 
 #[test]
 fn s8_preempt_reset_close_drop_state_and_reset_sends_one_rpc() {
-    let mut h = Harness::prefetch(4);
+    // The default, `keep_wait`: the answered result survives the preemption, and the
+    // preempted request's probes are given the wait budget.
+    let mut kept = Harness::prefetch(4);
+    let a = req(1, 32, &[1, 2]);
+    kept.arrive(&a);
+    kept.answer_hit(RpcId(1), 16);
+    kept.lookups.on_preempted(a.request_id);
+    assert_eq!(
+        kept.lookups.wait_budget(a.request_id),
+        Duration::from_secs(5)
+    );
+    assert_eq!(
+        kept.probe(&a, 0),
+        Probe::Ready {
+            external_tokens: 16,
+            load_async: true
+        },
+        "keep_wait kept the result"
+    );
+    assert!(kept.wire_ids().is_empty());
+
+    // vLLM's `discard`: preemption drops it.
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.max_in_flight = 64;
+    c.lookup_on_preemption = lookup_core::OnPreemption::Discard;
+    let mut h = Harness::new(c);
     let (a, b) = (req(1, 32, &[1, 2]), req(2, 32, &[3, 4]));
     h.arrive(&a);
     h.answer_hit(RpcId(1), 16);

@@ -52,6 +52,7 @@
 mod params;
 mod replica;
 mod result;
+mod sample;
 mod scheduler;
 mod world;
 
@@ -63,8 +64,10 @@ pub use self::params::{
 use self::replica::Engine;
 pub use self::result::{
     BUCKET_FLOORS, Breakdown, BreakdownSums, Bucket, FirstPending, LookupFigures, ModeResult,
-    RequestRecord, Waits, bucket_of, histogram,
+    Perturbation, RequestRecord, Waits, bucket_of, histogram,
 };
+use self::sample::Sampler;
+pub use self::sample::{SAMPLE_NS, Sample, Slope};
 use self::world::{Feed, World, mix};
 use super::connector::Connector;
 use super::mode::Mode;
@@ -109,6 +112,7 @@ where
     }
     let feed = Feed::new(Box::new(trace.into_iter()));
     let mut world = World::new(feed, mode, params, on_finished);
+    let mut sampler = Sampler::new(params.timeseries);
     loop {
         let next = engines
             .iter()
@@ -116,7 +120,8 @@ where
             .filter_map(|(i, en)| en.next_time(&world).map(|t| (t, i)))
             .min();
         // Every request arriving by the next event is routed first.
-        if let Some(arrival) = world.feed.peek(params)? {
+        let arrival = world.feed.peek(params)?;
+        if let Some(arrival) = arrival {
             if next.is_none_or(|(t, _)| arrival <= t) {
                 let (engine, slot) = world.admit_next().expect("a request was read");
                 engines[engine].route(slot);
@@ -124,6 +129,11 @@ where
             }
         }
         let Some((t, i)) = next else { break };
+        while sampler.next_ns <= t {
+            let at = sampler.next_ns;
+            let states = engines.iter().zip(0..).map(|(en, id)| en.sample(at, id));
+            sampler.take(states, arrival.is_some());
+        }
         engines[i].act(t, &mut world)?;
     }
     if let Some(stuck) = engines.iter().find(|en| en.unfinished() > 0) {
@@ -134,6 +144,14 @@ where
         en.add_to(&mut result);
     }
     result.store_blocks = world.store.len() as u64;
+    result.waiting_slope = sampler.waiting;
+    result.perturbation = Perturbation {
+        seed: params.seed,
+        rate_scale: params.rate_scale,
+        order_seed: params.order_seed,
+        route_offset: params.route_offset,
+    };
+    result.timeseries = sampler.samples;
     result.live_peak = world.reqs.peak() as u64;
     Ok(result)
 }

@@ -65,9 +65,9 @@ pub struct EngineParams {
     pub max_num_batched_tokens: u32,
     /// Most running requests (`max_num_seqs`). Default 256, vLLM's default.
     pub max_num_seqs: u32,
-    /// GPU KV-cache capacity per engine, in 512-token blocks. Default 832: (80 GiB ×
-    /// 0.9 `gpu_memory_utilization` − 15 GiB of weights − ~5 GiB of activations and
-    /// CUDA graphs) / 64 MiB per block.
+    /// GPU KV-cache capacity per engine, in vLLM's 16-token KV blocks. Default
+    /// 26,624: (80 GiB × 0.9 `gpu_memory_utilization` − 15 GiB of weights − ~5 GiB of
+    /// activations and CUDA graphs) / 2 MiB per block (832 blocks of 512 tokens).
     pub gpu_kv_blocks: u64,
     /// Fixed cost of a step (seconds). Default 0.005: one forward pass reads all 16 GB
     /// of weights, 4.8 ms at the H100's 3.35 TB/s (the decode floor).
@@ -122,7 +122,7 @@ impl Default for EngineParams {
             router: Router::RoundRobin,
             max_num_batched_tokens: 8192,
             max_num_seqs: 256,
-            gpu_kv_blocks: 832,
+            gpu_kv_blocks: 26_624,
             step_fixed_s: 0.005,
             prefill_token_s: 30e-6,
             prefill_pair_s: 1e-9,
@@ -178,6 +178,16 @@ pub struct SimParams {
     pub rate_scale: f64,
     /// Seed of the servers' jitter.
     pub seed: u64,
+    /// Shuffles the requests that arrive at the same timestamp (a burst) with this
+    /// seed; 0 keeps the trace's order. A rerun's perturbation
+    /// ([`perturbed`](crate::runner::perturbed)).
+    pub order_seed: u64,
+    /// Added to the engine a request is routed to (mod the engines): another
+    /// assignment of the same requests. A rerun's perturbation. Default 0.
+    pub route_offset: u32,
+    /// Keep every engine's state once per second of virtual time
+    /// ([`ModeResult::timeseries`](super::ModeResult::timeseries), `--timeseries`).
+    pub timeseries: bool,
 }
 
 impl Default for SimParams {
@@ -189,6 +199,9 @@ impl Default for SimParams {
             lookup: LookupParams::default(),
             rate_scale: 1.0,
             seed: 0,
+            order_seed: 0,
+            route_offset: 0,
+            timeseries: false,
         }
     }
 }

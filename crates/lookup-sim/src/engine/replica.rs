@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use super::params::ArrivalHandling;
 use super::result::{FirstPending, ModeResult, Waits, add_stats};
+use super::sample::Sample;
 use super::world::{Phase, Step, World};
 use crate::connector::Connector;
 use crate::store::LocalCache;
@@ -48,6 +49,7 @@ pub(super) struct Engine {
     pub(super) external_hit_tokens: u64,
     pub(super) first_pending: FirstPending,
     pub(super) waits: Waits,
+    pub(super) preempted_waits: Waits,
     pub(super) kv_held_block_ns: u128,
     pub(super) kv_time_ns: u128,
     pub(super) kv_peak_blocks: u64,
@@ -55,6 +57,9 @@ pub(super) struct Engine {
     /// Steps launched since this engine last produced an output token: the livelock
     /// watchdog ([`STALL_STEPS`]).
     pub(super) steps_without_output: u64,
+    /// The engine clock when the last `schedule` call began: a load that ended
+    /// during that call (while it blocked on sync lookups) was not seen by it.
+    pub(super) schedule_began: u64,
 }
 
 /// Steps an engine may launch without producing a single output token before the run
@@ -89,11 +94,13 @@ impl Engine {
             external_hit_tokens: 0,
             first_pending: FirstPending::default(),
             waits: Waits::default(),
+            preempted_waits: Waits::default(),
             kv_held_block_ns: 0,
             kv_time_ns: 0,
             kv_peak_blocks: 0,
             waiting_peak: 0,
             steps_without_output: 0,
+            schedule_began: 0,
         }
     }
 
@@ -101,6 +108,19 @@ impl Engine {
     pub(super) fn route(&mut self, slot: usize) {
         self.arrivals.push_back(slot);
         self.unfinished += 1;
+    }
+
+    /// Its state at `t_ns` (`--timeseries`).
+    pub(super) fn sample(&self, t_ns: u64, engine: u32) -> Sample {
+        Sample {
+            t_ms: t_ns / 1_000_000,
+            engine,
+            waiting: self.waiting.len() as u64,
+            running: self.running.len() as u64,
+            kv_held: self.local.held(),
+            preemptions: self.preemptions,
+            lookups_in_flight: self.conn.open_rpcs() as u64,
+        }
     }
 
     /// Requests routed here that have not finished.
@@ -201,7 +221,16 @@ impl Engine {
             // A reply due now (a zero-latency server): deliver it and schedule again.
             return Ok(());
         }
-        // A load already done can only be waiting behind a request that does not fit;
+        // A load that ended while the last `schedule` call ran (blocked on sync
+        // lookups) was not seen by it: schedule again.
+        let began = self.schedule_began;
+        let unseen = self.waiting.iter().any(|&i| {
+            matches!(w.reqs[i].phase, Phase::Loading { done_at, .. } if done_at > began && done_at <= self.t)
+        });
+        if unseen {
+            return Ok(());
+        }
+        // A load done before can only be waiting behind a request that does not fit;
         // it changes nothing until something else happens.
         let load_done = self.next_load_done(w).filter(|&n| n > self.t);
         let next = [self.next_arrival(w), lookup_event, load_done]
@@ -227,13 +256,24 @@ impl Engine {
         } else {
             "stalled".to_owned()
         };
+        let head = self.waiting.front().map_or(String::new(), |&i| {
+            let r = &w.reqs[i];
+            format!(
+                "; the head of the queue needs {} tokens and holds {} KV blocks, phase {:?}",
+                r.prefill_len,
+                r.held_hashed.len() as u64 * crate::store::KV_PER_HASH + r.held_anonymous,
+                r.phase
+            )
+        });
         anyhow::anyhow!(
             "{} mode {how} at {:.3} s with {} requests waiting and {} running \
-             (KV cache held by requests that cannot proceed)",
+             (KV cache held by requests that cannot proceed: {} of {} KV blocks held{head})",
             w.mode,
             self.t as f64 / 1e9,
             self.waiting.len(),
-            self.running.len()
+            self.running.len(),
+            self.local.held(),
+            self.local.capacity()
         )
     }
 
@@ -326,6 +366,7 @@ impl Engine {
         r.rpcs_sent += self.conn.counts().rpcs_sent;
         r.first_pending.add(&self.first_pending);
         r.waits.add(&self.waits);
+        r.preempted_waits.add(&self.preempted_waits);
         r.lookups.add(self.conn.lookups());
         add_stats(&mut r.stats, self.conn.stats());
         r.kv_held_block_ns += self.kv_held_block_ns;

@@ -6,6 +6,7 @@ use hdrhistogram::Histogram;
 use lookup_core::Stats;
 use serde::Serialize;
 
+use super::sample::{Sample, Slope};
 use crate::mode::Mode;
 use crate::server::KeyCount;
 
@@ -275,6 +276,9 @@ pub struct ModeResult {
     pub ttft_us: Histogram<u64>,
     /// TTFTs summed (ns), for an exact mean.
     pub ttft_sum_ns: u128,
+    /// TPOT (µs): first token to the last, over the output tokens after the first, of
+    /// each request with more than one output token.
+    pub tpot_us: Histogram<u64>,
     /// Queue waits (arrival to first scheduling) summed (ns).
     pub queue_wait_sum_ns: u128,
     /// TTFT breakdowns summed.
@@ -285,6 +289,9 @@ pub struct ModeResult {
     pub lookups: LookupFigures,
     /// `prefetch+wait`'s waits.
     pub waits: Waits,
+    /// Waits for preempted requests' probes (`lookup_on_preemption` = `wait` or
+    /// `keep_wait`, `spec/behaviour.md` rule 8).
+    pub preempted_waits: Waits,
     /// Engine-thread time blocked on lookups (sync probes, waits), ns.
     pub blocked_ns: u64,
     /// GPU busy time, all engines, ns.
@@ -322,6 +329,28 @@ pub struct ModeResult {
     pub waiting_peak: u64,
     /// Most requests held at once (read and not finished), all engines.
     pub live_peak: u64,
+    /// The last arrival (ns from the trace's start): the trace's span at this rate.
+    pub trace_span_ns: u64,
+    /// The waiting queues, summed over the engines, against time while requests
+    /// still arrived (sampled every [`SAMPLE_NS`](super::SAMPLE_NS)).
+    pub waiting_slope: Slope,
+    /// Every engine's state once per period (`SimParams::timeseries`), else empty.
+    pub timeseries: Vec<Sample>,
+    /// The run's perturbation (its parameters that reruns vary).
+    pub perturbation: Perturbation,
+}
+
+/// What a rerun varies ([`perturbed`](crate::runner::perturbed)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Perturbation {
+    /// The servers' jitter seed.
+    pub seed: u64,
+    /// The arrival rate multiplier.
+    pub rate_scale: f64,
+    /// The shuffle of requests within bursts (0: the trace's order).
+    pub order_seed: u64,
+    /// The routing offset.
+    pub route_offset: u32,
 }
 
 impl ModeResult {
@@ -332,11 +361,13 @@ impl ModeResult {
             requests: 0,
             ttft_us: histogram(),
             ttft_sum_ns: 0,
+            tpot_us: histogram(),
             queue_wait_sum_ns: 0,
             breakdown: BreakdownSums::default(),
             buckets: BUCKET_FLOORS.iter().map(|&f| Bucket::new(f)).collect(),
             lookups: LookupFigures::default(),
             waits: Waits::default(),
+            preempted_waits: Waits::default(),
             blocked_ns: 0,
             gpu_busy_ns: 0,
             makespan_ns: 0,
@@ -355,6 +386,10 @@ impl ModeResult {
             kv_peak: 0.0,
             waiting_peak: 0,
             live_peak: 0,
+            trace_span_ns: 0,
+            waiting_slope: Slope::default(),
+            timeseries: Vec::new(),
+            perturbation: Perturbation::default(),
         }
     }
 
@@ -364,6 +399,13 @@ impl ModeResult {
         let us = r.ttft_ns / 1_000;
         record(&mut self.ttft_us, us);
         self.ttft_sum_ns += u128::from(r.ttft_ns);
+        if r.output_length > 1 {
+            let decode = r.finished_ns.saturating_sub(r.arrival_ns + r.ttft_ns);
+            record(
+                &mut self.tpot_us,
+                decode / u64::from(r.output_length - 1) / 1_000,
+            );
+        }
         self.queue_wait_sum_ns += u128::from(r.queue_wait_ns);
         self.breakdown.add(&r.breakdown);
         let b = &mut self.buckets[bucket_of(r.input_length)];
@@ -407,4 +449,5 @@ pub(super) fn add_stats(to: &mut Stats, s: &Stats) {
     to.first_probes_ready += s.first_probes_ready;
     to.first_probes_pending += s.first_probes_pending;
     to.resets += s.resets;
+    to.lookups_kept_on_preemption += s.lookups_kept_on_preemption;
 }

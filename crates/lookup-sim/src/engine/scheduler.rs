@@ -1,14 +1,14 @@
 //! One call of vLLM's `Scheduler.schedule`: running requests, then the waiting
 //! queue with its probes, block allocation, preemption, and the step's cost.
 
-use lookup_core::Probe;
+use lookup_core::{BlockHashes, Probe};
 
 use super::params::PendingPolicy;
 use super::replica::Engine;
 use super::world::{Entry, Phase, Req, Step, World, blocks_for};
 use crate::mode::Mode;
 use crate::server::nanos;
-use crate::store::LocalCache;
+use crate::store::{KV_PER_HASH, LocalCache};
 use crate::trace::TRACE_BLOCK_TOKENS;
 
 impl Engine {
@@ -17,8 +17,8 @@ impl Engine {
     /// cache unless `promote` is false (blocks still being loaded). False, with nothing
     /// changed, when the blocks do not fit.
     pub(super) fn allocate(&mut self, r: &mut Req, hits: &[u64], end: u32, promote: bool) -> bool {
-        let held = r.held_hashed.len() as u64 + r.held_anonymous;
-        let new = blocks_for(end).saturating_sub(held + hits.len() as u64);
+        let held = r.held_hashed.len() as u64 * KV_PER_HASH + r.held_anonymous;
+        let new = blocks_for(end).saturating_sub(held + hits.len() as u64 * KV_PER_HASH);
         if !self.local.can_allocate(hits, new) {
             return false;
         }
@@ -41,10 +41,10 @@ impl Engine {
     pub(super) fn promote_full(local: &mut LocalCache, r: &mut Req, end: u32) {
         let known = end.min(r.input + r.outputs);
         let full = (known / TRACE_BLOCK_TOKENS) as usize;
-        while r.held_hashed.len() < full && r.held_anonymous > 0 {
+        while r.held_hashed.len() < full && r.held_anonymous >= KV_PER_HASH {
             let h = r.block_hash(r.held_hashed.len());
             local.promote(h);
-            r.held_anonymous -= 1;
+            r.held_anonymous -= KV_PER_HASH;
             r.held_hashed.push(h);
         }
     }
@@ -63,6 +63,11 @@ impl Engine {
         r.num_computed = 0;
         r.prefill_len = r.input + r.outputs;
         r.core.num_tokens = r.prefill_len;
+        // vLLM's `Request.block_hashes` covers every full block of the prompt and the
+        // generated tokens, so the connector's probe after a preemption asks about the
+        // grown chain (vllm/v1/request.py, `get_request_block_hasher`).
+        let full = (r.prefill_len / TRACE_BLOCK_TOKENS) as usize;
+        r.core.block_hashes = BlockHashes::from_u64s(&r.chain(full));
         r.epoch += 1;
         r.phase = Phase::Waiting;
         r.preemptions += 1;
@@ -77,6 +82,7 @@ impl Engine {
     /// by the scheduler's cost.
     pub(super) fn schedule(&mut self, w: &mut World<'_>) -> anyhow::Result<Option<Step>> {
         let mut now = self.t;
+        self.schedule_began = now;
         let mut budget = w.p.engine.max_num_batched_tokens;
         let mut entries = Vec::new();
         let mut preempted = false;
@@ -222,6 +228,29 @@ impl Engine {
                             self.waits.caught += 1;
                         }
                         wait_left = Some(budget_ns.saturating_sub(at - now));
+                        self.blocked_ns += at - now;
+                        now = at;
+                        answer = ready;
+                    }
+                    let id = w.reqs[idx].core.request_id;
+                    let preempted_ns = self.conn.wait_budget(id);
+                    if answer == Probe::Pending && preempted_ns > 0 {
+                        // Rule 8 (`wait`): a preempted request is waited for, not
+                        // overtaken by the younger requests behind it.
+                        let (ready, at) = self.conn.wait_ready_until(
+                            &w.reqs[idx].core,
+                            local_tokens,
+                            now,
+                            now.saturating_add(preempted_ns),
+                            &w.store,
+                        );
+                        let pw = &mut self.preempted_waits;
+                        pw.started += 1;
+                        pw.budget_ns += preempted_ns;
+                        pw.waited_ns += at - now;
+                        if ready != Probe::Pending {
+                            pw.caught += 1;
+                        }
                         self.blocked_ns += at - now;
                         now = at;
                         answer = ready;

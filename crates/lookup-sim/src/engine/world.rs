@@ -5,6 +5,7 @@
 //! is dropped when it finishes, after its figures went into the run's histograms:
 //! what a run holds is the requests in the engines, not the trace.
 
+use std::collections::VecDeque;
 use std::ops::{Index, IndexMut};
 
 use anyhow::bail;
@@ -14,8 +15,8 @@ use super::SimParams;
 use super::params::Router;
 use super::result::{Breakdown, ModeResult, RequestRecord};
 use crate::mode::Mode;
-use crate::store::ExternalStore;
-use crate::trace::{TRACE_BLOCK_TOKENS, TraceError, TraceRequest};
+use crate::store::{ExternalStore, KV_BLOCK_TOKENS};
+use crate::trace::{TraceError, TraceRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -185,8 +186,9 @@ pub(super) struct Step {
     pub(super) entries: Vec<Entry>,
 }
 
+/// KV blocks (vLLM's 16 tokens each) that `tokens` positions take.
 pub(super) fn blocks_for(tokens: u32) -> u64 {
-    u64::from(tokens.div_ceil(TRACE_BLOCK_TOKENS))
+    u64::from(tokens.div_ceil(KV_BLOCK_TOKENS))
 }
 
 /// The live requests, in reusable slots (an engine's queues hold slot numbers).
@@ -244,11 +246,19 @@ impl IndexMut<usize> for Slab {
     }
 }
 
-/// The trace, read one request ahead: checked, stamped with its arrival and engine.
+/// The trace, read one burst ahead: checked, stamped with its arrival. A burst (the
+/// requests of one timestamp) is handed out in the trace's order, or shuffled by
+/// `SimParams::order_seed` (a rerun's perturbation).
 pub(super) struct Feed<'a> {
     iter: Box<dyn Iterator<Item = Result<TraceRequest, TraceError>> + 'a>,
-    next: Option<(TraceRequest, u64)>,
+    /// The rest of the current burst, in the order it is handed out.
+    burst: VecDeque<(TraceRequest, u64)>,
+    /// The first request of the next burst, read ahead.
+    ahead: Option<(TraceRequest, u64)>,
+    /// Lines read (for an error's 1-based position).
+    read: u64,
     seq: u64,
+    bursts: u64,
     done: bool,
 }
 
@@ -258,35 +268,73 @@ impl<'a> Feed<'a> {
     ) -> Self {
         Self {
             iter,
-            next: None,
+            burst: VecDeque::new(),
+            ahead: None,
+            read: 0,
             seq: 0,
+            bursts: 0,
             done: false,
         }
     }
 
-    /// The arrival of the next request not handed out yet (ns), reading it if needed;
-    /// `None` at the end of the trace.
+    fn read_one(&mut self, p: &SimParams) -> anyhow::Result<Option<(TraceRequest, u64)>> {
+        if let Some(a) = self.ahead.take() {
+            return Ok(Some(a));
+        }
+        if self.done {
+            return Ok(None);
+        }
+        match self.iter.next() {
+            None => {
+                self.done = true;
+                Ok(None)
+            }
+            Some(r) => {
+                let r = r?;
+                let arrival = check(&r, self.read, p)?;
+                self.read += 1;
+                Ok(Some((r, arrival)))
+            }
+        }
+    }
+
+    /// The arrival of the next request not handed out yet (ns), reading its burst if
+    /// needed; `None` at the end of the trace.
     ///
     /// # Errors
     /// A bad trace line; a request that cannot fit a GPU's KV cache even alone, or
     /// arrives later than 10^18 ns (naming its 1-based position).
     pub(super) fn peek(&mut self, p: &SimParams) -> anyhow::Result<Option<u64>> {
-        if self.next.is_none() && !self.done {
-            match self.iter.next() {
-                None => self.done = true,
-                Some(r) => {
-                    let r = r?;
-                    let arrival = check(&r, self.seq, p)?;
-                    self.next = Some((r, arrival));
+        if self.burst.is_empty() {
+            let Some(first) = self.read_one(p)? else {
+                return Ok(None);
+            };
+            let at = first.1;
+            self.burst.push_back(first);
+            if p.order_seed != 0 {
+                while let Some(next) = self.read_one(p)? {
+                    if next.1 != at {
+                        self.ahead = Some(next);
+                        break;
+                    }
+                    self.burst.push_back(next);
+                }
+                // Fisher-Yates with a SplitMix stream of this burst.
+                self.bursts += 1;
+                let mut state = mix(p.order_seed ^ mix(self.bursts));
+                for i in (1..self.burst.len()).rev() {
+                    state = mix(state);
+                    let j = (state % (i as u64 + 1)) as usize;
+                    self.burst.swap(i, j);
                 }
             }
         }
-        Ok(self.next.as_ref().map(|(_, a)| *a))
+        Ok(self.burst.front().map(|(_, a)| *a))
     }
 
-    /// Takes the request [`peek`](Self::peek) read.
+    /// Takes the request [`peek`](Self::peek) gave.
     fn take(&mut self) -> Option<(u64, TraceRequest, u64)> {
-        let (r, arrival) = self.next.take()?;
+        let (r, arrival) = self.burst.pop_front()?;
         let seq = self.seq;
         self.seq += 1;
         Some((seq, r, arrival))
@@ -297,10 +345,10 @@ impl<'a> Feed<'a> {
 fn check(r: &TraceRequest, seq: u64, p: &SimParams) -> anyhow::Result<u64> {
     let e = &p.engine;
     let positions = u64::from(r.input_length) + u64::from(r.output_length) - 1;
-    let need = positions.div_ceil(u64::from(TRACE_BLOCK_TOKENS));
+    let need = positions.div_ceil(u64::from(KV_BLOCK_TOKENS));
     if need > e.gpu_kv_blocks || positions > u64::from(u32::MAX) {
         bail!(
-            "request {} ({} input + {} output tokens) needs {need} KV blocks of {TRACE_BLOCK_TOKENS} tokens; \
+            "request {} ({} input + {} output tokens) needs {need} KV blocks of {KV_BLOCK_TOKENS} tokens; \
              a GPU has {} (--gpu-kv-blocks)",
             seq + 1,
             r.input_length,
@@ -328,12 +376,13 @@ pub(super) fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The engine request `seq` goes to.
-fn route(seq: u64, r: &TraceRequest, engines: u32, router: Router) -> u32 {
-    match (router, r.hash_ids.get(1)) {
-        (Router::Prefix, Some(&id)) => (mix(id) % u64::from(engines)) as u32,
-        _ => (seq % u64::from(engines)) as u32,
-    }
+/// The engine request `seq` goes to, moved by `offset` (a rerun's perturbation).
+fn route(seq: u64, r: &TraceRequest, engines: u32, router: Router, offset: u32) -> u32 {
+    let slot = match (router, r.hash_ids.get(1)) {
+        (Router::Prefix, Some(&id)) => mix(id),
+        _ => seq,
+    };
+    (slot.wrapping_add(u64::from(offset)) % u64::from(engines)) as u32
 }
 
 /// What the engines share: the trace being read, the live requests, the external
@@ -369,7 +418,9 @@ impl<'a> World<'a> {
     /// Hands the request read ahead to its engine: returns (engine, slot).
     pub(super) fn admit_next(&mut self) -> Option<(usize, usize)> {
         let (seq, r, arrival) = self.feed.take()?;
-        let engine = route(seq, &r, self.p.engine.engines, self.p.engine.router);
+        let e = &self.p.engine;
+        let engine = route(seq, &r, e.engines, e.router, self.p.route_offset);
+        self.result.trace_span_ns = self.result.trace_span_ns.max(arrival);
         let cap = self.p.engine.max_output_tokens;
         let slot = self.reqs.insert(Req::new(seq, engine, r, arrival, cap));
         Some((engine as usize, slot))

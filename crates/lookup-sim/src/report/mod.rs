@@ -9,7 +9,10 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 pub use self::table::{labelled, table};
-use super::engine::{BUCKET_FLOORS, BreakdownSums, FirstPending, ModeResult, SimParams, Waits};
+use super::engine::{
+    BUCKET_FLOORS, BreakdownSums, FirstPending, ModeResult, Perturbation, SimParams, Waits,
+};
+use super::health::Health;
 use super::mode::Mode;
 
 /// Percentiles of a latency, milliseconds.
@@ -158,6 +161,9 @@ pub struct ModeSummary {
     /// Time to first token (hdrhistogram, 3 significant digits, recorded in µs; the
     /// mean exact).
     pub ttft_ms: Percentiles,
+    /// Time per output token after the first (hdrhistogram of each request's mean,
+    /// recorded in µs), of requests with more than one output token.
+    pub tpot_ms: Percentiles,
     /// Where the TTFT went (means, ms).
     pub ttft_breakdown_ms: BreakdownMs,
     /// Mean time from arrival to first scheduling (ms).
@@ -216,6 +222,14 @@ pub struct ModeSummary {
     pub makespan_s: f64,
     /// Per prompt-length bucket.
     pub buckets: Vec<BucketSummary>,
+    /// Waits for preempted requests' probes (`lookup_on_preemption` = `wait`).
+    pub preempted_waits: WaitSummary,
+    /// Lookups kept across a preemption (`lookup_on_preemption` = `keep`).
+    pub lookups_kept_on_preemption: u64,
+    /// The overload detector's verdict on this run.
+    pub health: Health,
+    /// What this run's perturbation was.
+    pub perturbation: Perturbation,
 }
 
 /// The JSON document of `--json`.
@@ -275,6 +289,7 @@ pub fn summarise(r: &ModeResult, gpu_kv_blocks: u64) -> ModeSummary {
         mode: r.mode,
         requests: n,
         ttft_ms: Percentiles::of_us(&r.ttft_us, Some(mean_ms(r.ttft_sum_ns, n))),
+        tpot_ms: Percentiles::of_us(&r.tpot_us, None),
         ttft_breakdown_ms: BreakdownMs::of(&r.breakdown, n),
         queue_wait_mean_ms: mean_ms(r.queue_wait_sum_ns, n),
         lookups: LookupSummary {
@@ -312,6 +327,10 @@ pub fn summarise(r: &ModeResult, gpu_kv_blocks: u64) -> ModeSummary {
         gpu_utilisation: r.gpu_busy_ns as f64 / span,
         makespan_s: r.makespan_ns as f64 / 1e9,
         buckets,
+        preempted_waits: WaitSummary::of(&r.preempted_waits),
+        lookups_kept_on_preemption: s.lookups_kept_on_preemption,
+        health: Health::of(r),
+        perturbation: r.perturbation,
     }
 }
 

@@ -11,12 +11,15 @@ fn pct(f: f64) -> String {
     format!("{:.1}%", f * 100.0)
 }
 
-const ROWS: [Row; 32] = [
+const ROWS: [Row; 33] = [
     ("requests", |s| s.requests.to_string()),
     ("TTFT p50 (ms)", |s| format!("{:.1}", s.ttft_ms.p50)),
     ("TTFT p90 (ms)", |s| format!("{:.1}", s.ttft_ms.p90)),
     ("TTFT p99 (ms)", |s| format!("{:.1}", s.ttft_ms.p99)),
     ("TTFT mean (ms)", |s| format!("{:.1}", s.ttft_ms.mean)),
+    ("TPOT p50 / p99 (ms)", |s| {
+        format!("{:.1} / {:.1}", s.tpot_ms.p50, s.tpot_ms.p99)
+    }),
     ("  queue / lookup wait (ms)", |s| {
         let b = &s.ttft_breakdown_ms;
         format!("{:.1} / {:.2}", b.queue, b.lookup_wait)

@@ -37,7 +37,7 @@ pub(crate) fn tiny_params(engines: u32) -> SimParams {
             router: Router::RoundRobin,
             max_num_batched_tokens: 8192,
             max_num_seqs: 256,
-            gpu_kv_blocks: 100,
+            gpu_kv_blocks: 3_200,
             step_fixed_s: 0.01,
             prefill_token_s: 0.000_01,
             prefill_pair_s: 0.0,
@@ -73,9 +73,13 @@ pub(crate) fn tiny_params(engines: u32) -> SimParams {
             prefetch_ttl_s: 2.0,
             timeout_s: 5.0,
             wait_budget: WaitBudget::Fixed { s: 0.005 },
+            ..LookupParams::default()
         },
         rate_scale: 1.0,
         seed: 0,
+        order_seed: 0,
+        route_offset: 0,
+        timeseries: false,
     }
 }
 

@@ -246,7 +246,7 @@ impl LookupClient {
         self.end();
     }
 
-    /// Rule 8: the request was preempted; its lookup is dropped. Never blocks.
+    /// Rule 8: the request was preempted; `lookup_on_preemption` says what happens to its lookup. Never blocks.
     pub fn on_preempted(&mut self, request_id: RequestId) {
         self.begin();
         self.core.on_preempted(request_id);

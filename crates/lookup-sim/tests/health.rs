@@ -1,0 +1,56 @@
+//! The overload detector on real runs: an engine fed faster than it prefills is
+//! found collapsed (its queue grows while requests arrive, it drains long after the
+//! last arrival), and no verdict over its reruns calls it stable; the same requests
+//! at a rate it keeps up with are healthy.
+
+mod common;
+
+use common::{req, run, tiny_params};
+use lookup_sim::health::Health;
+use lookup_sim::mode::Mode;
+use lookup_sim::report::summarise;
+use lookup_sim::stability::Verdict;
+use lookup_sim::trace::TraceRequest;
+
+/// 3,000 requests of 4,000 tokens (one output token), `gap_ms` apart, each its own
+/// prompt. One engine prefills one in 50 ms (10 ms + 4,000 x 10 µs).
+fn trace(gap_ms: u64) -> Vec<TraceRequest> {
+    (0..3_000)
+        .map(|i| req(i * gap_ms, 4_000, 1, &[10 * i + 1, 10 * i + 2]))
+        .collect()
+}
+
+#[test]
+fn an_engine_fed_faster_than_it_prefills_is_collapsed_and_never_stable() {
+    let p = tiny_params(1);
+    let r = run(&trace(20), Mode::Sync, &p);
+    let h = Health::of(&r);
+    // Arrivals end at 59.98 s; the backlog takes 74.7 s more (too short for the
+    // drain sign, 120 s, but the queue grows by ~1,660 requests a minute).
+    assert_eq!(h.span_s, 59.98);
+    assert_eq!(h.drain_s, (r.makespan_ns - r.trace_span_ns) as f64 / 1e9);
+    assert_eq!(h.drain_s, 74.686);
+    assert!(h.waiting_slope_per_min > 1_600.0, "{h:?}");
+    assert!(h.collapsed);
+    assert_eq!(h.signs.len(), 1, "{h:?}");
+    assert!(h.signs[0].starts_with("waiting queue grows "), "{h:?}");
+    // Its reruns are identical (no jitter, no bursts): a spread of 1, and unstable.
+    let s = summarise(&r, p.engine.gpu_kv_blocks);
+    let v = Verdict::of(Mode::Sync, &[s.clone(), s]);
+    assert_eq!(v.spread, 1.0);
+    assert_eq!(v.collapsed_runs, 2);
+    assert!(!v.stable);
+}
+
+#[test]
+fn an_engine_that_keeps_up_is_healthy() {
+    let p = tiny_params(1);
+    let r = run(&trace(100), Mode::Sync, &p);
+    let h = Health::of(&r);
+    assert_eq!(h.span_s, 299.9);
+    assert!(h.drain_s < 1.0, "{h:?}");
+    assert!(h.waiting_slope_per_min.abs() < 0.1, "{h:?}");
+    assert_eq!(h.preemptions_per_request, 0.0);
+    assert!(!h.collapsed);
+    assert!(h.signs.is_empty());
+}
