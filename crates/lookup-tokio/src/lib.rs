@@ -84,8 +84,8 @@ pub use io::peer::{EndpointUnreachable, LIVENESS_BOUND, check_alive, check_reach
 pub use lookup_core::Endpoint;
 /// The core's types a scheduler names, so that one dependency line is enough.
 pub use lookup_core::{
-    Answer, BlockHashes, Config, Event, LookupOutcome, Probe, Request, RequestId, ResetOutcome,
-    RpcId, Unavailable,
+    Answer, BlockHashes, Config, Event, LookupOutcome, OnPreemption, Probe, Request, RequestId,
+    ResetOutcome, RpcId, Unavailable,
 };
 /// The Mooncake master client behind [`Transport::Direct`] (its configuration and
 /// errors).

@@ -140,7 +140,7 @@ fn an_unknown_key_is_an_error_unless_lenient() {
         "kv_connector_extra_config key `lookup_asnyc`: unknown key (known: enable_lookup, \
          lookup_async, load_async, lookup_prefetch_limit, lookup_prefetch_ttl_s, \
          lookup_timeout_s, lookup_priority, lookup_share, max_in_flight, max_queued, \
-         max_pending_age_s, lookup_rpc_port)"
+         max_pending_age_s, lookup_on_preemption, lookup_preempted_wait_s, lookup_rpc_port)"
     );
     let keys = lenient(extra).unwrap();
     assert_eq!(keys.lookup_prefetch_limit, 8);
@@ -375,4 +375,24 @@ fn a_store_key_setting_the_direct_layout_does_not_carry_is_refused() {
     }
     assert!(with(prefixed, json!({ "cache_prefix": "tenant-a" })).is_ok());
     assert!(with(plain, json!({ "enable_cross_layers_blocks": false })).is_ok());
+}
+
+/// Rule 8's keys: `lookup_on_preemption` by name, `lookup_preempted_wait_s` in
+/// seconds; a name that is not one of the four is an error naming the key.
+#[test]
+fn the_preemption_keys_are_read_by_name() {
+    let read = |extra: serde_json::Value| {
+        KvConnectorExtraConfig::from_kv_connector_extra_config(&extra)
+            .map_err(|e| e.to_string())
+    };
+    let keys =
+        read(json!({ "lookup_on_preemption": "wait", "lookup_preempted_wait_s": 0.25 })).unwrap();
+    let core = keys.core(16);
+    assert_eq!(core.lookup_on_preemption, lookup_tokio::OnPreemption::Wait);
+    assert_eq!(core.lookup_preempted_wait, Duration::from_millis(250));
+    let error = read(json!({ "lookup_on_preemption": "drop" })).unwrap_err();
+    assert!(
+        error.starts_with("kv_connector_extra_config key `lookup_on_preemption`"),
+        "{error}"
+    );
 }

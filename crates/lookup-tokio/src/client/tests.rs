@@ -208,3 +208,48 @@ async fn each_deadline_waits_as_long_as_it_says() {
         client.shutdown().await;
     }
 }
+
+/// Rule 8, `lookup_on_preemption` = `wait`: a preempted request's probe waits up to
+/// `lookup_preempted_wait_s` for its new lookup instead of answering `Pending` at a
+/// zero budget, so younger requests do not overtake it; with `discard` it is deferred.
+#[tokio::test(start_paused = true)]
+async fn a_preempted_request_is_waited_for_with_the_wait_policy() {
+    let knobs = Knobs {
+        latency: (5 * MS, 5 * MS),
+        hit: |n| n / 16 * 16,
+        ..Knobs::default()
+    };
+    let endpoint: Endpoint = "ipc:///tmp/unused-fake-wire".parse().expect("endpoint");
+    for (policy, expected) in [
+        (
+            lookup_core::OnPreemption::Wait,
+            (Duration::from_millis(5), true),
+        ),
+        (lookup_core::OnPreemption::Discard, (Duration::ZERO, false)),
+    ] {
+        let (wire, _, _) = FakeWire::new(5, knobs.clone());
+        let mut config = ClientConfig::zmq(endpoint.clone(), 16);
+        config.core.lookup_async = true;
+        config.core.lookup_on_preemption = policy;
+        config.core.lookup_preempted_wait = 20 * MS;
+        let mut client = LookupClient::with_wire(config, wire, &Handle::current()).expect("client");
+        let r = req(1, 4);
+        let hit = Probe::Ready {
+            external_tokens: 64,
+            load_async: true,
+        };
+        assert_eq!(client.probe_until(&r, 0, Deadline::Answer).await, hit);
+        client.on_allocated(r.request_id);
+        client.on_preempted(r.request_id);
+        let started = tokio::time::Instant::now();
+        let answer = client
+            .probe_until(&r, 0, Deadline::Within(Duration::ZERO))
+            .await;
+        assert_eq!(
+            (started.elapsed(), answer == hit),
+            expected,
+            "{policy:?}: {answer:?}"
+        );
+        client.shutdown().await;
+    }
+}
