@@ -95,4 +95,43 @@ mod tests {
             "README.md does not show examples/quick_start.rs's quick start verbatim"
         );
     }
+
+    /// The same quick start against `lookup-server`'s Mooncake index in front of the
+    /// real `mooncake_master` (started from the pinned wheel), with the first 2 of the
+    /// prompt's 3 blocks written by Mooncake's own Python client.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_quick_start_reads_what_a_real_master_holds() {
+        use lookup_server::MooncakeIndex;
+        use lookup_server::mooncake_master::MasterConfig;
+
+        let hasher = BlockHasher::new(HashAlgo::Sha256, &NoneHashSeed::default(), 16).unwrap();
+        let tokens: Vec<u32> = (0..50).collect();
+        let block_hashes = hasher
+            .block_hashes(&tokens, &RequestExtraKeys::new())
+            .unwrap();
+        let master = mooncake_peers::Master::start();
+        let mut writer = mooncake_peers::Writer::start(&master);
+        let layout = KeyLayout::new("quick-start");
+        writer.put(&layout.chain_keys(&block_hashes, 2));
+        let index = MooncakeIndex::connect(&master.addr(), MasterConfig::default())
+            .await
+            .unwrap();
+        let server = LookupServer::bind(
+            &"tcp://127.0.0.1:0".parse().unwrap(),
+            ServerConfig::new(16, layout),
+            Arc::new(index),
+        )
+        .unwrap();
+        let probe = super::quick_start(&server.local_endpoint().url())
+            .await
+            .unwrap();
+        assert_eq!(
+            probe,
+            Probe::Ready {
+                external_tokens: 32,
+                load_async: true
+            }
+        );
+        server.shutdown().await;
+    }
 }

@@ -14,11 +14,11 @@
 
 use std::time::Duration;
 
-use lookup_tests::mooncake::{Master, Writer};
 use lookup_tokio::vllm_block_hash::{Deployment, Parallelism, StoreKeys};
 use lookup_tokio::{
     BlockHashes, DirectConfig, KeyLayout, StoreCheck, StoreCheckLimits, StoredBlocks, Unavailable,
 };
+use mooncake_peers::{Master, Writer};
 
 /// Block size in tokens (vLLM's default).
 const BLOCK: u32 = 16;

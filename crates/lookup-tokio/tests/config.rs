@@ -382,8 +382,7 @@ fn a_store_key_setting_the_direct_layout_does_not_carry_is_refused() {
 #[test]
 fn the_preemption_keys_are_read_by_name() {
     let read = |extra: serde_json::Value| {
-        KvConnectorExtraConfig::from_kv_connector_extra_config(&extra)
-            .map_err(|e| e.to_string())
+        KvConnectorExtraConfig::from_kv_connector_extra_config(&extra).map_err(|e| e.to_string())
     };
     let keys =
         read(json!({ "lookup_on_preemption": "wait", "lookup_preempted_wait_s": 0.25 })).unwrap();
