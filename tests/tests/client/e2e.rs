@@ -284,7 +284,10 @@ async fn preempt_and_reset() {
     let endpoint = dir.ipc("lookup.sock");
     let server = FakeServer::reference(&endpoint, B, &[1, 2]);
     server.pause();
-    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 4, 4)).expect("connect");
+    let mut config = async_config(&endpoint, 4, 4);
+    // vLLM's rule 8 (the product's keep_wait is pinned in lookup-core's scenarios).
+    config.core.lookup_on_preemption = lookup_core::OnPreemption::Discard;
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
     let a = request(1, 48, &[1, 2, 3]);
     let b = request(2, 48, &[1, 2, 4]);
     client.on_new_request(&a);
@@ -394,22 +397,40 @@ async fn silent_server_then_second_server() {
     // peer), once; the next one is answered exactly. A reconnect that the stopping
     // server accepted from its backlog and then closed mid-handshake reads as closed,
     // not as "not ZeroMQ" (which would fail every lookup until the next recheck).
-    let mut failed_fast = 0;
+    // A lookup that only ran out of time (this test's 300 ms timeout on a loaded
+    // machine) is retried without counting: the bound is on transport failures.
+    let before = client.stats();
+    let mut attempts = 0;
     let answer = loop {
-        let c = request(3 + failed_fast, 48, &[5, 6, 7]);
+        let c = request(3 + attempts, 48, &[5, 6, 7]);
         let answer = probe_ready(&mut client, &c, 0).await;
-        if answer != ready(0) || failed_fast == 1 {
+        attempts += 1;
+        if answer != ready(0) || attempts == 20 {
             break answer;
         }
-        failed_fast += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(answer, ready(32), "after {failed_fast} fast failures");
+    assert_eq!(
+        answer,
+        ready(32),
+        "after {attempts} attempts: {:?}",
+        client.stats()
+    );
+    let after = client.stats();
+    let out_of_time = (after.core.failed_timed_out - before.core.failed_timed_out)
+        + (after.waits_gave_up - before.waits_gave_up);
+    let fast_failures = after.core.failed_transport - before.core.failed_transport;
+    assert!(fast_failures <= 1, "{fast_failures} transport failures");
+    assert_eq!(
+        fast_failures + out_of_time,
+        attempts - 1,
+        "every attempt but the last failed, and each by one cause"
+    );
     // One lookup per attempt at most (one failed on the wire by the late event).
     assert!(
-        (1..=failed_fast + 1).contains(&second.lookups()),
-        "{} lookups for {} attempts",
-        second.lookups(),
-        failed_fast + 1
+        (1..=attempts).contains(&second.lookups()),
+        "{} lookups for {attempts} attempts",
+        second.lookups()
     );
     client.close();
     second.stop().await;
@@ -536,5 +557,34 @@ async fn identical_prompts_share_one_rpc() {
     assert_eq!(stats.core.rpcs_shared, 2);
     assert_eq!(stats.slots_in_use, 0);
     client.shutdown().await;
+    server.stop().await;
+}
+
+/// Rule 13 and rule 17: every reset goes on a fresh socket, and each fresh socket
+/// connects. The closed socket's monitor is silenced before it closes: libzmq sends
+/// monitor events blocking from its I/O thread, so the events of a closed socket sent
+/// to a reader already dropped once stalled the context's I/O thread, and every later
+/// socket then never connected (a reset or lookup after a reopen was never delivered:
+/// about 1 run in 5 of this binary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_resets_in_a_row_each_reach_the_server() {
+    let dir = TempDir::new("resets");
+    let endpoint = dir.ipc("lookup.sock");
+    let server = FakeServer::reference(&endpoint, B, &[1, 2]);
+    let mut client = LookupClient::connect_lazy(async_config(&endpoint, 0, 1)).expect("connect");
+    for n in 1..=20 {
+        assert_eq!(
+            client.reset_and_wait().await.expect("open"),
+            ResetOutcome::Ok,
+            "reset {n}"
+        );
+    }
+    assert_eq!(server.resets(), 20);
+    assert_eq!(client.stats().socket_reopens, 20);
+    assert_eq!(
+        probe_ready(&mut client, &request(1, 48, &[1, 2, 3]), 0).await,
+        ready(32)
+    );
+    client.close();
     server.stop().await;
 }

@@ -274,6 +274,18 @@ impl Monitor {
         Ok(Self { pair })
     }
 
+    /// Stops monitoring `socket` (the socket this monitor was started on) before it
+    /// closes: its monitor is replaced by one that reports no event (libzmq stops the
+    /// old one without a last event), so that nothing is ever sent, blocking, to a
+    /// reader that is gone. Call it while this reader is still alive.
+    pub(crate) fn silence(&self, socket: &zmq::Socket) {
+        let n = MONITORS.fetch_add(1, Ordering::Relaxed);
+        let address = format!("inproc://lookup-tokio-silenced-{}-{n}", std::process::id());
+        if let Err(error) = socket.monitor(&address, 0) {
+            tracing::debug!(%error, "could not silence the socket monitor");
+        }
+    }
+
     /// The next event this client acts on; other events are skipped. Cancel-safe (a
     /// PAIR reads a whole two-frame event in one poll). Pending forever once the
     /// monitor ended.

@@ -86,7 +86,7 @@ pub(crate) struct ZmqWire {
     /// is connected, so a write completes at once unless the high-water mark is hit.
     send_timeout: Duration,
     context: tmq::Context,
-    socket: Option<(tmq::dealer::Dealer, Monitor)>,
+    socket: Option<Connection>,
     endpoint: Endpoint,
     /// The check under way, if any: one at each open, one after a lookup timed out,
     /// and again after a wait (100 ms doubling to 1 s) while the server is down.
@@ -138,7 +138,7 @@ impl ZmqWire {
             block_size,
             send_timeout,
             context,
-            socket: Some(socket),
+            socket: Some(Connection::from(socket)),
             check: Some(alive_after(endpoint.clone(), Duration::ZERO)),
             endpoint,
             down: Down::No,
@@ -242,7 +242,7 @@ impl Wire for ZmqWire {
                 tracing::info!(endpoint = %self.endpoint, "lookup server is back; lookups go out again");
             }
         }
-        let Some((socket, _)) = self.socket.as_mut() else {
+        let Some(Connection { dealer: socket, .. }) = self.socket.as_mut() else {
             return Err(SendError::NotConnected);
         };
         let mut message: Vec<tmq::Message> = Vec::with_capacity(frames.len() + 2);
@@ -276,7 +276,7 @@ impl Wire for ZmqWire {
                 }
             };
             let (socket, monitor) = match self.socket.as_mut() {
-                Some((socket, monitor)) => (Some(socket), Some(monitor)),
+                Some(Connection { dealer, monitor }) => (Some(dealer), Some(monitor)),
                 None => (None, None),
             };
             let socket = async {
@@ -352,11 +352,37 @@ impl Wire for ZmqWire {
 
     fn open(&mut self) -> Result<(), String> {
         let socket = open_dealer(&self.context, &self.url).map_err(|e| e.to_string())?;
-        self.socket = Some(socket);
+        // The connection it replaces (if any) is closed first, its monitor silenced.
+        drop(self.socket.take());
+        self.socket = Some(Connection::from(socket));
         if self.check.is_none() {
             self.check = Some(alive_after(self.endpoint.clone(), Duration::ZERO));
         }
         Ok(())
+    }
+}
+
+/// A DEALER socket and the reading end of its monitor. Dropping it silences the
+/// monitor before the socket closes: libzmq sends monitor events with a blocking send
+/// from its I/O thread (`socket_base_t::monitor_event`), so events of a closing socket
+/// (`DISCONNECTED`, `CLOSED`) sent to a monitor whose reader is gone would block that
+/// thread for good, and with it every other socket of the context: a reopened
+/// socket would then never connect.
+struct Connection {
+    dealer: tmq::dealer::Dealer,
+    monitor: Monitor,
+}
+
+impl From<(tmq::dealer::Dealer, Monitor)> for Connection {
+    fn from((dealer, monitor): (tmq::dealer::Dealer, Monitor)) -> Self {
+        Self { dealer, monitor }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        use tmq::AsZmqSocket;
+        self.monitor.silence(self.dealer.get_socket());
     }
 }
 

@@ -428,11 +428,11 @@ async fn run(ops: Vec<Op>) -> Result<(), String> {
     for op in ops {
         match op {
             Op::Put(c, n) => {
-                let keys = chain(c, n);
-                for k in &keys {
-                    history.wiped_at.remove(k);
-                }
-                fake.put(&keys);
+                // A wipe's grace stays: a presence-cache entry made before another
+                // client's wipe may still claim the key after it is put again and
+                // evicted, for at most MAX_AGE after the wipe (the client cannot see
+                // another's RemoveAll; spec/mooncake-master-rpc.md).
+                fake.put(&chain(c, n));
             }
             Op::Evict(c, b) => {
                 let k = key(c, b);
@@ -446,7 +446,6 @@ async fn run(ops: Vec<Op>) -> Result<(), String> {
                             ));
                         }
                     }
-                    history.wiped_at.remove(&k);
                 }
             }
             Op::Wipe => {
@@ -492,8 +491,17 @@ async fn run(ops: Vec<Op>) -> Result<(), String> {
                     let now = Instant::now();
                     let store = &fake.store.lock().unwrap().keys;
                     for k in &keys[..run] {
+                        let in_wipe_grace = history
+                            .wiped_at
+                            .get(k)
+                            .is_some_and(|at| now < *at + MAX_AGE.min(LEASES[2]));
                         if store.contains_key(k) {
-                            history.claimed_at.insert(k.clone(), now);
+                            // Within a wipe's grace the claim may rest on a cache entry
+                            // made before another client's wipe, not on a lease of the
+                            // object put since: it binds no eviction.
+                            if !in_wipe_grace {
+                                history.claimed_at.insert(k.clone(), now);
+                            }
                             continue;
                         }
                         match history.wiped_at.get(k) {
