@@ -129,7 +129,8 @@ async fn killed_then_restarted(endpoint: Endpoint) {
     }
     server.kill();
     ends.wait_all(&mut client, 5..15).await;
-    assert_eq!(ends.count(5..15, TRANSPORT), 10);
+    let outcomes: Vec<_> = (5..15).map(|id| ends.ended[&id]).collect();
+    assert_eq!(ends.count(5..15, TRANSPORT), 10, "{outcomes:?}");
 
     // Dead: every lookup fails, none is answered, none waits for its timeout.
     start(&mut client, 15..31);
@@ -205,8 +206,9 @@ async fn stopped_then_continued(endpoint: Endpoint) {
     start(&mut client, 3..13);
     ends.wait_all(&mut client, 3..13).await;
     let timed_out = LookupOutcome::Failed(RpcFailure::TimedOut);
-    assert_eq!(ends.count(3..13, timed_out), 1);
-    assert_eq!(ends.count(3..13, TRANSPORT), 9);
+    let outcomes: Vec<_> = (3..13).map(|id| ends.ended[&id]).collect();
+    assert_eq!(ends.count(3..13, timed_out), 1, "{outcomes:?}");
+    assert_eq!(ends.count(3..13, TRANSPORT), 9, "{outcomes:?}");
     start(&mut client, 13..23);
     ends.wait_all(&mut client, 13..23).await;
     assert_eq!(ends.count(13..23, TRANSPORT), 10);

@@ -46,15 +46,28 @@ mod tests {
     use lookup_tokio::{KeyLayout, Probe};
     use vllm_block_hash::{BlockHasher, HashAlgo, NoneHashSeed, RequestExtraKeys};
 
-    /// Against a reference server holding the first 2 of the prompt's 3 blocks.
-    #[tokio::test]
-    async fn the_quick_start_reads_what_the_store_holds() {
+    /// The quick start's answer when the store holds the first 2 of its prompt's 3
+    /// blocks: 32 tokens (2 blocks of 16).
+    const TWO_BLOCKS: Probe = Probe::Ready {
+        external_tokens: 32,
+        load_async: true,
+    };
+
+    /// The quick start's prompt, hashed as it hashes it: 50 tokens, 3 full blocks.
+    fn prompt() -> lookup_tokio::BlockHashes {
         let hasher = BlockHasher::new(HashAlgo::Sha256, &NoneHashSeed::default(), 16).unwrap();
         let tokens: Vec<u32> = (0..50).collect();
         let block_hashes = hasher
             .block_hashes(&tokens, &RequestExtraKeys::new())
             .unwrap();
         assert_eq!(block_hashes.len(), 3);
+        block_hashes
+    }
+
+    /// Against a reference server holding the first 2 of the prompt's 3 blocks.
+    #[tokio::test]
+    async fn the_quick_start_reads_what_the_store_holds() {
+        let block_hashes = prompt();
         let layout = KeyLayout::default();
         let index = Arc::new(InMemoryIndex::new());
         index.insert_chain(&layout, &block_hashes, 2);
@@ -67,13 +80,7 @@ mod tests {
         let probe = super::quick_start(&server.local_endpoint().url())
             .await
             .unwrap();
-        assert_eq!(
-            probe,
-            Probe::Ready {
-                external_tokens: 32,
-                load_async: true
-            }
-        );
+        assert_eq!(probe, TWO_BLOCKS);
         server.shutdown().await;
     }
 
@@ -104,11 +111,7 @@ mod tests {
         use lookup_server::MooncakeIndex;
         use lookup_server::mooncake_master::MasterConfig;
 
-        let hasher = BlockHasher::new(HashAlgo::Sha256, &NoneHashSeed::default(), 16).unwrap();
-        let tokens: Vec<u32> = (0..50).collect();
-        let block_hashes = hasher
-            .block_hashes(&tokens, &RequestExtraKeys::new())
-            .unwrap();
+        let block_hashes = prompt();
         let master = mooncake_peers::Master::start();
         let mut writer = mooncake_peers::Writer::start(&master);
         let layout = KeyLayout::new("quick-start");
@@ -125,13 +128,7 @@ mod tests {
         let probe = super::quick_start(&server.local_endpoint().url())
             .await
             .unwrap();
-        assert_eq!(
-            probe,
-            Probe::Ready {
-                external_tokens: 32,
-                load_async: true
-            }
-        );
+        assert_eq!(probe, TWO_BLOCKS);
         server.shutdown().await;
     }
 }

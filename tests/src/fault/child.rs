@@ -96,6 +96,11 @@ impl ChildServer {
     /// Sends `signal` (`"STOP"`, `"CONT"`) with `kill(1)`: a stopped server keeps its
     /// socket and connections (the kernel still accepts into its backlog) but
     /// answers nothing, not even a ZeroMQ greeting.
+    ///
+    /// Returns once every thread of the child is in the state the signal asks for
+    /// (stopped after STOP, running after CONT), read from `/proc`: `kill` returns
+    /// when the signal is queued, and a thread running on another core may still
+    /// answer a request before it stops.
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .arg(format!("-{signal}"))
@@ -103,6 +108,31 @@ impl ChildServer {
             .status()
             .expect("run kill(1)");
         assert!(status.success(), "kill -{signal} failed");
+        let want_stopped = signal == "STOP";
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.all_threads_stopped() != want_stopped {
+            assert!(
+                Instant::now() < deadline,
+                "the child never took SIG{signal}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Whether every thread of the child is stopped by a signal (state `T` in
+    /// `/proc/<pid>/task/<tid>/stat`).
+    fn all_threads_stopped(&self) -> bool {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let Ok(entries) = std::fs::read_dir(&tasks) else {
+            return false;
+        };
+        entries.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+                .is_some_and(|state| state == 'T')
+        })
     }
 
     /// SIGKILL, then reap: the server gets no chance to close its socket or unlink

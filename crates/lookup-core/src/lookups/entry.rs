@@ -60,8 +60,9 @@ pub(super) enum LookupState {
 }
 
 impl LookupState {
-    pub(super) fn asks(&self, num_tokens: u32, hashes: &BlockHashes) -> bool {
-        let (n, h) = match self {
+    /// The question this lookup asks: the prompt's token count and block hashes.
+    fn asked(&self) -> (u32, &BlockHashes) {
+        match self {
             Self::Waiting {
                 num_tokens,
                 block_hashes,
@@ -72,7 +73,13 @@ impl LookupState {
                 block_hashes,
                 ..
             } => (*num_tokens, block_hashes),
-        };
+        }
+    }
+
+    /// True when this lookup asks exactly about the prompt `(num_tokens, hashes)`
+    /// (rule 7).
+    pub(super) fn asks(&self, num_tokens: u32, hashes: &BlockHashes) -> bool {
+        let (n, h) = self.asked();
         n == num_tokens && h.same_chain(hashes)
     }
 
@@ -82,18 +89,7 @@ impl LookupState {
     /// So the stored prefix this lookup reports is a hit of that prompt too (rule 8,
     /// `keep`).
     pub(super) fn extended_by(&self, num_tokens: u32, hashes: &BlockHashes) -> bool {
-        let (n, h) = match self {
-            Self::Waiting {
-                num_tokens,
-                block_hashes,
-                ..
-            }
-            | Self::Done {
-                num_tokens,
-                block_hashes,
-                ..
-            } => (*num_tokens, block_hashes),
-        };
+        let (n, h) = self.asked();
         n <= num_tokens
             && h.hash_len() == hashes.hash_len()
             && !h.is_empty()

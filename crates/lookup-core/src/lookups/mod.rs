@@ -184,7 +184,6 @@ impl<O: Observe> Lookups<O> {
     /// another token count or chain (rule 7), and else submits a lookup and answers
     /// `Pending`. In sync mode the driver keeps calling until `Ready` (rule 10).
     pub fn probe(&mut self, req: &Request, num_computed_tokens: u32, now: Instant) -> Probe {
-        self.consume_retained(req.request_id);
         let cap = self.hit_cap(req.num_tokens);
         let (probe, basis) = self.probe_inner(req, num_computed_tokens, cap, now);
         let entry = self.requests.get_mut(&req.request_id);
@@ -225,9 +224,11 @@ impl<O: Observe> Lookups<O> {
         };
         let pending = (Probe::Pending, Answer::NotNeeded);
         if self.closed {
+            self.consume_retained(req.request_id);
             return (ready(0, false), Answer::Unavailable(Unavailable::Closed));
         }
         if !self.config.enable_lookup {
+            self.consume_retained(req.request_id);
             return (ready(0, false), Answer::Unavailable(Unavailable::Disabled));
         }
         let eligible = self.is_eligible(req);
@@ -237,6 +238,7 @@ impl<O: Observe> Lookups<O> {
             // Nothing to load whatever the store holds: no RPC. A lookup of another
             // prompt is dropped all the same (rule 7).
             if let Some(entry) = self.requests.get_mut(&req.request_id) {
+                entry.consume_retained();
                 Self::note_first_probe(&mut self.stats, entry, true);
                 let kept = keep && entry.preemption == Preemption::Preempted;
                 if entry
@@ -275,6 +277,7 @@ impl<O: Observe> Lookups<O> {
             failed: false,
             preemption: Preemption::None,
         });
+        entry.consume_retained();
         let failed = entry.failed;
         let kept = keep && entry.preemption == Preemption::Preempted;
         let mut refresh = None;

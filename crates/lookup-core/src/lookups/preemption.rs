@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::Lookups;
-use super::entry::{LookupState, Preemption};
+use super::entry::{LookupState, Preemption, RequestEntry};
 use crate::{Answer, Observe, Request, RequestId};
 
 /// Whether the lookup `state` answers a probe of `req`: it asks exactly that question
@@ -83,15 +83,8 @@ impl<O: Observe> Lookups<O> {
     /// no preemption came: the result is consumed now, as `discard` would have at
     /// allocation (rule 8).
     pub(super) fn consume_retained(&mut self, request_id: RequestId) {
-        let retained = self
-            .requests
-            .get(&request_id)
-            .is_some_and(|e| e.preemption == Preemption::Retained);
-        if retained {
-            self.discard_lookup(request_id);
-            if let Some(entry) = self.requests.get_mut(&request_id) {
-                entry.preemption = Preemption::None;
-            }
+        if let Some(entry) = self.requests.get_mut(&request_id) {
+            entry.consume_retained();
         }
     }
 
@@ -113,6 +106,23 @@ impl<O: Observe> Lookups<O> {
         match self.requests.get(&request_id) {
             Some(entry) if entry.preemption == Preemption::Preempted => c.lookup_preempted_wait,
             _ => Duration::ZERO,
+        }
+    }
+}
+
+impl RequestEntry {
+    /// [`Lookups::consume_retained`] on an entry already at hand (the probe's hot
+    /// path looks the request up once). A retained lookup is always done
+    /// ([`Lookups::retain_on_allocation`]; only a probe or an arrival, which consume it
+    /// first, can start another), so dropping it cancels no RPC and frees no slot.
+    pub(super) fn consume_retained(&mut self) {
+        if self.preemption == Preemption::Retained {
+            debug_assert!(
+                matches!(self.lookup, None | Some(LookupState::Done { .. })),
+                "a retained lookup is done"
+            );
+            self.lookup = None;
+            self.preemption = Preemption::None;
         }
     }
 }

@@ -10,42 +10,72 @@ use crate::scenarios::{answer_first, prompt, ready, replay, settings};
 use crate::settings::Settings;
 use crate::transitions::{LocalHit, PromptChange, ReplyValue, Transition};
 
+/// `policy` with a 50 ms `lookup_preempted_wait_s`, the other settings the scenarios'.
+fn with_policy(on_preemption: OnPreemption) -> Settings {
+    Settings {
+        on_preemption,
+        preempted_wait_s: 0.05,
+        ..settings()
+    }
+}
+
+/// Request 0 arrives with a 48-token prompt of chain 0.
+fn arrive() -> Transition {
+    Transition::Arrive {
+        slot: 0,
+        prompt: prompt(48, 0),
+    }
+}
+
+/// Request 0 is probed with its prompt unchanged and no local hit.
+fn probe_same() -> Transition {
+    Transition::Probe {
+        slot: 0,
+        change: PromptChange::Same,
+        local: LocalHit::Blocks { blocks: 0 },
+    }
+}
+
+/// Request 0 is probed with its prompt grown by 16 generated tokens (one block) and
+/// `local_blocks` of it in the GPU's own cache.
+fn probe_grown(local_blocks: u32) -> Transition {
+    Transition::Probe {
+        slot: 0,
+        change: PromptChange::Grow { tokens: 16 },
+        local: LocalHit::Blocks {
+            blocks: local_blocks,
+        },
+    }
+}
+
+/// Arrival, a probe, and the server's right answer (32 tokens, the cap).
+fn answered() -> Vec<Transition> {
+    vec![arrive(), probe_same(), answer_first(ReplyValue::Right)]
+}
+
+/// [`answered`], then the probe that reads the answer.
+fn answered_and_read() -> Vec<Transition> {
+    let mut transitions = answered();
+    transitions.push(probe_same());
+    transitions
+}
+
 /// A 48-token prompt of chain 0 (every block stored: the server says 32, the cap)
 /// is looked up and answered, allocated, then preempted after 16 generated tokens:
 /// its prompt is now 64 tokens, the same chain one block longer. Returns the state
 /// after the probe that follows the preemption, answered or not.
 fn preempted_after_growth(policy: OnPreemption) -> RefState {
-    let settings = Settings {
-        on_preemption: policy,
-        preempted_wait_s: 0.05,
-        ..settings()
-    };
     replay(
-        settings,
-        vec![
-            Transition::Arrive {
-                slot: 0,
-                prompt: prompt(48, 0),
-            },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            answer_first(ReplyValue::Right),
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            Transition::Allocated { slot: 0 },
-            Transition::Preempted { slot: 0 },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Grow { tokens: 16 },
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-        ],
+        with_policy(policy),
+        [
+            answered_and_read(),
+            vec![
+                Transition::Allocated { slot: 0 },
+                Transition::Preempted { slot: 0 },
+                probe_grown(0),
+            ],
+        ]
+        .concat(),
     )
 }
 
@@ -98,35 +128,13 @@ fn keep_retains_the_result_at_allocation_for_a_preemption() {
 /// allocation: a reschedule after a failed load probes again and looks up again.
 #[test]
 fn keep_consumes_a_retained_result_at_a_probe_without_preemption() {
-    let settings = Settings {
-        on_preemption: OnPreemption::Keep,
-        ..settings()
-    };
     let state = replay(
-        settings,
-        vec![
-            Transition::Arrive {
-                slot: 0,
-                prompt: prompt(48, 0),
-            },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            answer_first(ReplyValue::Right),
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            Transition::Allocated { slot: 0 },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-        ],
+        with_policy(OnPreemption::Keep),
+        [
+            answered_and_read(),
+            vec![Transition::Allocated { slot: 0 }, probe_same()],
+        ]
+        .concat(),
     );
     assert_eq!(state.expected.probe, Some(lookup_core::Probe::Pending));
     assert_eq!(state.counters.rpcs_created, 2);
@@ -138,31 +146,13 @@ fn keep_consumes_a_retained_result_at_a_probe_without_preemption() {
 /// it): with `keep` the result answers the grown prompt, 32 tokens of the old 48-token
 /// lookup, no second RPC; with `discard` it is looked up again.
 fn preempted_before_allocation(policy: OnPreemption) -> RefState {
-    let settings = Settings {
-        on_preemption: policy,
-        preempted_wait_s: 0.05,
-        ..settings()
-    };
     replay(
-        settings,
-        vec![
-            Transition::Arrive {
-                slot: 0,
-                prompt: prompt(48, 0),
-            },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            answer_first(ReplyValue::Right),
-            Transition::Preempted { slot: 0 },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Grow { tokens: 16 },
-                local: LocalHit::Blocks { blocks: 1 },
-            },
-        ],
+        with_policy(policy),
+        [
+            answered(),
+            vec![Transition::Preempted { slot: 0 }, probe_grown(1)],
+        ]
+        .concat(),
     )
 }
 
@@ -204,36 +194,17 @@ fn discard_and_wait_look_a_grown_prompt_up_again() {
 /// the spec's 2 s TTL, the preempted request is looked up again.
 #[test]
 fn keep_looks_up_again_once_the_kept_result_expired() {
-    let settings = Settings {
-        on_preemption: OnPreemption::Keep,
-        ..settings()
-    };
     let state = replay(
-        settings,
-        vec![
-            Transition::Arrive {
-                slot: 0,
-                prompt: prompt(48, 0),
-            },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            answer_first(ReplyValue::Right),
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            Transition::Preempted { slot: 0 },
-            Transition::Advance { ms: 2_500 },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Grow { tokens: 16 },
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-        ],
+        with_policy(OnPreemption::Keep),
+        [
+            answered_and_read(),
+            vec![
+                Transition::Preempted { slot: 0 },
+                Transition::Advance { ms: 2_500 },
+                probe_grown(0),
+            ],
+        ]
+        .concat(),
     );
     assert_eq!(state.expected.probe, Some(lookup_core::Probe::Pending));
     assert_eq!(state.counters.rpcs_created, 2);
@@ -246,23 +217,11 @@ fn keep_looks_up_again_once_the_kept_result_expired() {
 fn sync_mode_gives_no_wait_budget() {
     let settings = Settings {
         lookup_async: false,
-        on_preemption: OnPreemption::KeepWait,
-        ..settings()
+        ..with_policy(OnPreemption::KeepWait)
     };
     let state = replay(
         settings,
-        vec![
-            Transition::Arrive {
-                slot: 0,
-                prompt: prompt(48, 0),
-            },
-            Transition::Probe {
-                slot: 0,
-                change: PromptChange::Same,
-                local: LocalHit::Blocks { blocks: 0 },
-            },
-            Transition::Preempted { slot: 0 },
-        ],
+        vec![arrive(), probe_same(), Transition::Preempted { slot: 0 }],
     );
     assert_eq!(state.wait_budget_ns(0), 0);
     assert_eq!(state.counters.lookups_kept_on_preemption, 1);
