@@ -9,7 +9,9 @@
 //!    preempted [`CASCADE_PREEMPTIONS`] times or more;
 //! 2. **lookup backlog**: the lookups queued or on the wire grow by more than
 //!    [`MAX_IN_FLIGHT_SLOPE_PER_MIN`] per minute per engine while requests arrive, or
-//!    a lookup's p99 wait for a free server slot exceeds [`BACKLOG_SERVER_QUEUE_MS`];
+//!    a lookup's p99 wait for a free server slot exceeds [`BACKLOG_SERVER_QUEUE_MS`],
+//!    while the GPUs were busy less than [`BACKLOG_GPU_BUSY`] of the time (with the
+//!    GPUs saturated, lookups pile up behind a queue that grows for want of compute);
 //! 3. **KV-bound**: engines had requests waiting with their KV cache at least
 //!    [`KV_BOUND_SHARE`](crate::engine::KV_BOUND_SHARE) held in at least
 //!    [`KV_BOUND_MIN_SHARE`] of the samples;
@@ -39,6 +41,8 @@ pub const CASCADE_PREEMPTIONS: u32 = 10;
 pub const MAX_IN_FLIGHT_SLOPE_PER_MIN: f64 = 0.5;
 /// p99 wait for a free server slot (ms) from which a collapse is a lookup backlog.
 pub const BACKLOG_SERVER_QUEUE_MS: f64 = 1_000.0;
+/// GPU utilisation below which growing lookups are the bottleneck, not a symptom.
+pub const BACKLOG_GPU_BUSY: f64 = 0.9;
 /// Share of KV-bound engine samples from which a collapse is KV-bound.
 pub const KV_BOUND_MIN_SHARE: f64 = 0.5;
 
@@ -71,6 +75,8 @@ pub struct Counters {
     pub prefill_ms: f64,
     /// Engine-thread time blocked on lookups (s, all engines).
     pub engine_blocked_s: f64,
+    /// GPU busy time over the run's span (fraction, mean over the engines).
+    pub gpu_utilisation: f64,
 }
 
 impl Counters {
@@ -92,6 +98,7 @@ impl Counters {
             load_ms: b.load,
             prefill_ms: b.prefill,
             engine_blocked_s: s.engine_blocked_s,
+            gpu_utilisation: s.gpu_utilisation,
         }
     }
 }
@@ -133,6 +140,8 @@ pub enum Mechanism {
         collapsed: usize,
         /// Runs.
         runs: usize,
+        /// GPU utilisation of the worst collapsed run.
+        gpu_utilisation: f64,
         /// The detector's signs in the worst collapsed run.
         signs: Vec<String>,
     },
@@ -196,8 +205,9 @@ pub fn diagnose(loser: &Verdict, winner: &Verdict) -> Mechanism {
                 runs,
                 counters: c,
             }
-        } else if c.in_flight_slope_per_min > MAX_IN_FLIGHT_SLOPE_PER_MIN
-            || c.server_queue_p99_ms > BACKLOG_SERVER_QUEUE_MS
+        } else if (c.in_flight_slope_per_min > MAX_IN_FLIGHT_SLOPE_PER_MIN
+            || c.server_queue_p99_ms > BACKLOG_SERVER_QUEUE_MS)
+            && c.gpu_utilisation < BACKLOG_GPU_BUSY
         {
             Mechanism::LookupBacklog {
                 collapsed,
@@ -214,6 +224,7 @@ pub fn diagnose(loser: &Verdict, winner: &Verdict) -> Mechanism {
             Mechanism::Overload {
                 collapsed,
                 runs,
+                gpu_utilisation: c.gpu_utilisation,
                 signs: w.health.signs.clone(),
             }
         };
@@ -303,11 +314,12 @@ impl Mechanism {
                 runs: n,
                 counters: c,
             } => format!(
-                "{} by a lookup backlog: lookups queued or on the wire grow {:.1}/min per engine (peak {} on one engine), server queue p99 {:.0} ms",
+                "{} by a lookup backlog: lookups queued or on the wire grow {:.1}/min per engine (peak {} on one engine), server queue p99 {:.0} ms, GPUs busy {:.0} %",
                 runs(*collapsed, *n),
                 c.in_flight_slope_per_min,
                 c.in_flight_peak,
-                c.server_queue_p99_ms
+                c.server_queue_p99_ms,
+                100.0 * c.gpu_utilisation
             ),
             Self::KvBound {
                 collapsed,
@@ -322,8 +334,14 @@ impl Mechanism {
             Self::Overload {
                 collapsed,
                 runs: n,
+                gpu_utilisation,
                 signs,
-            } => format!("{} by overload: {}", runs(*collapsed, *n), signs.join(", ")),
+            } => format!(
+                "{} by overload (GPUs busy {:.0} %): {}",
+                runs(*collapsed, *n),
+                100.0 * gpu_utilisation,
+                signs.join(", ")
+            ),
             Self::InsideNoise { ratio } => format!(
                 "not told apart from the winner: p99 over the winner's {}, inside the noise; no overload (it lost on its worst rerun only)",
                 ratio.describe()

@@ -130,6 +130,7 @@ fn each_losing_mechanism_is_named_from_the_runs_counters() {
         for i in [3, 7] {
             rs[i].health.collapsed = true;
             rs[i].health.signs = vec!["drains 900 s after the last arrival".to_owned()];
+            rs[i].gpu_utilisation = 0.99;
         }
         // Rerun 3 has the larger p99 (1300 ms against 1250 ms): the one read.
         edit(&mut rs[3]);
@@ -149,11 +150,12 @@ fn each_losing_mechanism_is_named_from_the_runs_counters() {
         r.lookups_in_flight_slope_per_min = 3.2;
         r.lookups_in_flight_peak = 87;
         r.lookups.server_queue_ms.p99 = 4210.0;
+        r.gpu_utilisation = 0.6;
     });
     assert_eq!(
         m.describe(),
         "collapsed in 2 of 10 runs by a lookup backlog: lookups queued or on the wire grow \
-         3.2/min per engine (peak 87 on one engine), server queue p99 4210 ms"
+         3.2/min per engine (peak 87 on one engine), server queue p99 4210 ms, GPUs busy 60 %"
     );
     let m = collapsed(&|r| {
         r.health.waiting_slope_per_min = 2.1;
@@ -165,9 +167,13 @@ fn each_losing_mechanism_is_named_from_the_runs_counters() {
          the KV cache full and requests waiting in 78 % of the samples"
     );
     let m = collapsed(&|_| {});
+    assert!(matches!(m, Mechanism::Overload { .. }), "{m:?}");
+    // Lookups that grow with the GPUs saturated are a symptom: overload.
+    let m = collapsed(&|r| r.lookups_in_flight_slope_per_min = 3.2);
+    assert!(matches!(m, Mechanism::Overload { .. }), "{m:?}");
     assert_eq!(
         m.describe(),
-        "collapsed in 2 of 10 runs by overload: drains 900 s after the last arrival"
+        "collapsed in 2 of 10 runs by overload (GPUs busy 99 %): drains 900 s after the last arrival"
     );
     // No collapse, but a spread above 2x.
     let m = diagnose(
