@@ -14,16 +14,16 @@
 //! `lookup_on_preemption` {discard, keep_wait}; `--on-pending` {skip, wait} (not sync,
 //! whose probes never answer `Pending`); server concurrency {1, 4} (not sync); prefetch
 //! limit {8, 32, 128} and TTL {1, 2, 5} s (prefetch modes); the wait budget {auto,
-//! 2 ms, 5 ms} (`prefetch+wait`). Then, around the best cells only (the two leading
-//! modes and sync, so the margins compare like with like), the engine's levers:
+//! 2 ms, 5 ms} (`prefetch+wait`). Then, around the best cells only (the leading mode
+//! and sync, so the margin between them compares like with like), the engine's levers:
 //! `max_num_seqs` {half, as given, double} and the GPU KV capacity {0.5x, 1x, 2x} of
 //! the run's (2x is what an FP8 KV cache gives; a capacity that cannot hold the
 //! trace's largest request is skipped).
 //!
-//! Screening: a candidate runs rerun 0 and the rerun at which the best setting so far
-//! had its largest p99 (the perturbation most likely to be the candidate's worst, as
-//! reruns are paired); if either is above the best stable p99 found, it is not rerun
-//! further: its reruns can only raise its stable p99.
+//! Screening: a candidate runs rerun 0, then the rerun at which the best setting so
+//! far had its largest p99 (the perturbation most likely to be the candidate's worst,
+//! as reruns are paired), then the others; once a run is above the best stable p99
+//! found, it is not rerun further: its reruns can only raise its stable p99.
 
 mod text;
 
@@ -191,6 +191,9 @@ pub struct Margin {
 pub struct Loss {
     /// The mode's best setting tried.
     pub setting: Setting,
+    /// What it is compared with: the winner, or the winner's mode at this setting's
+    /// `max_num_seqs` and KV capacity when those were not searched for this mode.
+    pub against: Setting,
     /// The mechanism, from its runs' counters.
     pub mechanism: Mechanism,
     /// The mechanism in words.
@@ -238,9 +241,10 @@ fn summaries(
         .collect())
 }
 
-/// Runs each setting's rerun 0 and rerun `probe`, then the other reruns of those whose
-/// p99 so far is not above `bar` ms: the others cannot win. Every batch runs on every
-/// core. Returns the settings scored, and the simulations run.
+/// Runs each setting's rerun 0, then rerun `probe` of those whose p99 is not above
+/// `bar` ms, then the other reruns of those still not above it: the others cannot win
+/// (a collapsing candidate, slow to simulate, costs one run). Every batch runs on
+/// every core. Returns the settings scored, and the simulations run.
 #[allow(clippy::too_many_arguments)]
 fn evaluate(
     source: &TraceSource,
@@ -256,35 +260,31 @@ fn evaluate(
     } else {
         1
     };
-    let screen: Vec<u32> = if repeats > 1 { vec![0, probe] } else { vec![0] };
-    let first: Vec<(Setting, u32)> = settings
-        .iter()
-        .flat_map(|s| screen.iter().map(move |&i| (*s, i)))
-        .collect();
-    let firsts = summaries(source, limit, base, &first)?;
-    let mut runs: Vec<Vec<(u32, ModeSummary)>> = settings
-        .iter()
-        .enumerate()
-        .map(|(k, _)| {
-            screen
-                .iter()
-                .enumerate()
-                .map(|(j, &i)| (i, firsts[k * screen.len() + j].clone()))
-                .collect()
-        })
-        .collect();
-    let rerun: Vec<usize> = (0..settings.len())
-        .filter(|&k| repeats > 1 && runs[k].iter().all(|(_, s)| s.ttft_ms.p99 <= bar))
-        .collect();
     let rest: Vec<u32> = (1..repeats).filter(|&i| i != probe).collect();
-    let more: Vec<(Setting, u32)> = rerun
-        .iter()
-        .flat_map(|&k| rest.iter().map(move |&i| (settings[k], i)))
-        .collect();
-    let reruns = summaries(source, limit, base, &more)?;
-    for (n, &k) in rerun.iter().enumerate() {
-        for (j, &i) in rest.iter().enumerate() {
-            runs[k].push((i, reruns[n * rest.len() + j].clone()));
+    let rounds: [Vec<u32>; 3] = if repeats > 1 {
+        [vec![0], vec![probe], rest]
+    } else {
+        [vec![0], Vec::new(), Vec::new()]
+    };
+    let mut runs: Vec<Vec<(u32, ModeSummary)>> = vec![Vec::new(); settings.len()];
+    let mut n = 0;
+    for round in &rounds {
+        let alive: Vec<usize> = (0..settings.len())
+            .filter(|&k| runs[k].iter().all(|(_, s)| s.ttft_ms.p99 <= bar))
+            .collect();
+        let batch: Vec<(Setting, u32)> = alive
+            .iter()
+            .flat_map(|&k| round.iter().map(move |&i| (settings[k], i)))
+            .collect();
+        if batch.is_empty() {
+            continue;
+        }
+        let done = summaries(source, limit, base, &batch)?;
+        n += batch.len();
+        for (j, &k) in alive.iter().enumerate() {
+            for (m, &i) in round.iter().enumerate() {
+                runs[k].push((i, done[j * round.len() + m].clone()));
+            }
         }
     }
     let scored = settings
@@ -300,7 +300,7 @@ fn evaluate(
             }
         })
         .collect();
-    Ok((scored, first.len() + more.len()))
+    Ok((scored, n))
 }
 
 /// The best of `tried` satisfying `pred` (eligible first).
@@ -467,7 +467,7 @@ pub fn search(
         &|s| s.mode == Mode::PrefetchWait,
         &vary(&budgets, |s, v| s.wait_budget = v),
     )?;
-    // The engine's levers around the best cells: the two leading modes and sync.
+    // The engine's levers around the best cells: the leading mode and sync.
     let mut ranked: Vec<&Scored> = sr.best.iter().filter_map(|s| sr.find(s)).collect();
     ranked.sort_by(|a, b| {
         if a.better_than(b) {
@@ -478,7 +478,7 @@ pub fn search(
             std::cmp::Ordering::Equal
         }
     });
-    let mut leaders: Vec<Mode> = ranked.iter().take(2).map(|t| t.setting.mode).collect();
+    let mut leaders: Vec<Mode> = ranked.iter().take(1).map(|t| t.setting.mode).collect();
     leaders.push(Mode::Sync);
     let lead = |s: &Setting| leaders.contains(&s.mode);
     let seqs = base.engine.max_num_seqs;
@@ -523,9 +523,21 @@ pub fn search(
         }
         for &m in modes.iter().filter(|&&m| m != b.setting.mode) {
             if let Some(l) = best_of(&tried, &|t| t.setting.mode == m) {
-                let mechanism = diagnose(&l.verdict, &b.verdict);
+                // Like with like: the winner's mode at the loser's engine levers, when
+                // the loser was not searched over them.
+                let same_engine = |t: &Scored| {
+                    t.eligible()
+                        && t.setting.mode == b.setting.mode
+                        && t.setting.max_num_seqs == l.setting.max_num_seqs
+                        && t.setting.gpu_kv_blocks == l.setting.gpu_kv_blocks
+                };
+                let against = best_of(&tried, &same_engine)
+                    .filter(|t| same_engine(t))
+                    .unwrap_or(b);
+                let mechanism = diagnose(&l.verdict, &against.verdict);
                 losses.push(Loss {
                     setting: l.setting,
+                    against: against.setting,
                     text: mechanism.describe(),
                     mechanism,
                 });

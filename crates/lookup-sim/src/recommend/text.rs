@@ -83,10 +83,15 @@ pub fn describe(r: &Recommendation, repeats: u32) -> String {
         for l in &r.losses {
             let _ = writeln!(
                 out,
-                "    {}: {}\n      (at {})",
+                "    {}: {}\n      (at {}{})",
                 l.setting.mode,
                 l.text,
-                l.setting.describe()
+                l.setting.describe(),
+                if best.setting == l.against {
+                    String::new()
+                } else {
+                    format!("; against {}", l.against.describe())
+                }
             );
         }
     }
