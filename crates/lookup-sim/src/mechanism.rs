@@ -19,7 +19,8 @@
 //!
 //! A setting that did not collapse but whose p99 moves more than 2x over its reruns is
 //! **unstable**. A stable one whose paired p99 ratio to the winner's
-//! ([`crate::margin`]) is inside the noise is **not told apart** from it. Otherwise it
+//! ([`crate::margin`]) is inside the noise or below 1 is **not behind** it at the
+//! paired median (it lost on its worst rerun, the criterion, only). Otherwise it
 //! is **slower** by the paired median ratio, attributed to the TTFT component (queue, lookup wait, load,
 //! prefill; means over the reruns) that grew most against the winner: when that is
 //! the lookup wait, the **lookup latency is on the critical path** (sync's blocking
@@ -150,8 +151,8 @@ pub enum Mechanism {
         /// Largest over smallest p99.
         spread: f64,
     },
-    /// Stable, and the paired reruns do not tell it from the winner: it lost on the
-    /// criterion (its worst rerun) only.
+    /// Stable, and not behind the winner at the paired median (inside the noise, or
+    /// lower): it lost on the criterion (its worst rerun) only.
     InsideNoise {
         /// Its p99 over the winner's, rerun by rerun.
         ratio: Paired,
@@ -235,7 +236,7 @@ pub fn diagnose(loser: &Verdict, winner: &Verdict) -> Mechanism {
         };
     }
     let ratio = paired(winner, loser);
-    if let Some(r) = ratio.as_ref().filter(|r| r.within_noise) {
+    if let Some(r) = ratio.as_ref().filter(|r| r.within_noise || r.median < 1.0) {
         return Mechanism::InsideNoise { ratio: r.clone() };
     }
     let avg = |v: &Verdict, f: fn(&Counters) -> f64| mean(v.reruns.iter().map(|r| f(&r.counters)));
@@ -343,8 +344,13 @@ impl Mechanism {
                 signs.join(", ")
             ),
             Self::InsideNoise { ratio } => format!(
-                "not told apart from the winner: p99 over the winner's {}, inside the noise; no overload (it lost on its worst rerun only)",
-                ratio.describe()
+                "not behind the winner at the paired median: p99 over the winner's {}, {}; no overload (it lost on its worst rerun only)",
+                ratio.describe(),
+                if ratio.within_noise {
+                    "inside the noise"
+                } else {
+                    "lower than the winner's"
+                }
             ),
             Self::Unstable { spread } => {
                 format!("unstable without a collapse: its p99 moves {spread:.2}x over the reruns")

@@ -110,9 +110,20 @@ fn each_losing_mechanism_is_named_from_the_runs_counters() {
     assert!(matches!(m, Mechanism::InsideNoise { .. }), "{m:?}");
     assert_eq!(
         m.describe(),
-        "not told apart from the winner: p99 over the winner's 1.010x (95 % interval \
-         0.990-1.035x, min-max 0.980-1.040x), lower in 5 of 10 reruns, inside the noise; no \
-         overload (it lost on its worst rerun only)"
+        "not behind the winner at the paired median: p99 over the winner's 1.010x (95 % \
+         interval 0.990-1.035x, min-max 0.980-1.040x), lower in 5 of 10 reruns, inside the \
+         noise; no overload (it lost on its worst rerun only)"
+    );
+    // Lower at every paired rerun: not behind either.
+    let low = [
+        700.0, 800.0, 750.0, 900.0, 650.0, 800.0, 850.0, 880.0, 720.0, 950.0,
+    ];
+    let m = diagnose(&Verdict::of(Mode::Async, &runs(&queued, &low)), &w);
+    assert_eq!(
+        m.describe(),
+        "not behind the winner at the paired median: p99 over the winner's 0.800x (95 % \
+         interval 0.700-0.900x, min-max 0.650-0.950x), lower in 0 of 10 reruns, lower than the \
+         winner's; no overload (it lost on its worst rerun only)"
     );
     // Outside the noise, most in the queue: slower without overload.
     let far: Vec<f64> = LOSER.iter().map(|p| p + 200.0).collect();
