@@ -73,6 +73,11 @@ pub struct Args {
     /// ttl-s, prefetch-limit, wait-budget-ms (`auto` or ms).
     #[arg(long, value_name = "PARAM=V,...")]
     pub sweep: Vec<String>,
+    /// With `--sweep rate-scale=...`: a mode's knee is the lowest rate scale at which
+    /// it collapses in any rerun or its median TTFT p99 exceeds this factor times its
+    /// value at the lowest rate swept (marked in the table and the plot).
+    #[arg(long, value_name = "X", default_value_t = 2.0)]
+    pub knee_factor: f64,
     /// Runs per setting: the first as given, the others perturbed (seed + i, arrival
     /// rate +1 %, −1 %, +0.5 %, ..., the order within bursts and the routing offset
     /// drawn on their own), so each figure shows its spread, its collapse rate (the

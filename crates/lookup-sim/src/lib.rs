@@ -11,8 +11,10 @@
 //! server model: keys, calls, costs), [`calibration`] (measured server costs),
 //! `connector` (the core on the virtual clock), [`mode`] (the five configurations),
 //! [`budget`] (`prefetch+wait`'s wait budget), [`runner`] (many runs on every core,
-//! perturbed reruns), [`stability`], [`recommend`], [`sweep`], [`report`] (table,
-//! JSON, plots).
+//! perturbed reruns), [`stability`], [`health`] (the overload detector),
+//! [`recommend`] with [`margin`] (paired p99 ratios) and [`mechanism`] (why a setting
+//! lost), [`sweep`] with [`knee`] (where a rate sweep's modes give way), [`report`]
+//! (table, JSON, plots).
 
 pub mod args;
 pub mod budget;
@@ -21,6 +23,9 @@ mod connector;
 pub mod engine;
 pub mod generator;
 pub mod health;
+pub mod knee;
+pub mod margin;
+pub mod mechanism;
 pub mod mode;
 pub mod recommend;
 pub mod report;
@@ -469,6 +474,12 @@ fn run_sweep(
     cal_name: &str,
     out: &mut dyn std::io::Write,
 ) -> anyhow::Result<()> {
+    if !(args.knee_factor.is_finite() && args.knee_factor > 1.0) {
+        bail!(
+            "--knee-factor must be a finite number > 1, got {}",
+            args.knee_factor
+        );
+    }
     let axes = args
         .sweep
         .iter()
@@ -502,10 +513,20 @@ fn run_sweep(
             cells.push(sweep::cell(sweep::label(&axes, &pt.at), mode, runs));
         }
     }
+    let knees = knee::knees(&axes, &points, &cells, modes, args.knee_factor);
+    for k in knees.iter().flatten() {
+        if let Some(i) = k.cell {
+            cells[i].knee = true;
+        }
+    }
     let requests = summaries.first().map_or(0, |s| s.requests);
     writeln!(out, "{}", header(described, requests, params, cal_name))?;
     writeln!(out)?;
     write!(out, "{}", sweep::table(&cells))?;
+    if let Some(knees) = &knees {
+        writeln!(out)?;
+        write!(out, "{}", knee::describe(knees, args.knee_factor))?;
+    }
     let unstable = cells.iter().filter(|c| !c.verdict.stable).count();
     writeln!(out)?;
     writeln!(
@@ -531,6 +552,8 @@ fn run_sweep(
             calibration: &'a str,
             axes: Vec<(&'static str, Vec<String>)>,
             cells: &'a [sweep::Cell],
+            knee_factor: f64,
+            knees: Option<&'a [knee::Knee]>,
         }
         let doc = SweepDoc {
             trace: described.to_owned(),
@@ -547,6 +570,8 @@ fn run_sweep(
                 })
                 .collect(),
             cells: &cells,
+            knee_factor: args.knee_factor,
+            knees: knees.as_deref(),
         };
         write_json(path, &doc, out)?;
     }

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::engine::Perturbation;
 use super::health::{Health, wilson};
+use super::mechanism::Counters;
 use super::mode::Mode;
 use super::report::ModeSummary;
 
@@ -86,10 +87,12 @@ pub struct Rerun {
     pub p50_ms: f64,
     /// TTFT p99 (ms).
     pub p99_ms: f64,
-    /// TPOT p50 (ms), if any request decoded more than one token.
+    /// Preemptions.
     pub preemptions: u64,
     /// The overload detector's verdict.
     pub health: Health,
+    /// What names a mechanism ([`crate::mechanism`]).
+    pub counters: Counters,
 }
 
 impl Verdict {
@@ -118,6 +121,7 @@ impl Verdict {
                     p99_ms: s.ttft_ms.p99,
                     preemptions: s.preemptions,
                     health: s.health.clone(),
+                    counters: Counters::of(s),
                 })
                 .collect(),
             mode,

@@ -232,17 +232,11 @@ pub struct Cell {
     pub lookup_p99_ms: f64,
     /// Keys asked per lookup, mean, of the first run.
     pub keys_asked_mean: f64,
+    /// This cell is its mode's knee along the rate scale ([`crate::knee`]).
+    pub knee: bool,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
+use super::margin::median;
 
 /// The cell of one (point, mode) from its reruns.
 #[must_use]
@@ -255,6 +249,7 @@ pub fn cell(point: String, mode: Mode, runs: &[ModeSummary]) -> Cell {
         p99_ms: runs.iter().map(|s| s.ttft_ms.p99).collect(),
         lookup_p99_ms: runs.first().map_or(0.0, |s| s.lookups.total_ms.p99),
         keys_asked_mean: runs.first().map_or(0.0, |s| s.lookups.keys_asked_mean),
+        knee: false,
     }
 }
 
@@ -298,10 +293,11 @@ pub fn table(cells: &[Cell]) -> String {
                 format!("{:.0}-{:.0}", v.preemptions.min, v.preemptions.max),
                 format!("{:.0}-{:.0}%", v.kv_mean.min * 100.0, v.kv_mean.max * 100.0),
                 format!(
-                    "{} ({}/{} collapsed)",
+                    "{} ({}/{} collapsed){}",
                     if v.stable { "stable" } else { "UNSTABLE" },
                     v.collapsed_runs,
-                    v.runs
+                    v.runs,
+                    if c.knee { " <- knee" } else { "" }
                 ),
             ]
         })
@@ -337,7 +333,8 @@ pub fn table(cells: &[Cell]) -> String {
 }
 
 /// The plot's panels: for each combination of the axes after the first, a p50 and a
-/// p99 panel, x = the first axis's value index.
+/// p99 panel, x = the first axis's value index; a p99 line carries its knee (the cell
+/// marked [`Cell::knee`]), if any.
 #[must_use]
 pub fn panels(axes: &[Axis], points: &[Point], cells: &[Cell], modes: &[Mode]) -> Vec<SweepPanel> {
     let mut out = Vec::new();
@@ -350,6 +347,18 @@ pub fn panels(axes: &[Axis], points: &[Point], cells: &[Cell], modes: &[Mode]) -
                 .iter()
                 .map(|&mode| SweepLine {
                     mode,
+                    knee: if pick {
+                        None
+                    } else {
+                        points
+                            .iter()
+                            .zip(cells.chunks(modes.len()))
+                            .filter(|(p, _)| p.at[1..] == rest[..])
+                            .find_map(|(p, row)| {
+                                let c = row.iter().find(|c| c.mode == mode && c.knee)?;
+                                Some((p.at[0] as f64, median(&c.p99_ms)))
+                            })
+                    },
                     points: points
                         .iter()
                         .zip(cells.chunks(modes.len()))

@@ -327,9 +327,20 @@ fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
         "{}",
         lines[r + 2]
     );
+    // The margin over the runner-up with its interval, then why each other mode
+    // lost, two lines each (4 searched: prefetch+ merged into prefetch, or 5).
     assert!(
-        lines[r + 3].starts_with("  (searched in "),
+        lines[r + 3].starts_with("  margin over the runner-up ("),
         "{}",
         lines[r + 3]
+    );
+    assert!(lines[r + 3].contains(" reruns: "), "{}", lines[r + 3]);
+    let why = at("  why the other modes lost (each at its best setting tried):");
+    let searched = at("  (searched in ");
+    assert!(searched - why == 7 || searched - why == 9, "{text}");
+    assert!(
+        lines[why + 1..searched]
+            .iter()
+            .all(|l| l.starts_with("    "))
     );
 }

@@ -7,6 +7,7 @@ mod common;
 
 use common::{req, run, tiny_params};
 use lookup_sim::health::Health;
+use lookup_sim::mechanism::{Mechanism, diagnose};
 use lookup_sim::mode::Mode;
 use lookup_sim::report::summarise;
 use lookup_sim::stability::Verdict;
@@ -53,4 +54,38 @@ fn an_engine_that_keeps_up_is_healthy() {
     assert_eq!(h.preemptions_per_request, 0.0);
     assert!(!h.collapsed);
     assert!(h.signs.is_empty());
+}
+
+/// The counters that name a collapse's mechanism, on the collapsed engine in async
+/// mode: each waiting request probed gets its lookup, so the lookups in flight grow
+/// with the queue, but the GPU is saturated, so it is overload, not a lookup backlog;
+/// the KV cache (3,200 blocks, 250 a request) is never the bound, and nothing is
+/// preempted.
+#[test]
+fn a_collapse_counts_the_lookups_in_flight_and_the_kv_bound_samples() {
+    let p = tiny_params(1);
+    let r = run(&trace(20), Mode::Async, &p);
+    let s = summarise(&r, p.engine.gpu_kv_blocks);
+    assert!(
+        (s.lookups_in_flight_slope_per_min - 145.85).abs() < 0.01,
+        "{}",
+        s.lookups_in_flight_slope_per_min
+    );
+    assert_eq!(s.lookups_in_flight_peak, 1460);
+    assert_eq!(s.kv_bound_share, 0.0);
+    assert_eq!(s.preemptions_max, 0);
+    assert!(s.gpu_utilisation > 0.99, "{}", s.gpu_utilisation);
+    let v = Verdict::of(Mode::Async, &[s]);
+    let m = diagnose(&v, &v);
+    assert!(
+        matches!(
+            m,
+            Mechanism::Overload {
+                collapsed: 1,
+                runs: 1,
+                ..
+            }
+        ),
+        "{m:?}"
+    );
 }

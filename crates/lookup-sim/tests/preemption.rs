@@ -36,6 +36,8 @@ fn a_preempted_request_hits_its_own_generated_blocks() {
             "{mode}"
         );
         assert_eq!(r.preemptions, u64::from(n), "{mode}");
+        // The counter the mechanism reads: the most preemptions of one request.
+        assert_eq!(r.preemptions_max, n, "{mode}");
     }
 }
 

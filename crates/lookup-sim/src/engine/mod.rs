@@ -67,7 +67,8 @@ pub use self::result::{
     Perturbation, RequestRecord, Waits, bucket_of, histogram,
 };
 use self::sample::Sampler;
-pub use self::sample::{SAMPLE_NS, Sample, Slope};
+pub use self::sample::{KV_BOUND_SHARE, SAMPLE_NS, Sample, Slope};
+pub use self::world::kv_blocks_needed;
 use self::world::{Feed, World, mix};
 use super::connector::Connector;
 use super::mode::Mode;
@@ -112,7 +113,7 @@ where
     }
     let feed = Feed::new(Box::new(trace.into_iter()));
     let mut world = World::new(feed, mode, params, on_finished);
-    let mut sampler = Sampler::new(params.timeseries);
+    let mut sampler = Sampler::new(params.timeseries, e.gpu_kv_blocks);
     loop {
         let next = engines
             .iter()
@@ -145,6 +146,9 @@ where
     }
     result.store_blocks = world.store.len() as u64;
     result.waiting_slope = sampler.waiting;
+    result.in_flight_slope = sampler.in_flight;
+    result.in_flight_peak = sampler.in_flight_peak;
+    result.kv_bound_share = sampler.kv_bound_samples as f64 / sampler.engine_samples.max(1) as f64;
     result.perturbation = Perturbation {
         seed: params.seed,
         rate_scale: params.rate_scale,

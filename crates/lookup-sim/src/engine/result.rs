@@ -334,6 +334,17 @@ pub struct ModeResult {
     /// The waiting queues, summed over the engines, against time while requests
     /// still arrived (sampled every [`SAMPLE_NS`](super::SAMPLE_NS)).
     pub waiting_slope: Slope,
+    /// The lookups queued or on the wire, summed over the engines, against time while
+    /// requests still arrived.
+    pub in_flight_slope: Slope,
+    /// Most lookups queued or on the wire of one engine at a sample.
+    pub in_flight_peak: u64,
+    /// Share of engine samples while requests still arrived at which the engine had
+    /// requests waiting and at least [`KV_BOUND_SHARE`](super::KV_BOUND_SHARE) of its
+    /// KV blocks held.
+    pub kv_bound_share: f64,
+    /// Most preemptions of one request.
+    pub preemptions_max: u32,
     /// Every engine's state once per period (`SimParams::timeseries`), else empty.
     pub timeseries: Vec<Sample>,
     /// The run's perturbation (its parameters that reruns vary).
@@ -388,6 +399,10 @@ impl ModeResult {
             live_peak: 0,
             trace_span_ns: 0,
             waiting_slope: Slope::default(),
+            in_flight_slope: Slope::default(),
+            in_flight_peak: 0,
+            kv_bound_share: 0.0,
+            preemptions_max: 0,
             timeseries: Vec::new(),
             perturbation: Perturbation::default(),
         }
@@ -396,6 +411,7 @@ impl ModeResult {
     /// Adds a finished request.
     pub(super) fn finished(&mut self, r: &RequestRecord) {
         self.requests += 1;
+        self.preemptions_max = self.preemptions_max.max(r.preemptions);
         let us = r.ttft_ns / 1_000;
         record(&mut self.ttft_us, us);
         self.ttft_sum_ns += u128::from(r.ttft_ns);

@@ -1,6 +1,8 @@
 //! The engines' state over virtual time: one [`Sample`] per engine per period (for
-//! `--timeseries`), and the least-squares slope of the waiting queues while requests
-//! still arrive ([`Slope`], the overload detector's first sign: `crate::health`).
+//! `--timeseries`), and, while requests still arrive, the least-squares slopes of the
+//! waiting queues ([`Slope`], the overload detector's first sign: `crate::health`) and
+//! of the lookups in flight, their peak, and the share of engine samples that were
+//! KV-bound (the mechanisms `crate::mechanism` names).
 
 use serde::Serialize;
 
@@ -76,31 +78,62 @@ pub(super) struct Sampler {
     pub(super) samples: Vec<Sample>,
     /// The waiting queues summed over the engines, while requests still arrive.
     pub(super) waiting: Slope,
+    /// The lookups queued or on the wire summed over the engines, while requests
+    /// still arrive.
+    pub(super) in_flight: Slope,
+    /// Most lookups queued or on the wire of one engine at a sample.
+    pub(super) in_flight_peak: u64,
+    /// Engine samples, while requests still arrive.
+    pub(super) engine_samples: u64,
+    /// Of those, samples of an engine with requests waiting and at least
+    /// [`KV_BOUND_SHARE`] of its KV blocks held.
+    pub(super) kv_bound_samples: u64,
+    kv_bound_blocks: u64,
 }
 
+/// Share of its KV blocks held by requests from which an engine with requests waiting
+/// counts as KV-bound at a sample.
+pub const KV_BOUND_SHARE: f64 = 0.95;
+
 impl Sampler {
-    pub(super) fn new(keep: bool) -> Self {
+    /// `gpu_kv_blocks`: one engine's KV capacity (blocks), for the KV-bound share.
+    pub(super) fn new(keep: bool, gpu_kv_blocks: u64) -> Self {
         Self {
             next_ns: 0,
             period_ns: SAMPLE_NS,
             keep,
             samples: Vec::new(),
             waiting: Slope::default(),
+            in_flight: Slope::default(),
+            in_flight_peak: 0,
+            engine_samples: 0,
+            kv_bound_samples: 0,
+            kv_bound_blocks: (gpu_kv_blocks as f64 * KV_BOUND_SHARE).ceil() as u64,
         }
     }
 
     /// Records the engines' states `states` at `self.next_ns` and moves on one period.
     /// `arriving`: requests are still to arrive (the slope is taken over that span).
     pub(super) fn take(&mut self, states: impl Iterator<Item = Sample>, arriving: bool) {
-        let mut total = 0;
+        let (mut total, mut in_flight) = (0, 0);
         for s in states {
             total += s.waiting;
+            in_flight += s.lookups_in_flight;
+            if arriving {
+                self.engine_samples += 1;
+                self.in_flight_peak = self.in_flight_peak.max(s.lookups_in_flight);
+                if s.waiting > 0 && s.kv_held >= self.kv_bound_blocks {
+                    self.kv_bound_samples += 1;
+                }
+            }
             if self.keep {
                 self.samples.push(s);
             }
         }
         if arriving {
-            self.waiting.add(self.next_ns as f64 / 1e9, total as f64);
+            let t_s = self.next_ns as f64 / 1e9;
+            self.waiting.add(t_s, total as f64);
+            self.in_flight.add(t_s, in_flight as f64);
         }
         if self.samples.len() > MAX_SAMPLES {
             let period = self.period_ns;

@@ -341,11 +341,19 @@ impl<'a> Feed<'a> {
     }
 }
 
+/// KV blocks of 16 tokens request `r` holds at its longest (every prompt and output
+/// position but the last): a GPU with fewer cannot serve it.
+#[must_use]
+pub fn kv_blocks_needed(r: &TraceRequest) -> u64 {
+    let positions = (u64::from(r.input_length) + u64::from(r.output_length)).saturating_sub(1);
+    positions.div_ceil(u64::from(KV_BLOCK_TOKENS))
+}
+
 /// Checks request number `seq` (0-based) and returns its arrival (ns).
 fn check(r: &TraceRequest, seq: u64, p: &SimParams) -> anyhow::Result<u64> {
     let e = &p.engine;
     let positions = u64::from(r.input_length) + u64::from(r.output_length) - 1;
-    let need = positions.div_ceil(u64::from(KV_BLOCK_TOKENS));
+    let need = kv_blocks_needed(r);
     if need > e.gpu_kv_blocks || positions > u64::from(u32::MAX) {
         bail!(
             "request {} ({} input + {} output tokens) needs {need} KV blocks of {KV_BLOCK_TOKENS} tokens; \

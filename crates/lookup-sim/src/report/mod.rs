@@ -205,6 +205,17 @@ pub struct ModeSummary {
     pub prefetch_cap_full: u64,
     /// Preemptions (recompute).
     pub preemptions: u64,
+    /// Most preemptions of one request.
+    pub preemptions_max: u32,
+    /// Growth of the lookups queued or on the wire while requests arrived (lookups
+    /// per minute per engine, least squares).
+    pub lookups_in_flight_slope_per_min: f64,
+    /// Most lookups queued or on the wire of one engine at a sample.
+    pub lookups_in_flight_peak: u64,
+    /// Share of engine samples while requests arrived at which the engine had
+    /// requests waiting with its KV cache at least
+    /// [`KV_BOUND_SHARE`](crate::engine::KV_BOUND_SHARE) held.
+    pub kv_bound_share: f64,
     /// KV blocks held by requests over the run, mean (fraction of the capacity,
     /// weighted by GPU time).
     pub kv_occupancy_mean: f64,
@@ -319,6 +330,11 @@ pub fn summarise(r: &ModeResult, gpu_kv_blocks: u64) -> ModeSummary {
         ttl_refreshes: s.ttl_refreshes,
         prefetch_cap_full: s.prefetch_cap_full,
         preemptions: r.preemptions,
+        preemptions_max: r.preemptions_max,
+        lookups_in_flight_slope_per_min: r.in_flight_slope.per_s() * 60.0
+            / f64::from(r.engines.max(1)),
+        lookups_in_flight_peak: r.in_flight_peak,
+        kv_bound_share: r.kv_bound_share,
         kv_occupancy_mean: r.kv_mean(gpu_kv_blocks),
         kv_occupancy_peak: r.kv_peak,
         waiting_peak: r.waiting_peak,

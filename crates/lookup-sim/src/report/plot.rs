@@ -203,6 +203,8 @@ pub struct SweepLine {
     pub mode: Mode,
     /// `(x, median, min, max)`, in x order.
     pub points: Vec<(f64, f64, f64, f64)>,
+    /// `(x, median)` of its knee along the rate scale ([`crate::knee`]), marked.
+    pub knee: Option<(f64, f64)>,
 }
 
 /// One panel of a sweep plot: a figure (p50 or p99) for one combination of the other
@@ -218,7 +220,7 @@ pub struct SweepPanel {
 /// Draws sweep panels in a grid of two columns (p50, p99) into a PNG at `path`:
 /// x is the swept parameter's values (`x_labels`, evenly spaced; a point's x is the
 /// value's index), y the TTFT in seconds (log scale), each mode's median as a line
-/// over its shaded min-max band.
+/// over its shaded min-max band, and its knee, if any, as a labelled cross.
 ///
 /// # Errors
 /// The directory cannot be created, or drawing fails.
@@ -283,6 +285,22 @@ pub fn plot_sweep(
                 let (colour, _, _) = style_of(line.mode);
                 chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
                 draw_line(&mut chart, line.mode, pts.clone(), &pts, true)?;
+            }
+            for line in &lines {
+                if let Some((x, y)) = line.knee {
+                    let (colour, _, _) = style_of(line.mode);
+                    let at = (x, y / 1e3);
+                    chart.draw_series(std::iter::once(Cross::new(
+                        at,
+                        12,
+                        colour.stroke_width(3),
+                    )))?;
+                    chart.draw_series(std::iter::once(Text::new(
+                        format!("knee: {}", line.mode.name()),
+                        at,
+                        ("sans-serif", 15).into_font().color(&colour),
+                    )))?;
+                }
             }
             chart
                 .configure_series_labels()
