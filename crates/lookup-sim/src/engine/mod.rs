@@ -68,7 +68,8 @@ pub use self::result::{
 };
 use self::sample::Sampler;
 pub use self::sample::{SAMPLE_NS, Sample, Slope};
-use self::world::{Feed, World, mix};
+pub(crate) use self::world::mix;
+use self::world::{Feed, World};
 use super::connector::Connector;
 use super::mode::Mode;
 use super::server::LookupServer;
