@@ -7,7 +7,7 @@
 //!
 //! Modules: [`args`] (flags), [`trace`] (streamed JSONL input), [`generator`] (the
 //! embedded default trace), [`engine`] (the discrete-event engine model and its cost
-//! model), `store` (GPU prefix cache and external store), [`server`] (the lookup
+//! model), [`store`] (GPU prefix cache and external store), [`server`] (the lookup
 //! server model: keys, calls, costs), [`calibration`] (measured server costs),
 //! `connector` (the core on the virtual clock), [`mode`] (the five configurations),
 //! [`budget`] (`prefetch+wait`'s wait budget), [`runner`] (many runs on every core,
@@ -32,7 +32,7 @@ pub mod report;
 pub mod runner;
 pub mod server;
 pub mod stability;
-mod store;
+pub mod store;
 pub mod sweep;
 pub mod trace;
 

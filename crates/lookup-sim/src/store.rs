@@ -6,16 +6,20 @@
 //! 16-token KV blocks (a 512-token hash block is 32 of them) and hashes generated
 //! blocks too, as vLLM V1 does; the external store counts 512-token blocks and holds
 //! prompt blocks, written at the end of a prefill.
+//!
+//! [`LocalCache`] and [`Held`] (what one request holds in it, and vLLM's allocation
+//! and promotion rules) are public so that `cargo xtask replay` models the GPU with
+//! the same pool as the simulator rather than a second copy.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::trace::TRACE_BLOCK_TOKENS;
 
 /// Tokens per GPU KV block: vLLM's default block size (`CacheConfig.block_size` 16).
-pub(crate) const KV_BLOCK_TOKENS: u32 = 16;
+pub const KV_BLOCK_TOKENS: u32 = 16;
 /// KV blocks per trace hash block (512 / 16): the unit the prefix cache hashes here,
 /// since the traces name only 512-token blocks.
-pub(crate) const KV_PER_HASH: u64 = (TRACE_BLOCK_TOKENS / KV_BLOCK_TOKENS) as u64;
+pub const KV_PER_HASH: u64 = (TRACE_BLOCK_TOKENS / KV_BLOCK_TOKENS) as u64;
 
 /// The GPU KV-cache block pool with vLLM V1's prefix cache, counted in vLLM's 16-token
 /// blocks (vllm/v1/core/block_pool.py, kv_cache_manager.py, vLLM 0.33).
@@ -37,7 +41,7 @@ pub(crate) const KV_PER_HASH: u64 = (TRACE_BLOCK_TOKENS / KV_BLOCK_TOKENS) as u6
 /// A group is evicted whole: a hit needs the whole 512-token group, as the traces'
 /// hashes do (vLLM would still hit the group's first 16-token blocks).
 #[derive(Debug)]
-pub(crate) struct LocalCache {
+pub struct LocalCache {
     capacity: u64,
     /// KV blocks held by requests under no hash.
     anonymous: u64,
@@ -69,7 +73,7 @@ enum Freed {
 
 impl LocalCache {
     /// An empty pool of `capacity` KV blocks (16 tokens each).
-    pub(crate) fn new(capacity: u64) -> Self {
+    pub fn new(capacity: u64) -> Self {
         Self {
             capacity,
             anonymous: 0,
@@ -83,7 +87,7 @@ impl LocalCache {
 
     /// Leading groups of `hashes` (at most `max_blocks`) cached on the GPU: the local
     /// prefix-cache hit, in 512-token groups (vLLM `get_computed_blocks`).
-    pub(crate) fn hit_blocks(&self, hashes: &[u64], max_blocks: usize) -> usize {
+    pub fn hit_blocks(&self, hashes: &[u64], max_blocks: usize) -> usize {
         hashes
             .iter()
             .take(max_blocks)
@@ -93,7 +97,7 @@ impl LocalCache {
 
     /// True when `new_blocks` more KV blocks fit after reusing the cached groups
     /// `hits` (which must not be evicted to make room for them).
-    pub(crate) fn can_allocate(&self, hits: &[u64], new_blocks: u64) -> bool {
+    pub fn can_allocate(&self, hits: &[u64], new_blocks: u64) -> bool {
         let pinned_free = hits
             .iter()
             .filter(|h| self.entries.get(h).is_some_and(|e| e.refs == 0))
@@ -103,7 +107,7 @@ impl LocalCache {
 
     /// Takes a reference on each cached group of `hits` (a local prefix hit): a free
     /// one leaves the free queue.
-    pub(crate) fn reference(&mut self, hits: &[u64]) {
+    pub fn reference(&mut self, hits: &[u64]) {
         for h in hits {
             let e = self.entries.get_mut(h).expect("hits are cached blocks");
             if e.refs == 0 {
@@ -116,7 +120,7 @@ impl LocalCache {
 
     /// Allocates `n` anonymous KV blocks from the head of the free queue, evicting the
     /// cached groups it reaches. False (and nothing changed) when they do not fit.
-    pub(crate) fn allocate(&mut self, n: u64) -> bool {
+    pub fn allocate(&mut self, n: u64) -> bool {
         if self.fresh + self.queued < n {
             return false;
         }
@@ -152,7 +156,7 @@ impl LocalCache {
     /// `hash` (`BlockPool.cache_full_blocks`): it joins the prefix cache, or, when
     /// another request cached the same block meanwhile, references that one and frees
     /// its own.
-    pub(crate) fn promote(&mut self, hash: u64) {
+    pub fn promote(&mut self, hash: u64) {
         self.anonymous -= KV_PER_HASH;
         if let Some(e) = self.entries.get_mut(&hash) {
             if e.refs == 0 {
@@ -176,7 +180,7 @@ impl LocalCache {
     /// as vLLM's `KVCacheManager.free` does: its `anonymous` tail first, then its
     /// `hashed` groups (in prompt order) from the last; a group still referenced by
     /// another request stays.
-    pub(crate) fn release(&mut self, hashed: &[u64], anonymous: u64) {
+    pub fn release(&mut self, hashed: &[u64], anonymous: u64) {
         self.anonymous -= anonymous;
         if anonymous > 0 {
             self.clock += 1;
@@ -196,12 +200,12 @@ impl LocalCache {
     }
 
     /// KV blocks held by requests (neither free nor only cached): the KV occupancy.
-    pub(crate) fn held(&self) -> u64 {
+    pub fn held(&self) -> u64 {
         self.capacity - self.fresh - self.queued
     }
 
     /// Capacity in KV blocks.
-    pub(crate) fn capacity(&self) -> u64 {
+    pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
@@ -209,6 +213,93 @@ impl LocalCache {
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
         self.anonymous + self.entries.len() as u64 * KV_PER_HASH
+    }
+}
+
+/// KV blocks (vLLM's 16 tokens each) that `tokens` positions take.
+#[must_use]
+pub fn blocks_for(tokens: u32) -> u64 {
+    u64::from(tokens.div_ceil(KV_BLOCK_TOKENS))
+}
+
+/// The prefix-cache hash of block `k` (0-based, 512 tokens) of request number `seq`
+/// whose full prompt blocks have the trace's ids `prompt_hashes`: that id for a full
+/// prompt block; for any other block (a prompt block the trace gives no id for, or
+/// one holding generated tokens) a hash of its own, unique to the request: vLLM V1
+/// hashes every full block, generated tokens included (`Request.block_hashes` grows
+/// as output tokens are appended, through `get_request_block_hasher`,
+/// vllm/v1/request.py and kv_cache_utils.py), so a preempted request finds its own
+/// generated blocks again in the prefix cache.
+#[must_use]
+pub fn group_hash(prompt_hashes: &[u64], seq: u64, k: usize) -> u64 {
+    match prompt_hashes.get(k) {
+        Some(&h) => h,
+        // The top bit keeps these apart from the traces' small integer ids.
+        None => (1 << 63) | crate::engine::mix(seq.wrapping_mul(0x1_0000_0001) ^ k as u64),
+    }
+}
+
+/// The KV blocks one request holds in a [`LocalCache`]: *hashed* groups (full
+/// 512-token blocks, in prompt order, shareable) and *anonymous* blocks (its partial
+/// tail, or blocks still being loaded), with vLLM V1's rules for growing them
+/// (`KVCacheManager.allocate_slots`), caching full ones (`cache_blocks`) and freeing
+/// them (`KVCacheManager.free`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Hashes of the full groups held, in prompt order ([`KV_PER_HASH`] blocks each).
+    pub hashed: Vec<u64>,
+    /// KV blocks held under no hash.
+    pub anonymous: u64,
+}
+
+impl Held {
+    /// KV blocks held (16 tokens each).
+    #[must_use]
+    pub fn blocks(&self) -> u64 {
+        self.hashed.len() as u64 * KV_PER_HASH + self.anonymous
+    }
+
+    /// Makes the request hold blocks for its first `end` positions, reusing the local
+    /// prefix hit `hits` (cached groups; only when it holds nothing yet), the new ones
+    /// anonymous. False, with nothing changed, when they do not fit.
+    pub fn allocate(&mut self, cache: &mut LocalCache, hits: &[u64], end: u32) -> bool {
+        let new = blocks_for(end).saturating_sub(self.blocks() + hits.len() as u64 * KV_PER_HASH);
+        if !cache.can_allocate(hits, new) {
+            return false;
+        }
+        cache.reference(hits);
+        self.hashed.extend_from_slice(hits);
+        let ok = cache.allocate(new);
+        debug_assert!(ok, "can_allocate said it fits");
+        self.anonymous += new;
+        true
+    }
+
+    /// The anonymous blocks that are now full join the prefix cache: every group
+    /// whose tokens are all known and scheduled by `known` (vLLM caches up to
+    /// `min(num_computed_tokens + num_new_tokens, request.num_tokens)` tokens), its
+    /// hash `hash(k)` for group `k` ([`group_hash`]).
+    pub fn promote_full(
+        &mut self,
+        cache: &mut LocalCache,
+        known: u32,
+        hash: impl Fn(usize) -> u64,
+    ) {
+        let full = (known / TRACE_BLOCK_TOKENS) as usize;
+        while self.hashed.len() < full && self.anonymous >= KV_PER_HASH {
+            let h = hash(self.hashed.len());
+            cache.promote(h);
+            self.anonymous -= KV_PER_HASH;
+            self.hashed.push(h);
+        }
+    }
+
+    /// Frees everything held (finished or preempted), in vLLM's order
+    /// ([`LocalCache::release`]).
+    pub fn release(&mut self, cache: &mut LocalCache) {
+        cache.release(&self.hashed, self.anonymous);
+        self.hashed.clear();
+        self.anonymous = 0;
     }
 }
 

@@ -17,9 +17,16 @@
 //!   tokens allocates and waits for its load (modelled time, serialised per engine)
 //!   before its remaining prefill is scheduled; without, its first chunk is scheduled
 //!   at once.
-//! - **Not modelled**: the GPU KV-cache capacity, preemption and the local (GPU)
-//!   prefix cache: every probe passes `num_computed_tokens = 0`, so every stored
-//!   prefix is found in Mooncake (the simulator's round-robin case).
+//! - **GPU KV cache, prefix cache and preemption** (`replay::gpu`): the
+//!   simulator's block pool and vLLM V1's rules (`gpu_kv_blocks` 16-token blocks,
+//!   full blocks cached, recompute preemption of the most recently admitted running
+//!   request). A waiting request's probe passes its local prefix hit as
+//!   `num_computed_tokens`. With `gpu_kv_blocks` unbounded and `prefix_cache` off,
+//!   every probe passes 0 and nothing is preempted (the older comparison).
+//! - **Queue time series**: each engine records its waiting, running and held KV
+//!   blocks once a second from the first arrival, as the simulator's `--timeseries`
+//!   does; a sample is taken when the loop first runs at or after its instant, with
+//!   the state of that moment (the loop runs at least once per step and arrival).
 //! - **Step time**: the simulator's cost model ([`EngineParams`](crate::simulate::engine::EngineParams)):
 //!   fixed + per prefill token + per attended (query, context) pair of prefill + per
 //!   decoding request + per context token it reads.
@@ -39,21 +46,14 @@ use hdrhistogram::Histogram;
 use lookup_core::{Event, LookupOutcome, Probe};
 use lookup_tokio::{ClientStats, LookupClient};
 
+use super::gpu::{Gpu, Live};
 use super::model::Entry;
-pub use super::model::{BlockSink, EngineModel, EngineResult, Outcomes, Prepared, block_id};
+pub use super::model::{
+    BlockSink, EngineModel, EngineResult, Outcomes, Prepared, block_id, block_id_of,
+};
 use crate::simulate::budget::{RecentLatency, WaitBudget};
+use crate::simulate::engine::{SAMPLE_NS, Sample};
 use crate::simulate::mode::Mode;
-
-/// A request in the engine.
-#[derive(Debug)]
-struct Live {
-    req: usize,
-    /// Prompt tokens computed or loaded.
-    computed: u32,
-    outputs_left: u32,
-    /// The scheduler has probed it at least once.
-    probed: bool,
-}
 
 /// The engine: its requests, its client, what it measured.
 pub struct Engine<'a> {
@@ -70,6 +70,9 @@ pub struct Engine<'a> {
     loading: Vec<(Instant, Live)>,
     running: Vec<Live>,
     link_free: Instant,
+    gpu: Gpu,
+    /// When the next sample is due, and its number.
+    next_sample: (Instant, u64),
     result: EngineResult,
     on_finished: &'a (dyn Fn() + Sync),
 }
@@ -84,7 +87,8 @@ fn histogram() -> Histogram<u64> {
 
 impl<'a> Engine<'a> {
     /// An engine serving `arrivals` (indices into `reqs`, in arrival order) with
-    /// `client`.
+    /// `client`; `block_size`: the tokens per hash of the requests' chains. Samples
+    /// are taken from `t0`, the first arrival.
     #[allow(clippy::too_many_arguments)]
     #[must_use]
     pub fn new(
@@ -96,8 +100,12 @@ impl<'a> Engine<'a> {
         client: LookupClient,
         sink: BlockSink,
         on_finished: &'a (dyn Fn() + Sync),
+        block_size: u32,
+        t0: Instant,
     ) -> Self {
         Self {
+            gpu: Gpu::new(model.gpu_kv_blocks, model.prefix_cache, block_size),
+            next_sample: (t0, 0),
             model,
             mode,
             wait_budget,
@@ -124,6 +132,9 @@ impl<'a> Engine<'a> {
                 outcomes: Outcomes::default(),
                 stats: ClientStats::default(),
                 last_finish: None,
+                preemptions: 0,
+                preemptions_max: 0,
+                samples: Vec::new(),
             },
             on_finished,
         }
@@ -133,6 +144,7 @@ impl<'a> Engine<'a> {
     /// client down.
     pub async fn run(mut self) -> EngineResult {
         loop {
+            self.sample(Instant::now());
             self.admit(Instant::now());
             if self.arrivals.is_empty()
                 && self.waiting.is_empty()
@@ -156,6 +168,7 @@ impl<'a> Engine<'a> {
                 let next = self.next_arrival().map_or(step_end, |a| a.min(step_end));
                 tokio::time::sleep_until(next.into()).await;
                 let now = Instant::now();
+                self.sample(now);
                 self.admit(now);
                 if now >= step_end {
                     break;
@@ -164,6 +177,7 @@ impl<'a> Engine<'a> {
             self.outputs(&entries, Instant::now());
         }
         self.collect_events();
+        self.result.preemptions = self.gpu.preemptions;
         self.result.stats = self.client.stats();
         self.client.shutdown().await;
         self.result
@@ -181,12 +195,7 @@ impl<'a> Engine<'a> {
             }
             self.arrivals.pop_front();
             self.client.on_new_request(&self.reqs[i].core);
-            self.waiting.push_back(Live {
-                req: i,
-                computed: 0,
-                outputs_left: self.reqs[i].outputs,
-                probed: false,
-            });
+            self.waiting.push_back(Live::new(i, &self.reqs[i]));
         }
     }
 
@@ -195,7 +204,8 @@ impl<'a> Engine<'a> {
         let mut i = 0;
         while i < self.loading.len() {
             if self.loading[i].0 <= now {
-                let (_, live) = self.loading.swap_remove(i);
+                let (_, mut live) = self.loading.swap_remove(i);
+                self.gpu.loaded(&mut live, self.reqs);
                 self.running.push(live);
             } else {
                 i += 1;
@@ -225,30 +235,35 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Builds the next step: running requests first, then the waiting queue.
+    /// The engine's state at every sample instant passed by `now`.
+    fn sample(&mut self, now: Instant) {
+        while self.next_sample.0 <= now {
+            let (_, k) = self.next_sample;
+            self.result.samples.push(Sample {
+                t_ms: k * SAMPLE_NS / 1_000_000,
+                engine: 0,
+                waiting: (self.waiting.len() + self.loading.len()) as u64,
+                running: self.running.len() as u64,
+                kv_held: self.gpu.held(),
+                preemptions: self.gpu.preemptions,
+                lookups_in_flight: self.client.stats().open_rpcs as u64,
+            });
+            self.next_sample = (self.next_sample.0 + Duration::from_nanos(SAMPLE_NS), k + 1);
+        }
+    }
+
+    /// Builds the next step: running requests first (preempting when KV blocks run
+    /// out), then, unless that preempted, the waiting queue.
     async fn schedule(&mut self) -> Vec<Entry> {
         let mut budget = self.model.max_num_batched_tokens;
-        let mut entries = Vec::new();
-        for live in &self.running {
-            let prompt = self.reqs[live.req].core.num_tokens;
-            if live.computed < prompt {
-                let new = budget.min(prompt - live.computed);
-                if new > 0 {
-                    entries.push(Entry::Prefill {
-                        req: live.req,
-                        before: live.computed,
-                        new,
-                    });
-                    budget -= new;
-                }
-            } else if budget > 0 {
-                let done = self.reqs[live.req].outputs - live.outputs_left;
-                entries.push(Entry::Decode {
-                    req: live.req,
-                    context: prompt + done,
-                });
-                budget -= 1;
-            }
+        let (mut entries, preempted) =
+            self.gpu
+                .schedule_running(&mut self.running, &mut self.waiting, &mut budget, self.reqs);
+        for &req in &preempted {
+            self.client.on_preempted(self.reqs[req].core.request_id);
+        }
+        if !preempted.is_empty() {
+            return entries;
         }
         let max_seqs = self.model.max_num_seqs as usize;
         // prefetch+wait: the step's wait budget, set at its first wait and shared by
@@ -265,7 +280,8 @@ impl<'a> Engine<'a> {
             // Nothing computing or loading and no step scheduled yet: the request
             // arrived at an idle engine, which probes it at once.
             let idle = self.running.is_empty() && self.loading.is_empty() && entries.is_empty();
-            let probe = self.probe(req, &mut wait_left).await;
+            let (hits, local) = self.gpu.local_hit(&self.waiting[i], self.reqs);
+            let probe = self.probe(i, local, &mut wait_left).await;
             let Probe::Ready {
                 external_tokens, ..
             } = probe
@@ -277,78 +293,96 @@ impl<'a> Engine<'a> {
                 i += 1;
                 continue;
             };
+            let now = Instant::now();
+            let live = &mut self.waiting[i];
+            let admitted = if external_tokens > 0 {
+                let end = local + external_tokens;
+                self.gpu
+                    .admit_load(live, self.reqs, &hits, end)
+                    .then_some(None)
+            } else {
+                self.gpu
+                    .admit_compute(live, self.reqs, &hits, local, budget)
+                    .map(Some)
+            };
+            // An allocation that does not fit ends the waiting pass (vLLM `break`).
+            let Some(compute) = admitted else { break };
             let Some(mut live) = self.waiting.remove(i) else {
                 break;
             };
-            let now = Instant::now();
             self.client.on_allocated(self.reqs[req].core.request_id);
-            self.result
-                .queue_wait
-                .push(now.saturating_duration_since(self.reqs[req].arrival));
-            if external_tokens > 0 {
-                live.computed = external_tokens;
-                self.result.external_hit_tokens += u64::from(external_tokens);
-                let start = self.link_free.max(now);
-                let done = start + self.model.load(external_tokens);
-                self.link_free = done;
-                self.loading.push((done, live));
-            } else {
-                let prompt = self.reqs[req].core.num_tokens;
-                let new = budget.min(prompt);
-                entries.push(Entry::Prefill {
-                    req,
-                    before: 0,
-                    new,
-                });
-                budget -= new;
-                self.running.push(live);
+            if !std::mem::replace(&mut live.scheduled, true) {
+                self.result
+                    .queue_wait
+                    .push(now.saturating_duration_since(self.reqs[req].arrival));
+            }
+            match compute {
+                None => {
+                    self.result.external_hit_tokens += u64::from(external_tokens);
+                    let start = self.link_free.max(now);
+                    let done = start + self.model.load(external_tokens);
+                    self.link_free = done;
+                    self.loading.push((done, live));
+                }
+                Some((entry, new)) => {
+                    entries.push(entry);
+                    budget -= new;
+                    self.running.push(live);
+                }
             }
         }
         entries
     }
 
-    /// The probe of the mode: sync waits for the answer; `prefetch+wait` waits up to
-    /// what is left of the step's budget `wait_left` (set at the step's first wait,
-    /// lowered by each wait); the others answer at once.
-    async fn probe(&mut self, req: usize, wait_left: &mut Option<Duration>) -> Probe {
-        let core = &self.reqs[req].core;
-        match self.mode {
-            Mode::Sync => {
-                let started = Instant::now();
-                let answer = self.client.probe_until(core, 0, Deadline::Answer).await;
-                self.result.blocked += started.elapsed();
-                answer
-            }
-            Mode::PrefetchWait => {
-                let started = Instant::now();
-                let mut answer = self.client.probe(core, 0);
-                if answer != Probe::Pending || *wait_left == Some(Duration::ZERO) {
-                    return answer;
-                }
-                let budget = *wait_left.get_or_insert_with(|| {
-                    Duration::from_secs_f64(self.wait_budget.seconds(&self.recent))
-                });
-                let give_up = started + budget;
-                while answer == Probe::Pending {
-                    let now = Instant::now();
-                    if now >= give_up {
-                        break;
-                    }
-                    self.client.wait_progress(give_up - now).await;
-                    answer = self.client.probe(core, 0);
-                }
-                let waited = started.elapsed();
-                *wait_left = Some(budget.saturating_sub(waited));
-                self.result.blocked += waited;
-                answer
-            }
-            Mode::Async | Mode::Prefetch | Mode::PrefetchPlus => self.client.probe(core, 0),
+    /// The probe of waiting request `i`, whose local hit is `local` tokens, in the
+    /// mode: sync waits for the answer; `prefetch+wait` waits up to what is left of
+    /// the step's budget `wait_left` (set at the step's first wait, lowered by each
+    /// wait); the others answer at once. In every async mode a preempted request's
+    /// probe first waits up to `lookup_preempted_wait_s` (rule 8, `keep_wait` and
+    /// `wait`; the client's `Deadline::Within`).
+    async fn probe(&mut self, i: usize, local: u32, wait_left: &mut Option<Duration>) -> Probe {
+        let live = &self.waiting[i];
+        let core = live.core(self.reqs);
+        let preempted = live.preemptions > 0;
+        let started = Instant::now();
+        let mut answer = if self.mode == Mode::Sync {
+            self.client.probe_until(core, local, Deadline::Answer).await
+        } else {
+            self.client
+                .probe_until(core, local, Deadline::Within(Duration::ZERO))
+                .await
+        };
+        if self.mode == Mode::Sync || preempted {
+            self.result.blocked += started.elapsed();
         }
+        if self.mode != Mode::PrefetchWait
+            || answer != Probe::Pending
+            || *wait_left == Some(Duration::ZERO)
+        {
+            return answer;
+        }
+        let started = Instant::now();
+        let budget = *wait_left
+            .get_or_insert_with(|| Duration::from_secs_f64(self.wait_budget.seconds(&self.recent)));
+        let give_up = started + budget;
+        while answer == Probe::Pending {
+            let now = Instant::now();
+            if now >= give_up {
+                break;
+            }
+            self.client.wait_progress(give_up - now).await;
+            answer = self.client.probe(core, local);
+        }
+        let waited = started.elapsed();
+        *wait_left = Some(budget.saturating_sub(waited));
+        self.result.blocked += waited;
+        answer
     }
 
-    /// The outputs of a step that ended at `now`.
+    /// The outputs of a step that ended at `now`: first tokens (TTFT), prefill ends
+    /// (blocks to the store), finished requests (blocks freed; the running order,
+    /// which picks preemption victims, is kept).
     fn outputs(&mut self, entries: &[Entry], now: Instant) {
-        let mut finished = Vec::new();
         for entry in entries {
             let req = match *entry {
                 Entry::Prefill { req, .. } | Entry::Decode { req, .. } => req,
@@ -357,33 +391,25 @@ impl<'a> Engine<'a> {
                 continue;
             };
             let live = &mut self.running[pos];
-            let prompt = self.reqs[req].core.num_tokens;
-            match *entry {
-                Entry::Prefill { new, .. } => {
-                    live.computed += new;
-                    if live.computed >= prompt {
-                        // The first token is out: the prefill's blocks go to the store.
-                        let arrival = self.reqs[req].arrival;
-                        self.result
-                            .ttft
-                            .push((req, now.saturating_duration_since(arrival)));
-                        self.sink.write(&self.reqs[req].block_ids, now);
-                        live.outputs_left -= 1;
-                    }
+            let out = self.gpu.output(live, entry, self.reqs);
+            if out.prefill_ended {
+                if live.outputs == 1 {
+                    // The first token is out.
+                    let arrival = self.reqs[req].arrival;
+                    self.result
+                        .ttft
+                        .push((req, now.saturating_duration_since(arrival)));
                 }
-                Entry::Decode { .. } => live.outputs_left -= 1,
+                self.sink.write(&self.reqs[req].block_ids, now);
             }
-            if live.computed >= prompt && live.outputs_left == 0 {
-                finished.push(pos);
+            if out.finished {
+                let live = self.running.remove(pos);
+                self.result.preemptions_max = self.result.preemptions_max.max(live.preemptions);
+                self.client.on_finished(self.reqs[live.req].core.request_id);
+                self.result.finished += 1;
+                self.result.last_finish = Some(now);
+                (self.on_finished)();
             }
-        }
-        finished.sort_unstable_by(|a, b| b.cmp(a));
-        for pos in finished {
-            let live = self.running.swap_remove(pos);
-            self.client.on_finished(self.reqs[live.req].core.request_id);
-            self.result.finished += 1;
-            self.result.last_finish = Some(now);
-            (self.on_finished)();
         }
     }
 

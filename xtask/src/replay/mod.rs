@@ -11,7 +11,8 @@
 //! 2. the transport: `zmq`, our [`LookupServer`](lookup_server::LookupServer) with a [`MooncakeIndex`](lookup_server::MooncakeIndex) on that
 //!    master, in this process, over ipc; or `direct`, each client asking the master
 //!    itself ([`Transport::Direct`](lookup_tokio::Transport::Direct));
-//! 3. `--engines` real-time engine models ([`engine`]), one [`LookupClient`](lookup_tokio::LookupClient) each
+//! 3. `--engines` real-time engine models ([`engine`]) with the simulator's GPU KV
+//!    cache, prefix cache and preemption (`gpu`), one [`LookupClient`](lookup_tokio::LookupClient) each
 //!    (the mode's configuration is the simulator's, [`Mode::config`](crate::simulate::mode::Mode::config)), requests routed
 //!    round robin, arrivals at the trace's timestamps divided by `--rate-scale`;
 //! 4. when a request's prefill ends its blocks are put into Mooncake for real (one key
@@ -22,6 +23,7 @@
 //!    master's own counters scraped from its metrics port.
 
 pub mod engine;
+mod gpu;
 mod model;
 mod params;
 pub mod peers;

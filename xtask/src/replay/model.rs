@@ -11,6 +11,7 @@ use lookup_core::{BlockHashes, Request, RequestId};
 use lookup_tokio::{ClientStats, KeyLayout};
 
 use super::peers::PutBatch;
+use crate::simulate::engine::Sample;
 use crate::simulate::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
 
 /// The modelled GPU and scheduler limits of one engine. Defaults: the simulator's
@@ -41,6 +42,12 @@ pub struct EngineModel {
     /// capped): 1 ends each request with its first token, so only prefill loads the
     /// engine.
     pub max_output_tokens: u32,
+    /// GPU KV-cache capacity in vLLM's 16-token blocks (`num_gpu_blocks`); a request
+    /// whose blocks do not fit preempts the most recently admitted one.
+    pub gpu_kv_blocks: u64,
+    /// The GPU's prefix cache: full blocks are cached and later requests (and a
+    /// preempted one) hit them locally before asking the store.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineModel {
@@ -58,6 +65,8 @@ impl Default for EngineModel {
             load_fixed_s: s.load_fixed_s,
             load_block_s: s.load_block_s,
             max_output_tokens: 1,
+            gpu_kv_blocks: e.gpu_kv_blocks,
+            prefix_cache: e.local_prefix_cache,
         }
     }
 }
@@ -101,6 +110,9 @@ pub struct Prepared {
     pub arrival: Instant,
     /// Outputs to generate (at least 1).
     pub outputs: u32,
+    /// The trace's ids of its full 512-token prompt blocks (the GPU prefix cache's
+    /// hashes, [`group_hash`](crate::simulate::store::group_hash)).
+    pub hashes: Vec<u64>,
 }
 
 /// The id of vLLM block `j` (of `block_size` tokens) of request number `seq`: within
@@ -111,12 +123,17 @@ pub struct Prepared {
 /// absent too.
 #[must_use]
 pub fn block_id(r: &TraceRequest, seq: u64, j: usize, block_size: u32) -> u64 {
+    block_id_of(&r.hash_ids[..r.full_blocks()], seq, j, block_size)
+}
+
+/// [`block_id`] of a request whose full trace blocks have the ids `full`: past them
+/// (the partial block, or generated tokens after a preemption), the request's own.
+#[must_use]
+pub fn block_id_of(full: &[u64], seq: u64, j: usize, block_size: u32) -> u64 {
     let per = (TRACE_BLOCK_TOKENS / block_size.max(1)).max(1) as usize;
-    let t = j / per;
-    if t < r.full_blocks() {
-        r.hash_ids[t] * u64::from(TRACE_BLOCK_TOKENS) + (j % per) as u64
-    } else {
-        (1 << 62) + (seq << 18) + j as u64
+    match full.get(j / per) {
+        Some(&h) => h * u64::from(TRACE_BLOCK_TOKENS) + (j % per) as u64,
+        None => (1 << 62) + (seq << 18) + j as u64,
     }
 }
 
@@ -153,7 +170,8 @@ impl Prepared {
                     },
                     block_ids,
                     arrival: t0 + Duration::from_secs_f64(offset),
-                    outputs: r.output_length.min(max_output_tokens.max(1)),
+                    outputs: r.output_length.min(max_output_tokens.max(1)).max(1),
+                    hashes: r.hash_ids[..r.full_blocks()].to_vec(),
                 }
             })
             .collect()
@@ -226,6 +244,13 @@ pub struct EngineResult {
     pub stats: ClientStats,
     /// When the last request finished.
     pub last_finish: Option<Instant>,
+    /// Recompute preemptions.
+    pub preemptions: u64,
+    /// Most preemptions of one request.
+    pub preemptions_max: u32,
+    /// Its state once per [`SAMPLE_NS`](crate::simulate::engine::SAMPLE_NS) from the
+    /// first arrival (`engine` 0: the run numbers them).
+    pub samples: Vec<Sample>,
 }
 
 /// Lookup RPC outcomes, counted from the client's events.

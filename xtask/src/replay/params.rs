@@ -117,6 +117,13 @@ pub struct Args {
     /// only prefill is modelled).
     #[arg(long, default_value_t = EngineModel::default().max_output_tokens)]
     pub max_output_tokens: u32,
+    /// Engine: GPU KV-cache capacity in 16-token blocks (the simulator's default: one
+    /// H100 with an 8B model); requests that do not fit preempt others.
+    #[arg(long, default_value_t = EngineModel::default().gpu_kv_blocks)]
+    pub gpu_kv_blocks: u64,
+    /// Engine: no GPU prefix cache (every probe passes `num_computed_tokens` = 0).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 /// Where the runs find their master.
@@ -242,6 +249,8 @@ impl Args {
                 load_fixed_s: EngineModel::default().load_fixed_s,
                 load_block_s: self.load_block_ms / 1e3,
                 max_output_tokens: self.max_output_tokens,
+                gpu_kv_blocks: self.gpu_kv_blocks,
+                prefix_cache: !self.no_prefix_cache,
             },
             master,
             python: self.python.clone().unwrap_or_else(peers::default_python),
@@ -291,6 +300,9 @@ impl ReplayParams {
             if v == 0 {
                 bail!("{flag} must be at least 1");
             }
+        }
+        if self.engine.gpu_kv_blocks == 0 {
+            bail!("--gpu-kv-blocks must be at least 1");
         }
         Ok(())
     }

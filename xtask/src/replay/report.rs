@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::Transport;
 use super::engine::{self, EngineResult};
 use super::peers;
+use crate::simulate::engine::Sample;
 use crate::simulate::mode::Mode;
 use crate::simulate::report::Percentiles;
 
@@ -104,6 +105,13 @@ pub struct RunSummary {
     pub steps: u64,
     /// First arrival to last finish (s).
     pub makespan_s: f64,
+    /// Recompute preemptions, all engines.
+    pub preemptions: u64,
+    /// Most preemptions of one request.
+    pub preemptions_max: u32,
+    /// Every engine's state once a second from the first arrival (waiting, running,
+    /// KV blocks held), as the simulator's `--timeseries`.
+    pub timeseries: Vec<Sample>,
 }
 
 impl RunSummary {
@@ -138,7 +146,7 @@ fn master_sum(s: &RunSummary, single: &str, batched: &str) -> String {
 /// The side-by-side table: one row per figure, one column per run.
 #[must_use]
 pub fn table(runs: &[RunSummary]) -> String {
-    let rows: [Row; 32] = [
+    let rows: [Row; 34] = [
         ("requests finished", |s| {
             format!("{}/{}", s.finished, s.requests)
         }),
@@ -229,6 +237,10 @@ pub fn table(runs: &[RunSummary]) -> String {
         }),
         ("master: allocated bytes (end)", |s| {
             master_cell(s, "master_allocated_bytes")
+        }),
+        ("preemptions", |s| s.preemptions.to_string()),
+        ("preemptions per request, max", |s| {
+            s.preemptions_max.to_string()
         }),
         ("steps", |s| s.steps.to_string()),
         ("makespan (s)", |s| format!("{:.1}", s.makespan_s)),
@@ -346,10 +358,19 @@ pub(super) fn summarise(
         master,
         steps: 0,
         makespan_s: 0.0,
+        preemptions: 0,
+        preemptions_max: 0,
+        timeseries: Vec::new(),
     };
     let (mut ready, mut pending) = (0u64, 0u64);
     let mut last = t0;
-    for r in results {
+    for (e, r) in results.iter().enumerate() {
+        s.preemptions += r.preemptions;
+        s.preemptions_max = s.preemptions_max.max(r.preemptions_max);
+        s.timeseries.extend(r.samples.iter().map(|x| Sample {
+            engine: e as u32,
+            ..x.clone()
+        }));
         for &(_, t) in &r.ttft {
             let _ = ttft.record(u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1));
         }
@@ -408,5 +429,6 @@ pub(super) fn summarise(
         mean: lag.mean / 1e3,
     };
     s.makespan_s = last.saturating_duration_since(t0).as_secs_f64();
+    s.timeseries.sort_by_key(|x| (x.t_ms, x.engine));
     s
 }

@@ -19,6 +19,7 @@ use super::peers::{self, Master, Writer};
 use super::report::{RunSummary, summarise};
 use super::{MasterSource, ReplayParams, ReplayReport, Transport};
 use crate::simulate::mode::Mode;
+use crate::simulate::store::{KV_BLOCK_TOKENS, blocks_for};
 use crate::simulate::trace::TraceRequest;
 
 /// Replays `trace` once per mode and transport (modes outer, transports inner).
@@ -31,6 +32,20 @@ pub fn replay(trace: &[TraceRequest], params: &ReplayParams) -> anyhow::Result<R
     params.validate()?;
     if trace.is_empty() {
         bail!("the trace has no requests");
+    }
+    let m = &params.engine;
+    for (i, r) in trace.iter().enumerate() {
+        let outputs = r.output_length.min(m.max_output_tokens.max(1)).max(1);
+        let need = blocks_for(r.input_length + outputs);
+        if need > m.gpu_kv_blocks {
+            bail!(
+                "request {} ({} input + {outputs} output tokens) needs {need} KV blocks of \
+                 {KV_BLOCK_TOKENS} tokens; the GPU has {} (--gpu-kv-blocks)",
+                i + 1,
+                r.input_length,
+                m.gpu_kv_blocks
+            );
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -177,6 +192,8 @@ async fn run_one(
                 client,
                 sink.clone(),
                 &on_finished,
+                params.block_size,
+                t0,
             )
             .run()
         })

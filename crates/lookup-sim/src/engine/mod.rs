@@ -69,7 +69,8 @@ pub use self::result::{
 use self::sample::Sampler;
 pub use self::sample::{KV_BOUND_SHARE, SAMPLE_NS, Sample, Slope};
 pub use self::world::kv_blocks_needed;
-use self::world::{Feed, World, mix};
+pub(crate) use self::world::mix;
+use self::world::{Feed, World};
 use super::connector::Connector;
 use super::mode::Mode;
 use super::server::LookupServer;

@@ -261,7 +261,7 @@ impl Engine {
             format!(
                 "; the head of the queue needs {} tokens and holds {} KV blocks, phase {:?}",
                 r.prefill_len,
-                r.held_hashed.len() as u64 * crate::store::KV_PER_HASH + r.held_anonymous,
+                r.held.blocks(),
                 r.phase
             )
         });

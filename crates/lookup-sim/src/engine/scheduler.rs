@@ -5,10 +5,10 @@ use lookup_core::{BlockHashes, Probe};
 
 use super::params::PendingPolicy;
 use super::replica::Engine;
-use super::world::{Entry, Phase, Req, Step, World, blocks_for};
+use super::world::{Entry, Phase, Req, Step, World};
 use crate::mode::Mode;
 use crate::server::nanos;
-use crate::store::{KV_PER_HASH, LocalCache};
+use crate::store::{LocalCache, group_hash};
 use crate::trace::TRACE_BLOCK_TOKENS;
 
 impl Engine {
@@ -17,16 +17,9 @@ impl Engine {
     /// cache unless `promote` is false (blocks still being loaded). False, with nothing
     /// changed, when the blocks do not fit.
     pub(super) fn allocate(&mut self, r: &mut Req, hits: &[u64], end: u32, promote: bool) -> bool {
-        let held = r.held_hashed.len() as u64 * KV_PER_HASH + r.held_anonymous;
-        let new = blocks_for(end).saturating_sub(held + hits.len() as u64 * KV_PER_HASH);
-        if !self.local.can_allocate(hits, new) {
+        if !r.held.allocate(&mut self.local, hits, end) {
             return false;
         }
-        self.local.reference(hits);
-        r.held_hashed.extend_from_slice(hits);
-        let ok = self.local.allocate(new);
-        debug_assert!(ok, "can_allocate said it fits");
-        r.held_anonymous += new;
         if promote && self.prefix_cache {
             Self::promote_full(&mut self.local, r, end);
         }
@@ -40,19 +33,13 @@ impl Engine {
     /// (`cache_blocks`, vllm/v1/core/kv_cache_manager.py), generated tokens included.
     pub(super) fn promote_full(local: &mut LocalCache, r: &mut Req, end: u32) {
         let known = end.min(r.input + r.outputs);
-        let full = (known / TRACE_BLOCK_TOKENS) as usize;
-        while r.held_hashed.len() < full && r.held_anonymous >= KV_PER_HASH {
-            let h = r.block_hash(r.held_hashed.len());
-            local.promote(h);
-            r.held_anonymous -= KV_PER_HASH;
-            r.held_hashed.push(h);
-        }
+        let (hashes, seq) = (&r.hashes, r.seq);
+        r.held
+            .promote_full(local, known, |k| group_hash(hashes, seq, k));
     }
 
     pub(super) fn release(local: &mut LocalCache, r: &mut Req) {
-        local.release(&r.held_hashed, r.held_anonymous);
-        r.held_hashed.clear();
-        r.held_anonymous = 0;
+        r.held.release(local);
     }
 
     /// Recompute preemption (vLLM `_preempt_request`): blocks freed, back to the head

@@ -15,7 +15,7 @@ use super::SimParams;
 use super::params::Router;
 use super::result::{Breakdown, ModeResult, RequestRecord};
 use crate::mode::Mode;
-use crate::store::{ExternalStore, KV_BLOCK_TOKENS};
+use crate::store::{ExternalStore, Held, KV_BLOCK_TOKENS, group_hash};
 use crate::trace::{TraceError, TraceRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +49,8 @@ pub(super) struct Req {
     /// Bumped on preemption: outputs of steps scheduled before are dropped.
     pub(super) epoch: u32,
     pub(super) phase: Phase,
-    pub(super) held_hashed: Vec<u64>,
-    pub(super) held_anonymous: u64,
+    /// Its KV blocks on the GPU.
+    pub(super) held: Held,
     pub(super) prefetch_rpc: Option<RpcId>,
     /// A lookup was started at arrival (its own RPC or a shared one).
     pub(super) prefetched: bool,
@@ -96,8 +96,7 @@ impl Req {
             outputs: 0,
             epoch: 0,
             phase: Phase::NotArrived,
-            held_hashed: Vec::new(),
-            held_anonymous: 0,
+            held: Held::default(),
             prefetch_rpc: None,
             prefetched: false,
             probed: false,
@@ -114,19 +113,10 @@ impl Req {
         }
     }
 
-    /// The prefix-cache hash of the request's `k`-th 512-token block (0-based). A full
-    /// prompt block has the trace's hash id; any other block (a prompt block the trace
-    /// gives no id for, or one holding generated tokens) gets a hash of its own, unique
-    /// to this request: vLLM V1 hashes every full block, generated tokens included
-    /// (`Request.block_hashes` grows as output tokens are appended, through
-    /// `get_request_block_hasher`, vllm/v1/request.py and kv_cache_utils.py), so a
-    /// preempted request finds its own generated blocks again in the prefix cache.
+    /// The prefix-cache hash of the request's `k`-th 512-token block (0-based):
+    /// [`group_hash`].
     pub(super) fn block_hash(&self, k: usize) -> u64 {
-        match self.hashes.get(k) {
-            Some(&h) => h,
-            // The top bit keeps these apart from the traces' small integer ids.
-            None => (1 << 63) | mix(self.seq.wrapping_mul(0x1_0000_0001) ^ k as u64),
-        }
+        group_hash(&self.hashes, self.seq, k)
     }
 
     /// The hashes of the request's first `blocks` blocks ([`block_hash`](Self::block_hash)).
@@ -184,11 +174,6 @@ pub(super) struct Entry {
 pub(super) struct Step {
     pub(super) end: u64,
     pub(super) entries: Vec<Entry>,
-}
-
-/// KV blocks (vLLM's 16 tokens each) that `tokens` positions take.
-pub(super) fn blocks_for(tokens: u32) -> u64 {
-    u64::from(tokens.div_ceil(KV_BLOCK_TOKENS))
 }
 
 /// The live requests, in reusable slots (an engine's queues hold slot numbers).
@@ -378,7 +363,7 @@ fn check(r: &TraceRequest, seq: u64, p: &SimParams) -> anyhow::Result<u64> {
 }
 
 /// A stable 64-bit mix (SplitMix64's finaliser) for prefix routing and seeds.
-pub(super) fn mix(mut x: u64) -> u64 {
+pub(crate) fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)

@@ -5,29 +5,57 @@
 //! targets.
 //!
 //! Comparable: the same requests, rate, engines, outputs cap, step and load costs,
-//! lookup settings and vLLM block size; what replay does not model is turned off in the
-//! simulator (the GPU's KV capacity and prefix cache, async scheduling, the
-//! scheduler's own time) and the simulator's lookup server is the calibration's
+//! lookup settings and vLLM block size, and the same GPU: both model the KV cache's
+//! capacity (`--gpu-kv-blocks`, 16-token blocks), the prefix cache (full blocks
+//! cached, freed blocks evictable in vLLM's order, hashes kept until the block is
+//! reused, generated blocks hashed) and recompute preemption of the most recently
+//! admitted running request, with one implementation: the replay's engine uses the
+//! simulator's block pool (`lookup_sim::store::{LocalCache, Held}`) and mirrors its
+//! scheduler's running pass (`replay::gpu`). `--no-kv-limits` gives the older
+//! comparison (no capacity, no prefix cache, so no preemption, in both). What replay
+//! does not model is turned off in the simulator (async scheduling, the scheduler's
+//! own time) and the simulator's lookup server is the calibration's
 //! `lookup-server-mooncake` profile, the server replay runs. The simulator runs
 //! `--repeats` perturbed times, so its column shows its own spread.
 //!
+//! Why the replay's own engine and not vLLM's scheduler: vLLM 0.33's
+//! `vllm.v1.core.sched.scheduler.Scheduler` and `KVCacheManager` cannot be imported
+//! without torch (`vllm.config` imports it at module level; the golden-vector script
+//! reads the wheel's sources with `ast` for that reason), and torch from the package
+//! registry brings its CUDA wheels, gigabytes for a comparison that runs no model.
+//! The replay keeps what it measures for real (lookups over ZeroMQ against a real
+//! master, real-time arrivals) and models the GPU exactly as the simulator does, so a
+//! difference between the two columns is the lookup path's and the clock's, not two
+//! block pools'.
+//!
+//! Printed side by side: the figures' table, preemptions (total and the most of one
+//! request) and the queue over time (waiting, running and KV blocks held, summed over
+//! the engines, every `--series-every-s`; the full per-engine series, one sample a
+//! second, in the JSON).
+//!
 //! Targets: sync TTFT p50 and p99 within 15 %, ready-at-first-probe within 5 points
-//! (every mode), and the modelled on-wire lookup latency (p50) within 25 % of the
-//! measured one.
+//! (every mode), the modelled on-wire lookup latency (p50) within 25 % of the
+//! measured one; with KV limits, preemptions (total) within 25 % or 5, and the
+//! time-averaged KV blocks held and waiting requests within 20 % (or 1 request).
+
+mod series;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
 
+pub use self::series::series_table;
+use self::series::{means, span_of, totals};
 use crate::replay::engine::EngineModel;
 use crate::replay::report::RunSummary;
 use crate::replay::{MasterSource, ReplayParams, Transport, peers, replay};
 use crate::simulate::calibration::Calibration;
-use crate::simulate::engine::StoreParams;
 use crate::simulate::engine::{ArrivalHandling, EngineParams, PendingPolicy, Router, SimParams};
+use crate::simulate::engine::{Sample, StoreParams};
 use crate::simulate::generator;
 use crate::simulate::mode::{LookupParams, Mode};
 use crate::simulate::report::{ModeSummary, summarise};
@@ -80,6 +108,15 @@ pub struct Args {
     /// Also write both sides' figures as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// GPU KV-cache capacity per engine in 16-token blocks (both sides).
+    #[arg(long, default_value_t = EngineModel::default().gpu_kv_blocks)]
+    pub gpu_kv_blocks: u64,
+    /// The older comparison: no KV capacity, no prefix cache, no preemption.
+    #[arg(long)]
+    pub no_kv_limits: bool,
+    /// Rows of the printed queue series every this many seconds (0: about 12 rows).
+    #[arg(long, default_value_t = 0)]
+    pub series_every_s: u64,
 }
 
 /// The simulator's settings comparable with `replay` (see the module docs).
@@ -103,7 +140,7 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
             router: Router::RoundRobin,
             max_num_batched_tokens: m.max_num_batched_tokens,
             max_num_seqs: m.max_num_seqs,
-            gpu_kv_blocks: 1 << 32,
+            gpu_kv_blocks: m.gpu_kv_blocks,
             step_fixed_s: m.step_fixed_s,
             prefill_token_s: m.prefill_token_s,
             prefill_pair_s: m.prefill_pair_s,
@@ -115,7 +152,7 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
             on_pending: PendingPolicy::Skip,
             batch_queue: 1,
             max_output_tokens: Some(m.max_output_tokens.max(1)),
-            local_prefix_cache: false,
+            local_prefix_cache: m.prefix_cache,
         },
         store: StoreParams {
             capacity_blocks: 1 << 40,
@@ -128,7 +165,7 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
         seed: 0,
         order_seed: 0,
         route_offset: 0,
-        timeseries: false,
+        timeseries: true,
     })
 }
 
@@ -141,6 +178,10 @@ pub struct Side {
     pub replay: RunSummary,
     /// `cargo xtask simulate`, every run (the first unperturbed).
     pub simulate: Vec<ModeSummary>,
+    /// The simulator's most preemptions of one request, per run.
+    pub simulate_preemptions_max: Vec<u32>,
+    /// The simulator's first run: every engine's state once a second.
+    pub simulate_timeseries: Vec<Sample>,
 }
 
 /// A row: label, the replay's value, the simulator's values, and how to print them.
@@ -151,7 +192,7 @@ type Row = (
     usize,
 );
 
-const ROWS: [Row; 11] = [
+const ROWS: [Row; 12] = [
     ("TTFT p50 (ms)", |r| r.ttft_ms.p50, |s| s.ttft_ms.p50, 1),
     ("TTFT p99 (ms)", |r| r.ttft_ms.p99, |s| s.ttft_ms.p99, 1),
     ("TTFT mean (ms)", |r| r.ttft_ms.mean, |s| s.ttft_ms.mean, 1),
@@ -198,6 +239,12 @@ const ROWS: [Row; 11] = [
         0,
     ),
     (
+        "preemptions",
+        |r| r.preemptions as f64,
+        |s| s.preemptions as f64,
+        0,
+    ),
+    (
         "engine blocked on lookups (s)",
         |r| r.engine_blocked_s,
         |s| s.engine_blocked_s,
@@ -238,6 +285,19 @@ pub fn table(sides: &[Side]) -> String {
                 diff,
             );
         }
+        let r = side.replay.preemptions_max;
+        let first = side.simulate_preemptions_max.first().copied().unwrap_or(0);
+        let range = Range::of(side.simulate_preemptions_max.iter().map(|&m| f64::from(m)));
+        let _ = writeln!(
+            out,
+            "{:<16} {:<30} {:>12} {:>12} {:>22} {:>9}",
+            side.mode.name(),
+            "preemptions per request, max",
+            r,
+            first,
+            format!("{:.0}-{:.0}", range.min, range.max),
+            format!("{:+}", i64::from(first) - i64::from(r)),
+        );
     }
     out
 }
@@ -247,8 +307,8 @@ pub fn table(sides: &[Side]) -> String {
 pub struct Target {
     /// What is compared.
     pub what: String,
-    /// The simulator's first run against replay: relative difference (fraction) or
-    /// points.
+    /// The simulator's first run against replay: relative difference (fraction),
+    /// points, or a difference of counts.
     pub got: f64,
     /// The bound.
     pub bound: f64,
@@ -256,9 +316,10 @@ pub struct Target {
     pub met: bool,
 }
 
-/// The targets of the module docs, for the modes present.
+/// The targets of the module docs, for the modes present; those of the KV cache
+/// only with `kv_limits`.
 #[must_use]
-pub fn targets(sides: &[Side]) -> Vec<Target> {
+pub fn targets(sides: &[Side], kv_limits: bool) -> Vec<Target> {
     let mut out = Vec::new();
     let rel = |a: f64, b: f64| if b.abs() > 1e-12 { (a - b) / b } else { 0.0 };
     for side in sides {
@@ -297,6 +358,38 @@ pub fn targets(sides: &[Side]) -> Vec<Target> {
             rel(sim.lookups.on_wire_ms.p50 * 1e3, r.lookup_on_wire_us.p50),
             0.25,
         );
+        if !kv_limits {
+            continue;
+        }
+        // Preemptions: 25 %, or 5 when there are few.
+        let (a, b) = (sim.preemptions as f64, r.preemptions as f64);
+        let bound = (b * 0.25).max(5.0);
+        out.push(Target {
+            what: format!("{} preemptions (count)", side.mode),
+            got: a - b,
+            bound,
+            met: (a - b).abs() <= bound,
+        });
+        let (rt, st) = (
+            totals(&side.replay.timeseries),
+            totals(&side.simulate_timeseries),
+        );
+        let span = span_of(&rt).max(span_of(&st));
+        let ((rw, rk), (sw, sk)) = (means(&rt, span), means(&st, span));
+        out.push(Target {
+            what: format!("{} KV held, time average (relative)", side.mode),
+            got: rel(sk, rk),
+            bound: 0.2,
+            met: rel(sk, rk).abs() <= 0.2,
+        });
+        // Waiting: 20 %, or 1 request when the queue is short.
+        let bound = (rw * 0.2).max(1.0);
+        out.push(Target {
+            what: format!("{} waiting, time average (count)", side.mode),
+            got: sw - rw,
+            bound,
+            met: (sw - rw).abs() <= bound,
+        });
     }
     out
 }
@@ -329,6 +422,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         engines: args.engines,
         engine: EngineModel {
             max_output_tokens: args.max_output_tokens,
+            gpu_kv_blocks: if args.no_kv_limits {
+                1 << 32
+            } else {
+                args.gpu_kv_blocks
+            },
+            prefix_cache: !args.no_kv_limits,
             ..EngineModel::default()
         },
         lookup: LookupParams::default(),
@@ -342,8 +441,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ..ReplayParams::default()
     };
     let sim = comparable(&params, &calibration)?;
+    let gpu = if args.no_kv_limits {
+        "no KV limit, no prefix cache".to_owned()
+    } else {
+        format!(
+            "{} KV blocks per engine, prefix cache and preemption on",
+            args.gpu_kv_blocks
+        )
+    };
     println!(
-        "fidelity: {source}, first {} requests, rate scale {}, {} engines, outputs capped at {}, block size {}; \
+        "fidelity: {source}, first {} requests, rate scale {}, {} engines, outputs capped at {}, block size {}, {gpu}; \
          simulate's server: lookup-server-mooncake of the calibration of {} ({})",
         requests.len(),
         args.rate_scale,
@@ -371,29 +478,40 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             })
         })
         .collect();
-    let results = run_jobs(&memory, None, &jobs, &|_, _| {})?;
+    let most: Vec<AtomicU32> = jobs.iter().map(|_| AtomicU32::new(0)).collect();
+    let results = run_jobs(&memory, None, &jobs, &|job, r| {
+        most[job].fetch_max(r.preemptions, Ordering::Relaxed);
+    })?;
+    let most: Vec<u32> = most.into_iter().map(AtomicU32::into_inner).collect();
     let summaries: Vec<ModeSummary> = results
         .iter()
         .map(|r| summarise(r, sim.engine.gpu_kv_blocks))
         .collect();
+    let per = args.repeats as usize;
     let sides: Vec<Side> = args
         .modes
         .iter()
         .zip(replayed.runs)
-        .zip(summaries.chunks(args.repeats as usize))
-        .map(|((&mode, replay), simulate)| Side {
+        .enumerate()
+        .map(|(k, (&mode, replay))| Side {
             mode,
             replay,
-            simulate: simulate.to_vec(),
+            simulate: summaries[k * per..(k + 1) * per].to_vec(),
+            simulate_preemptions_max: most[k * per..(k + 1) * per].to_vec(),
+            simulate_timeseries: results[k * per].timeseries.clone(),
         })
         .collect();
     println!();
     print!("{}", table(&sides));
     println!();
-    let goals = targets(&sides);
+    print!("{}", series_table(&sides, args.series_every_s));
+    println!();
+    let goals = targets(&sides, !args.no_kv_limits);
     for t in &goals {
         let shown = if t.what.ends_with("(points)") {
             format!("{:+.1} points (target within {})", t.got, t.bound)
+        } else if t.what.ends_with("(count)") {
+            format!("{:+.1} (target within {:.1})", t.got, t.bound)
         } else {
             format!(
                 "{:+.1} % (target within {:.0} %)",
