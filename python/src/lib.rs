@@ -20,7 +20,7 @@ use lookup_tokio::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 
 /// The process's runtime for every client's I/O task: one worker thread, started at
 /// the first client.
@@ -39,10 +39,16 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the lookup runtime: {e}")))
 }
 
-/// One tracked request: the numeric id the client knows it by, and its request.
-#[derive(Debug)]
-struct Tracked {
-    request: Request,
+/// What the drop-in holds of one caller id: its lookup while one is held (announced,
+/// not yet answered or dropped), and its last answer, kept until `discard`
+/// (`answer_of`). One map entry for both, so that a poll costs one hash lookup and
+/// the answering poll moves nothing between maps.
+#[derive(Debug, Default)]
+struct Slot {
+    /// The request as the client knows it (numeric id, prompt, block hashes).
+    request: Option<Request>,
+    /// The last answer read.
+    answer: Option<Answer>,
 }
 
 /// vLLM's `LookupKeyClient` over the Rust [`LookupClient`].
@@ -67,9 +73,10 @@ struct NativeClient {
     /// length's result is built once and kept in `results`.
     result_factory: Option<Py<PyAny>>,
     results: HashMap<u32, Py<PyAny>>,
-    tracked: HashMap<String, Tracked>,
-    /// Each request's last answer, kept until `discard` (`answer_of`).
-    answers: HashMap<String, Answer>,
+    /// Every caller id with a lookup held or a last answer kept.
+    slots: HashMap<String, Slot>,
+    /// Slots with a lookup held (`tracked_requests`).
+    held: usize,
     next_id: u64,
 }
 
@@ -108,6 +115,11 @@ fn reason(why: Unavailable) -> &'static str {
 /// copied once into one buffer. Errors when an item is not bytes-like or the lengths
 /// differ.
 fn concat_hashes(req_id: &str, block_hashes: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<u8>)> {
+    if let Ok(list) = block_hashes.cast_exact::<PyList>()
+        && let Some(got) = concat_list(req_id, list)
+    {
+        return got;
+    }
     let mut data = Vec::new();
     let mut hash_len = None;
     for item in block_hashes.try_iter()? {
@@ -133,19 +145,37 @@ fn concat_hashes(req_id: &str, block_hashes: &Bound<'_, PyAny>) -> PyResult<(usi
     Ok((hash_len.unwrap_or(0), data))
 }
 
+/// [`concat_hashes`] of a `list` whose items are all exactly `bytes` (vLLM's
+/// `list[BlockHash]`): one pass, no iterator object, no per-item type-flag call, one
+/// allocation. `None` at the first item of another type (the general path then
+/// reads the list again).
+fn concat_list(req_id: &str, list: &Bound<'_, PyList>) -> Option<PyResult<(usize, Vec<u8>)>> {
+    let mut data: Vec<u8> = Vec::new();
+    let mut hash_len = 0;
+    for (i, item) in list.iter().enumerate() {
+        let bytes = item.cast_exact::<PyBytes>().ok()?.as_bytes();
+        if i == 0 {
+            hash_len = bytes.len();
+            data.reserve_exact(hash_len * list.len());
+        } else if bytes.len() != hash_len {
+            return Some(Err(PyValueError::new_err(format!(
+                "request {req_id}: block hashes of different lengths"
+            ))));
+        }
+        data.extend_from_slice(bytes);
+    }
+    Some(Ok((hash_len, data)))
+}
+
 impl NativeClient {
-    /// The tracked request of `req_id`, announced at its first sight.
-    /// `block_hashes` (a sequence of `bytes`) is read only then: a re-poll costs no
-    /// conversion.
-    fn track(
+    /// A new request of `req_id` from `num_tokens` and `block_hashes` (a sequence of
+    /// `bytes`, read once here: polls of a held request never read it again).
+    fn new_request(
         &mut self,
         req_id: &str,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        if self.tracked.contains_key(req_id) {
-            return Ok(());
-        }
+    ) -> PyResult<Request> {
         let (hash_len, data) = concat_hashes(req_id, block_hashes)?;
         let hash_len = u16::try_from(hash_len)
             .map_err(|_| PyValueError::new_err(format!("request {req_id}: hash too long")))?;
@@ -153,29 +183,44 @@ impl NativeClient {
         let block_hashes = BlockHashes::new(hash_len, data)
             .map_err(|e| PyValueError::new_err(format!("request {req_id}: {e}")))?;
         self.next_id += 1;
-        let request = Request {
+        Ok(Request {
             request_id: RequestId(self.next_id),
             num_tokens,
             block_hashes,
             skip_reading_external_kv: false,
-        };
-        self.client.on_new_request_with_id(&request, req_id);
-        self.tracked.insert(req_id.to_owned(), Tracked { request });
-        Ok(())
+        })
     }
 
-    /// The request's answer is read: keep it for `answer_of`, end the request so that
-    /// a later lookup of the same id asks again (vLLM pops its future).
-    fn consume(&mut self, req_id: &str, request_id: RequestId) -> u32 {
-        let answer = self.client.answer_of(request_id);
-        // Applied at the client's next call (a done lookup holds no slot meanwhile).
-        let _ = self.handle.on_finished(request_id);
-        if let Some((key, _)) = self.tracked.remove_entry(req_id)
-            && let Some(a) = answer
-        {
-            self.answers.insert(key, a);
+    /// Holds `request` as `req_id`'s lookup (its slot's last answer stays until read
+    /// over by the new one's).
+    fn hold(&mut self, req_id: &str, request: Request) {
+        match self.slots.get_mut(req_id) {
+            Some(slot) => slot.request = Some(request),
+            None => {
+                self.slots.insert(
+                    req_id.to_owned(),
+                    Slot {
+                        request: Some(request),
+                        answer: None,
+                    },
+                );
+            }
         }
-        hit_length(answer)
+        self.held += 1;
+    }
+
+    /// Drops `req_id`'s held lookup, if any, and returns it; `forget` drops its last
+    /// answer too (and the slot).
+    fn release(&mut self, req_id: &str, forget: bool) -> Option<Request> {
+        let slot = self.slots.get_mut(req_id)?;
+        let request = slot.request.take();
+        if request.is_some() {
+            self.held -= 1;
+        }
+        if forget || slot.answer.is_none() {
+            self.slots.remove(req_id);
+        }
+        request
     }
 
     /// The Python result of `hit` tokens: the factory's, built once per hit length
@@ -193,6 +238,21 @@ impl NativeClient {
         }
         Ok(r)
     }
+}
+
+/// One probe of `request`: never waits when `non_block` (the GIL is kept: nothing
+/// sleeps); else waits for the answer with the GIL released.
+fn probe_once(
+    py: Python<'_>,
+    client: &mut LookupClient,
+    request: &Request,
+    non_block: bool,
+) -> PyResult<Probe> {
+    if non_block {
+        return Ok(client.probe(request, 0));
+    }
+    py.detach(|| client.probe_until_blocking(request, 0, Deadline::Answer))
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
 #[pymethods]
@@ -229,8 +289,8 @@ impl NativeClient {
             result_factory: None,
             results: HashMap::new(),
             client,
-            tracked: HashMap::new(),
-            answers: HashMap::new(),
+            slots: HashMap::new(),
+            held: 0,
             next_id: 0,
         })
     }
@@ -250,20 +310,40 @@ impl NativeClient {
         block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
     ) -> PyResult<Option<Py<PyAny>>> {
-        self.track(req_id, num_tokens, block_hashes)?;
-        let request = self.tracked[req_id].request.clone();
-        let probe = if non_block {
-            self.client.probe(&request, 0)
-        } else {
-            let client = &mut self.client;
-            py.detach(|| client.probe_until_blocking(&request, 0, Deadline::Answer))
-                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+        let Self { slots, client, .. } = self;
+        let probe = match slots.get(req_id).and_then(|s| s.request.as_ref()) {
+            // Held: a poll; the hashes passed again are not read.
+            Some(request) => (
+                request.request_id,
+                probe_once(py, client, request, non_block)?,
+            ),
+            None => {
+                // First sight: announced, then probed (which starts the lookup).
+                let request = self.new_request(req_id, num_tokens, block_hashes)?;
+                self.client.on_new_request_with_id(&request, req_id);
+                let probe = probe_once(py, &mut self.client, &request, non_block)?;
+                let request_id = request.request_id;
+                self.hold(req_id, request);
+                (request_id, probe)
+            }
         };
         match probe {
-            Probe::Pending => Ok(None),
-            Probe::Ready { .. } => {
-                let hit = self.consume(req_id, request.request_id);
-                self.result(py, hit).map(Some)
+            (_, Probe::Pending) => Ok(None),
+            (request_id, Probe::Ready { .. }) => {
+                // The answer is read: kept for `answer_of`; the request ends so that a
+                // later lookup of the same id asks again (vLLM pops its future).
+                let answer = self.client.answer_of(request_id);
+                // Applied at the client's next call (a done lookup holds no slot meanwhile).
+                let _ = self.handle.on_finished(request_id);
+                if let Some(slot) = self.slots.get_mut(req_id)
+                    && slot.request.take().is_some()
+                {
+                    self.held -= 1;
+                    if answer.is_some() {
+                        slot.answer = answer;
+                    }
+                }
+                self.result(py, hit_length(answer)).map(Some)
             }
         }
     }
@@ -284,7 +364,14 @@ impl NativeClient {
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        self.track(req_id, num_tokens, block_hashes)
+        if self.slots.get(req_id).is_some_and(|s| s.request.is_some()) {
+            return Ok(());
+        }
+        let request = self.new_request(req_id, num_tokens, block_hashes)?;
+        // Called directly, not through the handle: the prefetch goes out now.
+        self.client.on_new_request_with_id(&request, req_id);
+        self.hold(req_id, request);
+        Ok(())
     }
 
     /// What `req_id`'s last answer rested on: `(kind, hit_tokens, reason)` with kind
@@ -292,44 +379,45 @@ impl NativeClient {
     /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"retrying"` or
     /// `"closed"`), `None` when it has none (rule 11).
     fn answer_of(&self, req_id: &str) -> Option<(&'static str, u32, Option<&'static str>)> {
-        self.answers.get(req_id).copied().map(answer_tuple)
+        self.slots
+            .get(req_id)
+            .and_then(|s| s.answer)
+            .map(answer_tuple)
     }
 
     /// vLLM's `discard`: drops `req_id`'s lookup, queued, in flight or answered, and
     /// its last answer. Never blocks.
     fn discard(&mut self, req_id: &str) {
-        if let Some(t) = self.tracked.remove(req_id) {
-            self.client.on_finished(t.request.request_id);
+        if let Some(request) = self.release(req_id, true) {
+            self.client.on_finished(request.request_id);
         }
-        self.answers.remove(req_id);
     }
 
     /// The request got its blocks (vLLM's `update_state_after_alloc`, rule 8): its
     /// lookup, if any is still held (a prefetch never read), is consumed and dropped.
     /// Never blocks.
     fn on_allocated(&mut self, req_id: &str) {
-        if let Some(t) = self.tracked.remove(req_id) {
-            self.client.on_allocated(t.request.request_id);
-            self.client.on_finished(t.request.request_id);
+        if let Some(request) = self.release(req_id, false) {
+            self.client.on_allocated(request.request_id);
+            self.client.on_finished(request.request_id);
         }
     }
 
     /// The request was preempted (vLLM's `preempted_req_ids`, rule 8): its lookup and
     /// last answer are dropped; it is looked up again when rescheduled. Never blocks.
     fn on_preempted(&mut self, req_id: &str) {
-        if let Some(t) = self.tracked.remove(req_id) {
-            self.client.on_preempted(t.request.request_id);
-            self.client.on_finished(t.request.request_id);
+        if let Some(request) = self.release(req_id, true) {
+            self.client.on_preempted(request.request_id);
+            self.client.on_finished(request.request_id);
         }
-        self.answers.remove(req_id);
     }
 
     /// vLLM's `reset`: drops every lookup (rule 13), asks the server to wipe the
     /// store and waits for its answer (GIL released), at most `lookup_timeout_s` plus
     /// the wait margin. True when the server acknowledged.
     fn reset(&mut self, py: Python<'_>) -> PyResult<bool> {
-        self.tracked.clear();
-        self.answers.clear();
+        self.slots.clear();
+        self.held = 0;
         let client = &mut self.client;
         let rt = runtime()?;
         let outcome = py.detach(|| rt.block_on(client.reset_and_wait()));
@@ -339,13 +427,18 @@ impl NativeClient {
     /// vLLM's `close` (rule 14): stops the I/O task; later lookups answer 0 at once.
     /// Idempotent.
     fn close(&mut self) {
-        self.tracked.clear();
+        // Last answers stay readable (`answer_of`); held lookups go.
+        self.slots.retain(|_, slot| {
+            slot.request = None;
+            slot.answer.is_some()
+        });
+        self.held = 0;
         self.client.close();
     }
 
     /// Requests tracked (announced, not yet answered or discarded).
     fn tracked_requests(&self) -> usize {
-        self.tracked.len()
+        self.held
     }
 
     /// The client's counters as a dict of ints: `rpcs_sent`, `late_replies`,
