@@ -54,7 +54,7 @@ use crate::replay::engine::EngineModel;
 use crate::replay::report::RunSummary;
 use crate::replay::{MasterSource, ReplayParams, Transport, peers, replay};
 use crate::simulate::calibration::Calibration;
-use crate::simulate::engine::{ArrivalHandling, EngineParams, PendingPolicy, Router, SimParams};
+use crate::simulate::engine::SimParams;
 use crate::simulate::engine::{Sample, StoreParams};
 use crate::simulate::generator;
 use crate::simulate::mode::{LookupParams, Mode};
@@ -135,25 +135,7 @@ pub fn comparable(r: &ReplayParams, calibration: &Calibration) -> anyhow::Result
     // two cores as everything else: its lookups queue there.
     server.shared = true;
     Ok(SimParams {
-        engine: EngineParams {
-            engines: r.engines,
-            router: Router::RoundRobin,
-            max_num_batched_tokens: m.max_num_batched_tokens,
-            max_num_seqs: m.max_num_seqs,
-            gpu_kv_blocks: m.gpu_kv_blocks,
-            step_fixed_s: m.step_fixed_s,
-            prefill_token_s: m.prefill_token_s,
-            prefill_pair_s: m.prefill_pair_s,
-            decode_seq_s: m.decode_seq_s,
-            decode_ctx_token_s: m.decode_ctx_token_s,
-            scheduler_s: 0.0,
-            scheduler_probe_s: 0.0,
-            arrivals: ArrivalHandling::WhileWaiting,
-            on_pending: PendingPolicy::Skip,
-            batch_queue: 1,
-            max_output_tokens: Some(m.max_output_tokens.max(1)),
-            local_prefix_cache: m.prefix_cache,
-        },
+        engine: m.sim_engine(r.engines, Some(m.max_output_tokens.max(1))),
         store: StoreParams {
             capacity_blocks: 1 << 40,
             load_fixed_s: m.load_fixed_s,

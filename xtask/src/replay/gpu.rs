@@ -316,9 +316,7 @@ mod tests {
     use super::*;
     use crate::replay::engine::EngineModel;
     use crate::simulate::budget::WaitBudget;
-    use crate::simulate::engine::{
-        ArrivalHandling, EngineParams, PendingPolicy, Router, SimParams, StoreParams, simulate,
-    };
+    use crate::simulate::engine::{SimParams, StoreParams, simulate};
     use crate::simulate::mode::{LookupParams, Mode};
     use crate::simulate::server::ServerParams;
     use crate::simulate::trace::TraceRequest;
@@ -414,25 +412,7 @@ mod tests {
     /// keeps nothing): per request its preemptions and local hit tokens, and the total.
     fn simulated(trace: &[TraceRequest], m: &EngineModel) -> (Vec<u32>, Vec<u32>, u64) {
         let p = SimParams {
-            engine: EngineParams {
-                engines: 1,
-                router: Router::RoundRobin,
-                max_num_batched_tokens: m.max_num_batched_tokens,
-                max_num_seqs: m.max_num_seqs,
-                gpu_kv_blocks: m.gpu_kv_blocks,
-                step_fixed_s: m.step_fixed_s,
-                prefill_token_s: m.prefill_token_s,
-                prefill_pair_s: m.prefill_pair_s,
-                decode_seq_s: m.decode_seq_s,
-                decode_ctx_token_s: m.decode_ctx_token_s,
-                scheduler_s: 0.0,
-                scheduler_probe_s: 0.0,
-                arrivals: ArrivalHandling::WhileWaiting,
-                on_pending: PendingPolicy::Skip,
-                batch_queue: 1,
-                max_output_tokens: None,
-                local_prefix_cache: m.prefix_cache,
-            },
+            engine: m.sim_engine(1, None),
             // Nothing is stored: every probe answers `Ready(0)`, as in `drive`.
             store: StoreParams {
                 capacity_blocks: 0,

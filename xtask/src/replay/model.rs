@@ -72,6 +72,39 @@ impl Default for EngineModel {
 }
 
 impl EngineModel {
+    /// The simulator's engine with this model's GPU and limits, as the replay runs
+    /// it: `engines` engines routed round-robin, one step at a time (no batch queue),
+    /// the scheduler free, vLLM's skip-and-continue for a pending lookup, arrivals
+    /// probed while waiting, and outputs capped at `max_output_tokens` (`None`: the
+    /// trace's own lengths).
+    #[must_use]
+    pub fn sim_engine(
+        &self,
+        engines: u32,
+        max_output_tokens: Option<u32>,
+    ) -> crate::simulate::engine::EngineParams {
+        use crate::simulate::engine::{ArrivalHandling, EngineParams, PendingPolicy, Router};
+        EngineParams {
+            engines,
+            router: Router::RoundRobin,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            gpu_kv_blocks: self.gpu_kv_blocks,
+            step_fixed_s: self.step_fixed_s,
+            prefill_token_s: self.prefill_token_s,
+            prefill_pair_s: self.prefill_pair_s,
+            decode_seq_s: self.decode_seq_s,
+            decode_ctx_token_s: self.decode_ctx_token_s,
+            scheduler_s: 0.0,
+            scheduler_probe_s: 0.0,
+            arrivals: ArrivalHandling::WhileWaiting,
+            on_pending: PendingPolicy::Skip,
+            batch_queue: 1,
+            max_output_tokens,
+            local_prefix_cache: self.prefix_cache,
+        }
+    }
+
     /// Modelled GPU time of a step (seconds).
     pub(super) fn step_s(&self, entries: &[Entry]) -> f64 {
         let mut s = self.step_fixed_s;
