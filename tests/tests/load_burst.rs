@@ -3,9 +3,14 @@
 //! in a child process, so this process's resident memory is the scheduler's requests
 //! plus the client.
 //!
-//! - Memory: `VmRSS` before and after the burst; the growth divided by the requests
-//!   the client then tracks is the client's cost per tracked request beyond its hashes
-//!   (which it shares with the scheduler, never copies). Goal: at most 200 bytes.
+//! - Memory: the heap's live bytes before and after the burst, counted by the global
+//!   allocator of this binary (`stats_alloc`: atomic counters, no other work); the
+//!   growth divided by the requests the client then tracks is the client's cost per
+//!   tracked request beyond its hashes (which it shares with the scheduler, never
+//!   copies). Goal: at most 200 bytes at 100,000 requests. Counted, not read from
+//!   `VmRSS` (printed beside it): the resident set leaves out table capacity whose
+//!   pages were never touched and keeps pages the allocator freed but did not return,
+//!   so it moves by tens of bytes per request between runs of the same code.
 //! - Bounded queues: after every arrival, prefetch slots in use stay within
 //!   `lookup_prefetch_limit`, RPCs not yet on the wire within `max_queued`, open RPCs
 //!   within the slots; arrivals beyond either bound are not queued but counted
@@ -16,6 +21,7 @@
 //! Figures: `cargo test -p lookup-tests --test load_burst -- --nocapture` (add
 //! `--release` for an optimised build; `LOAD_ARRIVALS=20000` for another size).
 
+use std::alloc::System;
 use std::time::{Duration, Instant};
 
 use lookup_core::Request;
@@ -23,6 +29,7 @@ use lookup_tests::fault::{
     CALL_BUDGET, CHAIN_BLOCKS, CallTimes, ChildServer, HASH_LEN, Harness, TempDir, async_config,
     request, status_field,
 };
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 /// Most arrival-time lookups not ended (`lookup_prefetch_limit`).
 const PREFETCH_LIMIT: u32 = 256;
@@ -32,9 +39,14 @@ const MAX_QUEUED: u32 = 128;
 const MAX_IN_FLIGHT: u32 = 4;
 /// Requests the scheduler takes from the waiting queue per step.
 const WINDOW: usize = 64;
-/// Goal: client bytes per tracked request beyond its hashes.
+/// Goal: client bytes per tracked request beyond its hashes, at [`GOAL_ARRIVALS`].
 const GOAL_BYTES_PER_REQUEST: u64 = 200;
+/// The burst the memory goal is stated for (and the default size).
+const GOAL_ARRIVALS: u64 = 100_000;
 const LIMIT: Duration = Duration::from_secs(600);
+
+#[global_allocator]
+static HEAP: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 #[test]
 #[ignore = "the server process of the load tests; serves only when spawned by them"]
@@ -48,7 +60,7 @@ async fn burst_of_100k_arrivals() {
     let arrivals = std::env::var("LOAD_ARRIVALS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(GOAL_ARRIVALS);
     burst(arrivals).await;
 }
 
@@ -75,6 +87,7 @@ async fn burst(arrivals: u64) {
     // Written now, so that recording the burst's call times adds no resident pages.
     let mut times = vec![Duration::ZERO; reqs.len()];
     let rss_before = status_field(None, "VmRSS");
+    let heap = Region::new(HEAP);
 
     // The burst: every request arrives, with no wait in between. The arrivals are
     // made on the client directly so that the harness's bookkeeping stays out of the
@@ -111,17 +124,22 @@ async fn burst(arrivals: u64) {
         .filter(|(_, t)| **t > CALL_BUDGET)
         .map(|(i, _)| i)
         .collect();
+    let heap = heap.change();
     let rss_after = status_field(None, "VmRSS");
     let tracked = h.client.core().tracked_requests();
     assert_eq!(tracked, reqs.len());
-    let per_request = (rss_after.saturating_sub(rss_before) * 1024) / tracked as u64;
+    // Bytes allocated during the burst less those freed, by every thread (the I/O
+    // task's RPCs in flight included).
+    let grown = heap.bytes_allocated.saturating_sub(heap.bytes_deallocated);
+    let per_request = (grown / tracked) as u64;
+    let rss_per_request = (rss_after.saturating_sub(rss_before) * 1024) / tracked as u64;
     let stats = h.stats().core;
     let burst_times = CallTimes::of(&times);
     eprintln!(
         "[load {arrivals}] built in {built:?}; burst of {arrivals} arrivals in {burst:?} \
          (on_new_request p50 {:?} p99.9 {:?} max {:?}); hashes held by the scheduler {:.1} MB; \
-         calls over 1 ms at arrivals {slow:?}; VmRSS {rss_before} kB -> {rss_after} kB for {tracked} tracked requests: \
-         {per_request} bytes each beyond their hashes; peaks: slots {peak_slots}/{PREFETCH_LIMIT}, \
+         calls over 1 ms at arrivals {slow:?}; live heap +{grown} bytes for {tracked} tracked requests: {per_request} bytes each beyond their hashes (VmRSS {rss_before} kB -> {rss_after} kB: \
+         {rss_per_request} bytes each); peaks: slots {peak_slots}/{PREFETCH_LIMIT}, \
          unsent {peak_unsent}/{MAX_QUEUED}, open RPCs {peak_open}; prefetched {}, refused: \
          backlog full {}, cap full {}",
         burst_times.p50,
@@ -141,10 +159,15 @@ async fn burst(arrivals: u64) {
         stats.prefetch_backlog_full > 0,
         "the backlog never filled: {stats:?}"
     );
-    assert!(
-        per_request <= GOAL_BYTES_PER_REQUEST,
-        "{per_request} bytes per tracked request"
-    );
+    // The goal is stated at 100,000 requests: the request table is a power-of-two
+    // hash table, so the bytes per request move with how full it is (76 % at
+    // 100,000, 61 % at 20,000, 44 % just past a doubling).
+    if arrivals == GOAL_ARRIVALS {
+        assert!(
+            per_request <= GOAL_BYTES_PER_REQUEST,
+            "{per_request} bytes per tracked request"
+        );
+    }
 
     // The scheduler works through the waiting queue.
     h.skip_untracked_rpcs();
