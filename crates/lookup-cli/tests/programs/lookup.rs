@@ -161,7 +161,10 @@ async fn probe_with_vllm_endpoint_parts() {
 /// replies exit 3 with the reason; bad arguments exit 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boundaries_timeout_malformed_and_usage() {
-    let endpoint = free_tcp();
+    // ipc, not a free tcp port: five servers bind it in turn, and a port picked free
+    // can be taken by a parallel test between two of them ("Address already in use").
+    let dir = TempDir::new("cli-replies");
+    let endpoint = dir.ipc("lookup.sock");
     let url = endpoint.url();
     let hashes = [1, 2, 3].map(hash_hex).join(",");
     let with_boundaries = FakeServer::start(&endpoint, |_, _, _| {
