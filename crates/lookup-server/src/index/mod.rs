@@ -24,7 +24,9 @@ mod mooncake;
 
 pub use delayed::DelayedIndex;
 pub use memory::InMemoryIndex;
-pub use mooncake::{DEFAULT_CLIENT_TTL, IndexStats, MooncakeIndex, ResetPolicy};
+pub use mooncake::{
+    DEFAULT_CLIENT_TTL, DEFAULT_REOPEN_AFTER_TIMEOUTS, IndexStats, MooncakeIndex, ResetPolicy,
+};
 
 /// The future an index call returns: boxed so that [`BlockIndex`] stays
 /// dyn-compatible (`Arc<dyn BlockIndex>`), `Send` so that the server's socket task can

@@ -98,7 +98,9 @@ pub enum ResetPolicy {
 ///   5: vLLM's worker answers 0 when the store call fails). The index counts it too
 ///   ([`IndexStats::errors`]). Calls fail fast while the connection is down;
 ///   the client reconnects in the background with backoff, so lookups succeed again
-///   once the master is back on the same address.
+///   once the master is back on the same address. A connection on which lookups keep
+///   timing out is replaced after [`DEFAULT_REOPEN_AFTER_TIMEOUTS`] of them in a row
+///   ([`with_reopen_after_timeouts`](Self::with_reopen_after_timeouts), rule 17).
 /// - A key the master answers with an application `ErrorCode` (inside an otherwise
 ///   good reply) is not present: vLLM's worker counts only answers equal to 1 (the C++
 ///   client turns such a key into `-1`), so the leading run ends at that key's block
@@ -130,6 +132,11 @@ pub struct MooncakeIndex {
     lease_gauge: Gauge,
     reset: ResetPolicy,
     counters: IndexCounters,
+    /// `with_reopen_after_timeouts`: lookups timed out in a row that replace the
+    /// master connection (0: never).
+    reopen_after_timeouts: u64,
+    /// Lookups failed by a call timeout since the last answered one.
+    timeouts_in_a_row: AtomicU64,
 }
 
 /// A snapshot of a [`MooncakeIndex`]'s counters since it was created (the index's
@@ -158,6 +165,9 @@ pub struct IndexStats {
     pub resets_done: u64,
     /// Objects the master reported removed by those resets.
     pub objects_removed: u64,
+    /// Master connections replaced after [`with_reopen_after_timeouts`](MooncakeIndex::with_reopen_after_timeouts)
+    /// lookups timed out in a row (`spec/behaviour.md` rule 17).
+    pub reopens: u64,
     /// Resets whose `RemoveAll` call failed (the server answered `0x00`).
     pub reset_errors: u64,
     /// The master client's own counters: `BatchExistKey` calls, keys sent, timeouts,
@@ -180,7 +190,13 @@ struct IndexCounters {
     resets_done: AtomicU64,
     objects_removed: AtomicU64,
     reset_errors: AtomicU64,
+    reopens: AtomicU64,
 }
+
+/// Lookups timed out in a row after which the index replaces its master connection,
+/// as the direct transport's `DirectConfig::reopen_after_timeouts` (`spec/behaviour.md`
+/// rule 17).
+pub const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 = 3;
 
 /// The result TTL assumed for the clients when none is given: vLLM's default
 /// `lookup_prefetch_ttl_s` (`spec/behaviour.md`, "Configuration").
@@ -274,7 +290,23 @@ impl MooncakeIndex {
             lease_gauge,
             reset: ResetPolicy::Refuse,
             counters: IndexCounters::default(),
+            reopen_after_timeouts: u64::from(DEFAULT_REOPEN_AFTER_TIMEOUTS),
+            timeouts_in_a_row: AtomicU64::new(0),
         }
+    }
+
+    /// The index replacing its master connection after `n` lookups in a row failed
+    /// by the call timeout ([`MasterConfig::call_timeout`]) with none answered between
+    /// ([`DEFAULT_REOPEN_AFTER_TIMEOUTS`]; 0: never). A connection on which every
+    /// call times out (a partitioned or wedged master, whose socket the kernel would
+    /// keep for minutes) is dropped, its waiting calls fail as `ConnectionLost`, and
+    /// the client connects again in the background ([`MasterClient::reconnect`]), so
+    /// lookups fail fast while the master cannot be reached and are answered once it
+    /// can (`spec/behaviour.md` rule 17). Counted in [`IndexStats::reopens`].
+    #[must_use]
+    pub fn with_reopen_after_timeouts(mut self, n: u32) -> Self {
+        self.reopen_after_timeouts = u64::from(n);
+        self
     }
 
     /// The index with reset policy `reset`. [`ResetPolicy::RemoveAll`] makes every
@@ -370,13 +402,27 @@ impl MooncakeIndex {
             resets_done: get(&c.resets_done),
             objects_removed: get(&c.objects_removed),
             reset_errors: get(&c.reset_errors),
+            reopens: get(&c.reopens),
             master: self.master.stats(),
             batch: self.batch.stats(),
         }
     }
 
-    /// Counts a failed query and turns it into the server's error.
+    /// Counts a failed query and turns it into the server's error; the
+    /// `reopen_after_timeouts`-th call timeout in a row replaces the master connection.
     fn failed(&self, e: &MasterError) -> IndexError {
+        if matches!(e, MasterError::Timeout { .. }) {
+            let n = bump(&self.timeouts_in_a_row, 1);
+            if self.reopen_after_timeouts > 0 && n >= self.reopen_after_timeouts {
+                self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+                bump(&self.counters.reopens, 1);
+                tracing::warn!(addr = %self.master.addr(), timeouts = n, "Mooncake master calls timed out {n} lookups in a row: the connection is replaced (rule 17)");
+                self.master
+                    .reconnect("lookups timed out in a row (rule 17)");
+            }
+        } else {
+            self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+        }
         let n = bump(&self.counters.errors, 1);
         if e.is_unavailable() {
             bump(&self.counters.unavailable, 1);
@@ -422,6 +468,7 @@ impl MooncakeIndex {
             }
             Err(e) => return Err(self.failed(&e)),
         };
+        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
         bump(&self.counters.blocks_found, count(run));
         let keys_asked = keys_needed(
             keys.len() / keys_per_block,
@@ -442,6 +489,7 @@ impl MooncakeIndex {
             .batch_exist_results(keys)
             .await
             .map_err(|e| self.failed(&e))?;
+        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
         Ok(answers
             .into_iter()
             .map(|answer| {

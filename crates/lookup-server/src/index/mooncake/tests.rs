@@ -1,7 +1,7 @@
 //! [`MooncakeIndex`] against a scripted fake master on loopback (the real one runs in the
 //! workspace's `mooncake_index_*` tests): keys `err:*` get `OBJECT_NOT_FOUND`, a
 //! list holding `refuse` gets coro_rpc's "function not registered", `die` closes
-//! the connection.
+//! the connection, `hang` is never answered.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -91,6 +91,9 @@ impl Fake {
             self.calls.lock().unwrap().push(keys.len());
             if keys.iter().any(|k| k == "die") {
                 return;
+            }
+            if keys.iter().any(|k| k == "hang") {
+                continue;
             }
             if keys.iter().any(|k| k == "refuse") {
                 codec::encode_error_reply(
@@ -248,6 +251,77 @@ async fn failed_calls_are_counted_errors() {
         })
     );
     assert_eq!(index.stats().master.connects, 2);
+}
+
+/// Rule 17: the third lookup in a row failed by the call timeout replaces the master
+/// connection (an answered lookup between two timeouts starts the count again); the
+/// lookups after it are answered on the new connection.
+#[tokio::test]
+async fn lookups_timed_out_in_a_row_replace_the_master_connection() {
+    let (_fake, addr) = Fake::start(&["a0"]).await;
+    let mut config = MasterConfig::default();
+    config.call_timeout = Duration::from_millis(100);
+    let index = MooncakeIndex::connect(&addr, config).await.unwrap();
+    let hang = keys(&["hang"]);
+    let timed_out = |err: IndexError| matches!(&err, IndexError::Unavailable(m) if m.contains("timed out") || m.contains("no reply"));
+    for _ in 0..2 {
+        let err = index.leading_blocks(1, &hang).await.unwrap_err();
+        assert!(timed_out(err.clone()), "{err}");
+    }
+    let answered = index.leading_blocks(1, &keys(&["a0"])).await.unwrap();
+    assert_eq!(answered.blocks, 1);
+    for _ in 0..2 {
+        let err = index.leading_blocks(1, &hang).await.unwrap_err();
+        assert!(timed_out(err.clone()), "{err}");
+    }
+    let stats = index.stats();
+    assert_eq!((stats.reopens, stats.master.reconnects_asked), (0, 0));
+    let err = index.exists(&hang).await.unwrap_err();
+    assert!(timed_out(err.clone()), "{err}");
+    let stats = index.stats();
+    assert_eq!((stats.reopens, stats.master.reconnects_asked), (1, 1));
+    assert_eq!(stats.errors, 5);
+    // The client connects again in the background; the next lookups are answered.
+    let mut answered = None;
+    for _ in 0..200 {
+        if let Ok(run) = index.leading_blocks(1, &keys(&["a0", "b0"])).await {
+            answered = Some(run.blocks);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(answered, Some(1));
+    assert_eq!(index.stats().master.connects, 2);
+    assert_eq!(index.stats().reopens, 1);
+}
+
+/// With `with_reopen_after_timeouts(0)` timeouts never replace the connection.
+#[tokio::test]
+async fn reopen_after_timeouts_zero_keeps_the_connection() {
+    let (_fake, addr) = Fake::start(&["a0"]).await;
+    let mut config = MasterConfig::default();
+    config.call_timeout = Duration::from_millis(50);
+    let index = MooncakeIndex::connect(&addr, config)
+        .await
+        .unwrap()
+        .with_reopen_after_timeouts(0);
+    for _ in 0..4 {
+        index.leading_blocks(1, &keys(&["hang"])).await.unwrap_err();
+    }
+    let stats = index.stats();
+    assert_eq!(
+        (stats.errors, stats.reopens, stats.master.reconnects_asked),
+        (4, 0, 0)
+    );
+    assert_eq!(
+        index
+            .leading_blocks(1, &keys(&["a0"]))
+            .await
+            .unwrap()
+            .blocks,
+        1
+    );
+    assert_eq!(index.stats().master.connects, 1);
 }
 
 #[tokio::test]
