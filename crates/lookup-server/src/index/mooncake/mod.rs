@@ -408,6 +408,12 @@ impl MooncakeIndex {
         }
     }
 
+    /// The master answered a query (or failed it other than by the call timeout): the
+    /// timeouts are no longer in a row.
+    fn answered(&self) {
+        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+    }
+
     /// Counts a failed query and turns it into the server's error; the
     /// `reopen_after_timeouts`-th call timeout in a row replaces the master connection.
     fn failed(&self, e: &MasterError) -> IndexError {
@@ -421,7 +427,7 @@ impl MooncakeIndex {
                     .reconnect("lookups timed out in a row (rule 17)");
             }
         } else {
-            self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+            self.answered();
         }
         let n = bump(&self.counters.errors, 1);
         if e.is_unavailable() {
@@ -468,7 +474,7 @@ impl MooncakeIndex {
             }
             Err(e) => return Err(self.failed(&e)),
         };
-        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+        self.answered();
         bump(&self.counters.blocks_found, count(run));
         let keys_asked = keys_needed(
             keys.len() / keys_per_block,
@@ -489,7 +495,7 @@ impl MooncakeIndex {
             .batch_exist_results(keys)
             .await
             .map_err(|e| self.failed(&e))?;
-        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+        self.answered();
         Ok(answers
             .into_iter()
             .map(|answer| {

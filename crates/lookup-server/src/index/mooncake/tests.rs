@@ -263,21 +263,21 @@ async fn lookups_timed_out_in_a_row_replace_the_master_connection() {
     config.call_timeout = Duration::from_millis(100);
     let index = MooncakeIndex::connect(&addr, config).await.unwrap();
     let hang = keys(&["hang"]);
-    let timed_out = |err: IndexError| matches!(&err, IndexError::Unavailable(m) if m.contains("timed out") || m.contains("no reply"));
+    let timed_out = |err: &IndexError| matches!(err, IndexError::Unavailable(m) if m.contains("timed out") || m.contains("no reply"));
     for _ in 0..2 {
         let err = index.leading_blocks(1, &hang).await.unwrap_err();
-        assert!(timed_out(err.clone()), "{err}");
+        assert!(timed_out(&err), "{err}");
     }
     let answered = index.leading_blocks(1, &keys(&["a0"])).await.unwrap();
     assert_eq!(answered.blocks, 1);
     for _ in 0..2 {
         let err = index.leading_blocks(1, &hang).await.unwrap_err();
-        assert!(timed_out(err.clone()), "{err}");
+        assert!(timed_out(&err), "{err}");
     }
     let stats = index.stats();
     assert_eq!((stats.reopens, stats.master.reconnects_asked), (0, 0));
     let err = index.exists(&hang).await.unwrap_err();
-    assert!(timed_out(err.clone()), "{err}");
+    assert!(timed_out(&err), "{err}");
     let stats = index.stats();
     assert_eq!((stats.reopens, stats.master.reconnects_asked), (1, 1));
     assert_eq!(stats.errors, 5);
