@@ -565,6 +565,14 @@ impl<W: Wire> IoTask<W> {
 
     /// Arms the one Sleep for the earliest deadline or reopen attempt.
     fn arm(&mut self) {
+        // The lookups sent or ended this turn leave the front first: the timer is
+        // armed for `max_pending_age` only while a lookup is still queued, not once per
+        // lookup that went straight out.
+        while let Some(&(_, rpc_id)) = self.ages.front()
+            && !self.dispatcher.is_queued(rpc_id)
+        {
+            self.ages.pop_front();
+        }
         let expiry = self.ages.front().map(|&(queued_at, _)| {
             lookup_core::timer::deadline_after(queued_at, self.max_pending_age)
         });

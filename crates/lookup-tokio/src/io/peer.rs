@@ -10,8 +10,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use std::os::fd::{AsRawFd, RawFd};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, Interest};
 
 use crate::Endpoint;
 
@@ -259,18 +261,63 @@ static MONITORS: AtomicU64 = AtomicU64::new(0);
 
 /// The reading end of a socket's monitor: a PAIR on the socket's context, connected
 /// to the monitor's inproc address before the socket connects, so no event is lost.
+///
+/// Read through its `ZMQ_FD` registered with tokio, not through tmq: a libzmq socket
+/// is asked for its events (`ZMQ_EVENTS`, one `poll(2)` of its mailbox) only when that
+/// descriptor has signalled, so the I/O task's turns cost no system call for a
+/// monitor that has nothing to say, which is almost always.
 pub(crate) struct Monitor {
-    pair: tmq::pair::Pair,
+    pair: AsyncFd<PairFd>,
+}
+
+/// The monitor's PAIR socket as a descriptor tokio watches (its `ZMQ_FD`, readable
+/// when libzmq has commands for the socket, such as a message arriving).
+struct PairFd {
+    socket: zmq::Socket,
+    fd: RawFd,
+}
+
+impl AsRawFd for PairFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+/// What one read of the monitor found.
+enum Read {
+    /// An event this client acts on.
+    Event(PeerEvent),
+    /// An event it does not act on, or a message that is not an event.
+    Skipped,
+    /// Nothing queued.
+    Empty,
+    /// The monitor's socket failed: it never reports again.
+    Ended,
 }
 
 impl Monitor {
     /// Starts monitoring `socket` (not connected yet) for the events [`PeerEvent`]
-    /// names.
+    /// names. Needs a tokio runtime with I/O enabled (the descriptor is registered
+    /// with it).
     pub(crate) fn start(context: &tmq::Context, socket: &zmq::Socket) -> tmq::Result<Self> {
         let n = MONITORS.fetch_add(1, Ordering::Relaxed);
         let address = format!("inproc://lookup-tokio-monitor-{}-{n}", std::process::id());
         socket.monitor(&address, i32::from(EVENTS))?;
-        let pair = tmq::pair(context).set_linger(0).connect(&address)?;
+        let pair = context.socket(zmq::PAIR)?;
+        pair.set_linger(0)?;
+        pair.connect(&address)?;
+        // Ask for the socket's events once, with nothing queued yet (the socket
+        // connects after this returns): libzmq signals `ZMQ_FD` for a message only
+        // once its reader has found the pipe empty, which tmq's reads did on each poll.
+        pair.get_events()?;
+        let fd = pair.get_fd()?;
+        // tokio 1.54 deprecates the safe constructors for lack of I/O safety, in favour
+        // of an `unsafe` one, and this workspace forbids `unsafe`. The contract holds:
+        // the descriptor is libzmq's for `socket`, which `PairFd` owns, so it stays open
+        // and the same until the AsyncFd (deregistered first on drop) lets it go. tmq
+        // registers its sockets the same way.
+        #[allow(deprecated)]
+        let pair = AsyncFd::with_interest(PairFd { socket: pair, fd }, Interest::READABLE)?;
         Ok(Self { pair })
     }
 
@@ -286,24 +333,50 @@ impl Monitor {
         }
     }
 
-    /// The next event this client acts on; other events are skipped. Cancel-safe (a
-    /// PAIR reads a whole two-frame event in one poll). Pending forever once the
-    /// monitor ended.
+    /// The next event this client acts on; other events are skipped. Cancel-safe (an
+    /// event's two frames are read in one poll). Pending forever once the monitor
+    /// ended.
     pub(crate) async fn next(&mut self) -> PeerEvent {
         loop {
-            let Some(Ok(message)) = self.pair.next().await else {
+            let Ok(mut ready) = self.pair.readable_mut().await else {
                 return std::future::pending().await;
             };
-            let Some(header) = message.iter().next() else {
-                continue;
-            };
-            let Some(event) = header.get(..2) else {
-                continue;
-            };
-            if let Some(event) = PeerEvent::of(u16::from_ne_bytes([event[0], event[1]])) {
-                return event;
+            loop {
+                match read(&ready.get_inner().socket) {
+                    Read::Event(event) => return event,
+                    Read::Skipped => continue,
+                    Read::Empty => {}
+                    Read::Ended => return std::future::pending().await,
+                }
+                ready.clear_ready();
+                // `ZMQ_FD` signals when libzmq's mailbox goes from empty to not, and
+                // the reads above may have taken a signal meant for a message that
+                // came meanwhile: ask once before waiting again (zmq_getsockopt(3),
+                // ZMQ_FD).
+                match ready.get_inner().socket.get_events() {
+                    Ok(events) if events.contains(zmq::POLLIN) => {}
+                    Ok(_) => break,
+                    Err(_) => return std::future::pending().await,
+                }
             }
         }
+    }
+}
+
+/// Reads one message from the monitor's socket without waiting.
+fn read(socket: &zmq::Socket) -> Read {
+    let message = match socket.recv_multipart(zmq::DONTWAIT) {
+        Ok(message) => message,
+        Err(zmq::Error::EAGAIN) => return Read::Empty,
+        Err(zmq::Error::EINTR) => return Read::Skipped,
+        Err(_) => return Read::Ended,
+    };
+    let Some(event) = message.first().and_then(|header| header.get(..2)) else {
+        return Read::Skipped;
+    };
+    match PeerEvent::of(u16::from_ne_bytes([event[0], event[1]])) {
+        Some(event) => Read::Event(event),
+        None => Read::Skipped,
     }
 }
 
