@@ -19,6 +19,12 @@ repetitions, for vLLM's client then the drop-in:
   `--step-us` (a forward pass); p50 / p99 nearest rank (index round(q * (n - 1)));
   `timer_ns` is the median of an empty timed region, included in every figure.
 
+Floors, timed in the same loop shape (`--arrivals-per-step` calls per step, then the
+step's sleep), once per run: `floor_native_call_ns`, the p50 of the drop-in's cheapest
+native method (`tracked_requests()`, no argument); `floor_hash_copy_ns`, the p50 of
+`b"".join(HASHES)`, CPython's own C copy of the 64 hashes into one buffer: the least a
+submit that reads the hashes spends on them.
+
 Usage: drop_in_vs_vllm.py --lookup-server PATH --wheel VLLM_WHEEL [--reps 5]
 Prints one JSON object: {"settings": {...}, "reps": [{"vllm": row, "drop_in": row}]}.
 """
@@ -92,6 +98,25 @@ def timer_ns():
         t0 = clock()
         spans.append(clock() - t0)
     return pct(spans, 0.5)
+
+
+def floors(client, per_step, steps, step_us):
+    """The floors of the docstring: two loops shaped like `probe_loop`'s steps."""
+    clock, native = time.perf_counter_ns, client._native
+    calls, copies = [], []
+    for _ in range(steps):
+        for _ in range(per_step):
+            t0 = clock()
+            native.tracked_requests()
+            calls.append(clock() - t0)
+        time.sleep(step_us / 1e6)
+    for _ in range(steps):
+        for _ in range(per_step):
+            t0 = clock()
+            b"".join(HASHES)
+            copies.append(clock() - t0)
+        time.sleep(step_us / 1e6)
+    return {"floor_native_call_ns": pct(calls, 0.5), "floor_hash_copy_ns": pct(copies, 0.5)}
 
 
 def prefetch_throughput(client, prefix, count, batch, start, poll_sleep_us):
@@ -200,6 +225,12 @@ def main():
                                    ("drop_in", mooncake_lookup.LookupKeyClient))
             })
         settings = {k: v for k, v in vars(args).items() if k not in ("lookup_server", "wheel")}
+        client = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+        try:
+            settings.update(floors(client, args.arrivals_per_step,
+                                   max(1, args.probe_count // args.arrivals_per_step), args.step_us))
+        finally:
+            client.close()
         settings.update(timer_ns=timer_ns(), python=sys.version.split()[0], vllm="0.33.0",
                         blocks=len(HASHES), hash_len=32, block_size=BS)
         print(json.dumps({"settings": settings, "reps": reps}))

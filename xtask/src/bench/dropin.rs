@@ -180,7 +180,34 @@ impl DropInRun {
                 value.map_or_else(|| "-".into(), |v| format!("{v:.1}x"))
             );
         }
+        if let Some(floors) = self.floors() {
+            w.push_str(&floors);
+        }
         w
+    }
+
+    /// The floors the script measured in the loop shape of the call costs
+    /// (`floor_native_call_ns`, `floor_hash_copy_ns` in its settings), beside the call
+    /// costs the 5x goals allow (vLLM's median p50 over [`CALL_GOAL`]), all in µs with
+    /// the timer included; `None` when the script printed no floors.
+    #[must_use]
+    pub fn floors(&self) -> Option<String> {
+        let read = |key: &str| self.settings.get(key).and_then(serde_json::Value::as_f64);
+        let call = read("floor_native_call_ns")?;
+        let copy = read("floor_hash_copy_ns")?;
+        let allowed = |pick: fn(&ClientRow) -> f64| {
+            let (theirs, _) = self.column(pick);
+            median(&theirs).map(|v| v / CALL_GOAL)
+        };
+        let us = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{:.2}", v / 1e3));
+        Some(format!(
+            "\nFloors (p50, same loop shape, us): a native call {}, the copy of the hashes by \
+             CPython's b\"\".join {}; the goals allow a submit of {} and a ready poll of {}\n",
+            us(Some(call)),
+            us(Some(copy)),
+            us(allowed(|c| c.submit_p50_ns as f64)),
+            us(allowed(|c| c.ready_p50_ns as f64)),
+        ))
     }
 }
 
@@ -272,6 +299,25 @@ mod tests {
         let err = DropInRun::parse(&line(&[])).unwrap_err();
         assert_eq!(err.to_string(), "the drop-in bench ran no repetition");
         assert!(DropInRun::parse("").is_err());
+    }
+
+    #[test]
+    fn floors_are_shown_beside_what_the_goals_allow() {
+        let reps = [
+            (row(2_400, 1_300, 1.0), row(1_600, 500, 1.0)),
+            (row(2_600, 1_400, 1.0), row(1_500, 480, 1.0)),
+        ];
+        let mut run = DropInRun::parse(&line(&reps)).unwrap();
+        assert_eq!(run.floors(), None);
+        assert!(!run.table().contains("Floors"));
+        run.settings = serde_json::json!({"floor_native_call_ns": 77, "floor_hash_copy_ns": 392});
+        let floors = run.floors().unwrap();
+        assert_eq!(
+            floors,
+            "\nFloors (p50, same loop shape, us): a native call 0.08, the copy of the hashes by \
+             CPython's b\"\".join 0.39; the goals allow a submit of 0.50 and a ready poll of 0.27\n"
+        );
+        assert!(run.table().ends_with(&floors));
     }
 
     #[test]
