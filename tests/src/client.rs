@@ -70,6 +70,21 @@ pub fn free_tcp() -> Endpoint {
     Endpoint::Tcp(format!("127.0.0.1:{port}"))
 }
 
+/// A TCP endpoint on 127.0.0.1 that refuses every connection for as long as the
+/// returned socket lives: its port is bound (without `SO_REUSEADDR`, so no other test
+/// can bind it meanwhile, as one could a port found free) and never listened on.
+///
+/// # Panics
+/// When the socket cannot be created or bound.
+pub fn refused_tcp() -> (Endpoint, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("create a tcp socket");
+    socket
+        .bind(([127, 0, 0, 1], 0).into())
+        .expect("bind a free port");
+    let port = socket.local_addr().expect("local addr").port();
+    (Endpoint::Tcp(format!("127.0.0.1:{port}")), socket)
+}
+
 /// A request with `num_tokens` tokens and 8-byte hashes from `ids`.
 pub fn request(id: u64, num_tokens: u32, ids: &[u64]) -> Request {
     Request {

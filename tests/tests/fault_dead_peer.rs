@@ -15,6 +15,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use lookup_core::{Event, LookupOutcome, RpcFailure};
+use lookup_tests::client::refused_tcp;
 use lookup_tests::fault::{ChildServer, TempDir, async_config, expected_hit, request};
 use lookup_tokio::{ClientConfig, Endpoint, Error, LookupClient};
 
@@ -275,7 +276,7 @@ async fn strict_connect_names_why_the_server_does_not_answer() {
         )
     );
 
-    let refused = free_tcp();
+    let (refused, _held) = refused_tcp();
     let Endpoint::Tcp(addr) = &refused else {
         unreachable!()
     };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use lookup_core::BlockHashes;
 use lookup_server::{Endpoint, InMemoryIndex, KeyLayout, LookupServer, ServerConfig};
-use lookup_tests::client::{Answer, FakeServer, TempDir, free_tcp};
+use lookup_tests::client::{Answer, FakeServer, TempDir, refused_tcp};
 
 const B: u32 = 16;
 
@@ -308,7 +308,7 @@ async fn probe_names_a_stale_ipc_socket_file() {
 /// A refused tcp port: exit 4 at once, naming the port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_names_a_refused_tcp_port() {
-    let endpoint = free_tcp();
+    let (endpoint, _held) = refused_tcp();
     let Endpoint::Tcp(addr) = &endpoint else {
         unreachable!()
     };

@@ -9,7 +9,7 @@ use lookup_core::BlockHashes;
 use lookup_server::{
     Endpoint, InMemoryIndex, KeyLayout, LookupServer, RankNamespace, ServerConfig,
 };
-use lookup_tests::client::{TempDir, free_tcp};
+use lookup_tests::client::{TempDir, refused_tcp};
 use lookup_tests::mooncake::{Master, Writer};
 
 /// Block size in tokens (vLLM's default).
@@ -114,7 +114,7 @@ async fn mooncake_master_probe_prints_hit_miss_and_unavailable() {
     );
 
     // A master that refuses connections: unavailable, with the cause, exit 1.
-    let refused = free_tcp();
+    let (refused, _held) = refused_tcp();
     let Endpoint::Tcp(addr) = &refused else {
         unreachable!()
     };
