@@ -33,7 +33,7 @@ fn benches(c: &mut Criterion) {
     let req = request(1);
     lookups.on_new_request(&req, now);
     while let Some(cmd) = lookups.poll_transmit() {
-        dispatcher.push(cmd, ());
+        dispatcher.push(cmd, (), now);
     }
     let out = dispatcher.poll_transmit(now).unwrap();
     assert!(dispatcher.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, now));
@@ -56,7 +56,7 @@ fn benches(c: &mut Criterion) {
             i += 1;
             lookups.on_new_request(req, now);
             while let Some(cmd) = lookups.poll_transmit() {
-                dispatcher.push(cmd, ());
+                dispatcher.push(cmd, (), now);
             }
             let out = dispatcher.poll_transmit(now).unwrap();
             assert!(dispatcher.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, later));

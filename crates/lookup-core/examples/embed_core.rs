@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     lookups.on_new_request(&req, now); // the request arrives: its lookup starts
     while let Some(cmd) = lookups.poll_transmit() {
-        dispatcher.push(cmd, ());
+        dispatcher.push(cmd, (), now);
     }
     while let Some(rpc) = dispatcher.poll_transmit(now) {
         // write rpc.body to the socket

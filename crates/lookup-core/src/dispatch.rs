@@ -64,6 +64,9 @@ pub struct DispatcherStats {
     pub rpcs_timed_out: u64,
     /// RPCs that failed on the transport (send error, no socket, socket dropped).
     pub rpcs_failed_transport: u64,
+    /// Lookups that waited `max_pending_age` in the queue and ended unsent
+    /// ([`Dispatcher::set_max_pending_age`], rule 17).
+    pub lookups_expired: u64,
 }
 
 /// Orders [`Command`]s for the wire and keeps every RPC on it until it ends.
@@ -101,6 +104,10 @@ pub struct DispatcherStats {
 ///    [`fail_on_wire`](Self::fail_on_wire);
 /// 4. re-arm the timer for [`poll_timeout`](Self::poll_timeout). Calling
 ///    [`handle_timeout`](Self::handle_timeout) early or twice is harmless.
+///
+/// With [`set_max_pending_age`](Self::set_max_pending_age), a lookup queued that long
+/// ends unsent at [`handle_timeout`](Self::handle_timeout) (rule 17), and
+/// [`poll_timeout`](Self::poll_timeout) includes the oldest one's expiry.
 #[derive(Debug)]
 pub struct Dispatcher<T = ()> {
     priority: bool,
@@ -120,6 +127,15 @@ pub struct Dispatcher<T = ()> {
     queued: usize,
     lookups_on_wire: usize,
     deadlines: Timers<RpcId>,
+    /// `max_pending_age` (`None`: lookups wait for the wire without bound).
+    max_pending_age: Option<Duration>,
+    /// The queued lookups in the order they were queued, with when (only with a
+    /// `max_pending_age`). Its front is always still queued; ids that left the queue
+    /// elsewhere (sent ahead of older ones, cancelled) stay until they reach the front.
+    ages: VecDeque<(Instant, RpcId)>,
+    /// How many ids in `ages` left the queue: while 0, the next front is known to be
+    /// queued without a table lookup.
+    ages_stale: usize,
     events: VecDeque<(WireEvent, T)>,
     stats: DispatcherStats,
 }
@@ -145,6 +161,9 @@ impl<T> Dispatcher<T> {
             queued: 0,
             lookups_on_wire: 0,
             deadlines: Timers::new(),
+            max_pending_age: None,
+            ages: VecDeque::new(),
+            ages_stale: 0,
             events: VecDeque::new(),
             stats: DispatcherStats::default(),
         }
@@ -157,9 +176,18 @@ impl<T> Dispatcher<T> {
         self.reopen_after_timeouts = k;
     }
 
-    /// Takes one command from [`Lookups::poll_transmit`](crate::Lookups::poll_transmit),
-    /// with the driver's data for it (used by `Send`; dropped for the others).
-    pub fn push(&mut self, command: Command, tag: T) {
+    /// Lookups queued longer than `age` end unsent with [`RpcFailure::NotSent`] at
+    /// [`handle_timeout`](Self::handle_timeout), counted in
+    /// [`DispatcherStats::lookups_expired`] (`max_pending_age_s`, rule 17), so that none
+    /// waits behind a slow server without bound. Set it before the first push; `None`
+    /// (the default) never ends a queued lookup.
+    pub fn set_max_pending_age(&mut self, age: Option<Duration>) {
+        self.max_pending_age = age;
+    }
+
+    /// Takes one command from [`Lookups::poll_transmit`](crate::Lookups::poll_transmit)
+    /// at `now`, with the driver's data for it (used by `Send`; dropped for the others).
+    pub fn push(&mut self, command: Command, tag: T, now: Instant) {
         match command {
             Command::Send {
                 rpc_id,
@@ -177,6 +205,9 @@ impl<T> Dispatcher<T> {
                     Class::Prefetch
                 };
                 self.queued += 1;
+                if self.max_pending_age.is_some() && !matches!(body, RpcBody::Reset) {
+                    self.ages.push_back((now, rpc_id));
+                }
                 self.entries.insert(
                     rpc_id,
                     Entry::Queued {
@@ -217,10 +248,12 @@ impl<T> Dispatcher<T> {
                 }
             }
             Command::Cancel { rpc_id } => {
-                if matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. })) {
+                if let Some(Entry::Queued { body, .. }) = self.entries.get(&rpc_id) {
+                    let is_reset = matches!(body, RpcBody::Reset);
                     self.entries.remove(&rpc_id);
                     self.prefetch.remove(&rpc_id);
                     self.queued -= 1;
+                    self.left_queue(rpc_id, is_reset);
                 }
                 self.compact();
             }
@@ -248,6 +281,37 @@ impl<T> Dispatcher<T> {
         }
     }
 
+    /// `rpc_id` left the queue (sent, cancelled, failed): off the front of `ages` if it
+    /// is there, else counted stale until it reaches the front.
+    fn left_queue(&mut self, rpc_id: RpcId, is_reset: bool) {
+        if is_reset || self.max_pending_age.is_none() {
+            return;
+        }
+        if self.ages.front().is_some_and(|&(_, id)| id == rpc_id) {
+            self.ages.pop_front();
+            self.settle_ages();
+        } else {
+            self.ages_stale += 1;
+        }
+    }
+
+    /// Drops the stale ids at the front of `ages`, so that its front is queued.
+    fn settle_ages(&mut self) {
+        while self.ages_stale > 0 {
+            let Some(&(_, rpc_id)) = self.ages.front() else {
+                break;
+            };
+            if matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. })) {
+                break;
+            }
+            self.ages.pop_front();
+            self.ages_stale -= 1;
+        }
+        if self.ages.is_empty() {
+            self.ages_stale = 0;
+        }
+    }
+
     /// The next RPC to write to the wire at `now`, if one is queued and the wire has
     /// room. Its ticket is claimed and its deadline starts: write it now, and report a
     /// write that failed with [`handle_send_failed`](Self::handle_send_failed).
@@ -267,6 +331,7 @@ impl<T> Dispatcher<T> {
         self.queued -= 1;
         self.prefetch.remove(&rpc_id);
         let is_reset = matches!(body, RpcBody::Reset);
+        self.left_queue(rpc_id, is_reset);
         if !is_reset {
             self.lookups_on_wire += 1;
         }
@@ -310,9 +375,11 @@ impl<T> Dispatcher<T> {
                 return Some(rpc_id);
             }
             // Cancelled by the lifecycle (rule 9), its Cancel command not here yet.
+            let is_reset = matches!(queue, Queue::Resets);
             self.entries.remove(&rpc_id);
             self.prefetch.remove(&rpc_id);
             self.queued -= 1;
+            self.left_queue(rpc_id, is_reset);
         }
     }
 
@@ -343,8 +410,7 @@ impl<T> Dispatcher<T> {
         }
     }
 
-    /// A queued RPC that must not wait longer (the driver's `max_pending_age`,
-    /// `spec/behaviour.md` rule 17) ends now with `failure`, unsent: its ticket is
+    /// A queued RPC that must not wait longer ends now with `failure`, unsent: its ticket is
     /// claimed as if released, and its event carries `sent_at == at == now`. Returns
     /// false, with no event, when `rpc_id` is not queued, or was cancelled (then it is
     /// dropped as [`poll_transmit`](Self::poll_transmit) would drop it).
@@ -353,10 +419,11 @@ impl<T> Dispatcher<T> {
             return false;
         };
         let claimed = ticket.claim();
-        let Some(Entry::Queued { tag, .. }) = self.entries.remove(&rpc_id) else {
+        let Some(Entry::Queued { tag, body, .. }) = self.entries.remove(&rpc_id) else {
             unreachable!("checked queued above");
         };
         self.queued -= 1;
+        self.left_queue(rpc_id, matches!(body, RpcBody::Reset));
         // Its id in the reset or awaited queue goes stale and is skipped when reached.
         self.prefetch.remove(&rpc_id);
         self.compact();
@@ -405,8 +472,23 @@ impl<T> Dispatcher<T> {
     }
 
     /// Fails every RPC whose deadline is at or before `now` with
-    /// [`RpcFailure::TimedOut`] (rule 17). Harmless when early or repeated.
+    /// [`RpcFailure::TimedOut`], and every lookup queued for `max_pending_age` or longer
+    /// with [`RpcFailure::NotSent`] (rule 17). Harmless when early or repeated.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(age) = self.max_pending_age {
+            while let Some(&(queued_at, rpc_id)) = self.ages.front() {
+                if now.saturating_duration_since(queued_at) < age {
+                    break;
+                }
+                if !matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. })) {
+                    // Not reached: `settle_ages` keeps the front queued.
+                    self.ages.pop_front();
+                    self.ages_stale = self.ages_stale.saturating_sub(1);
+                } else if self.fail_queued(rpc_id, RpcFailure::NotSent, now) {
+                    self.stats.lookups_expired += 1;
+                }
+            }
+        }
         let mut timed_out = 0;
         while let Some((_, rpc_id)) = self.deadlines.pop_due(now) {
             self.stats.rpcs_timed_out += 1;
@@ -456,6 +538,8 @@ impl<T> Dispatcher<T> {
         self.prefetch.clear();
         self.entries.clear();
         self.deadlines.clear();
+        self.ages.clear();
+        self.ages_stale = 0;
         self.events.clear();
         self.queued = 0;
         self.lookups_on_wire = 0;
@@ -476,10 +560,15 @@ impl<T> Dispatcher<T> {
         std::mem::take(&mut self.reopen)
     }
 
-    /// The earliest deadline of an RPC on the wire.
+    /// The earliest deadline of an RPC on the wire, or the instant the oldest queued
+    /// lookup reaches `max_pending_age`, whichever comes first.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadlines.next()
+        let expiry = self
+            .max_pending_age
+            .zip(self.ages.front())
+            .map(|(age, &(queued_at, _))| deadline_after(queued_at, age));
+        [self.deadlines.next(), expiry].into_iter().flatten().min()
     }
 
     /// The driver's data of an RPC queued or on the wire.

@@ -65,7 +65,7 @@
 //! };
 //! lookups.on_new_request(&req, now); // 1. prefetch: the lookup starts at arrival
 //! while let Some(cmd) = lookups.poll_transmit() {
-//!     dispatcher.push(cmd, ()); // 2.
+//!     dispatcher.push(cmd, (), now); // 2.
 //! }
 //! let sent = dispatcher.poll_transmit(now).unwrap(); // 3. the driver writes it
 //! assert!(matches!(sent.body, RpcBody::Lookup { num_tokens: 48, .. }));

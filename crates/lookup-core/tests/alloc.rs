@@ -26,7 +26,7 @@ fn cached_probe_does_not_allocate() {
     let now = Instant::now();
     lookups.on_new_request(&req, now);
     while let Some(cmd) = lookups.poll_transmit() {
-        dispatcher.push(cmd, ());
+        dispatcher.push(cmd, (), now);
     }
     let out = dispatcher.poll_transmit(now).unwrap();
     assert!(dispatcher.handle_reply(out.rpc_id, Reply::Lookup { hit_tokens: 512 }, now));

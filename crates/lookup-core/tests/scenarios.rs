@@ -48,7 +48,7 @@ impl Harness {
             let mut progressed = false;
             while let Some(cmd) = self.lookups.poll_transmit() {
                 progressed = true;
-                self.dispatcher.push(cmd, ());
+                self.dispatcher.push(cmd, (), self.now);
             }
             while let Some(out) = self.dispatcher.poll_transmit(self.now) {
                 progressed = true;

@@ -262,7 +262,7 @@ impl Connector {
             {
                 created = Some(*rpc_id);
             }
-            self.dispatcher.push(cmd, ());
+            self.dispatcher.push(cmd, (), self.at(now));
         }
         while let Some(out) = self.dispatcher.poll_transmit(self.at(now)) {
             match &out.body {

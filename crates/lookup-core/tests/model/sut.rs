@@ -124,7 +124,8 @@ impl Harness {
                     }
                     Command::Promote { .. } | Command::Demote { .. } => {}
                 }
-                self.dispatcher.push(command, ());
+                let now = self.now();
+                self.dispatcher.push(command, (), now);
             }
             while let Some((event, ())) = self.dispatcher.poll_event() {
                 progressed = true;

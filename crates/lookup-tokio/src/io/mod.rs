@@ -21,7 +21,6 @@ pub(crate) mod fake;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -125,10 +124,8 @@ pub(crate) struct IoTask<W: Wire> {
     timeout: Duration,
     call_timeout: Option<Duration>,
     max_pending_age: Duration,
-    /// Lookups in the order they were queued, with when: the oldest queued one ends
-    /// unsent once older than `max_pending_age`. Ids sent or cancelled meanwhile are
-    /// dropped when they reach the front.
-    ages: VecDeque<(Instant, RpcId)>,
+    /// The dispatcher's `lookups_expired` as of the last turn.
+    expired_seen: u64,
     timeouts_in_a_row: u32,
     /// The dispatcher's `rpcs_timed_out` as of the last turn: the `lookup_timeout_s`
     /// deadlines that fired since (the transport's own call timeouts are not among
@@ -149,6 +146,7 @@ impl<W: Wire> IoTask<W> {
         links: IoLinks,
     ) -> Self {
         dispatcher.set_reopen_after_timeouts(config.reopen_after_timeouts);
+        dispatcher.set_max_pending_age(Some(config.max_pending_age));
         let initial = config.backoff.max(Duration::from_millis(1));
         let IoLinks {
             commands,
@@ -171,7 +169,7 @@ impl<W: Wire> IoTask<W> {
             timeout: config.timeout,
             call_timeout: config.call_timeout,
             max_pending_age: config.max_pending_age,
-            ages: VecDeque::new(),
+            expired_seen: 0,
             timeouts_in_a_row: 0,
             timed_out_seen: 0,
             link,
@@ -208,7 +206,7 @@ impl<W: Wire> IoTask<W> {
             }
             // Checked here rather than trusting the Sleep (STYLE.md rule 10).
             self.dispatcher.handle_timeout(now);
-            self.expire(now);
+            self.expired(now);
             if self.dispatcher.poll_reopen() {
                 self.reopen(now, None, ReopenReason::Timeouts);
             }
@@ -229,14 +227,13 @@ impl<W: Wire> IoTask<W> {
     }
 
     fn take(&mut self, (command, span): ToIo, now: Instant) {
-        let (is_reset, lookup) = match &command {
+        let is_reset = matches!(
+            &command,
             Command::Send {
                 body: RpcBody::Reset,
                 ..
-            } => (true, None),
-            Command::Send { rpc_id, .. } => (false, Some(*rpc_id)),
-            _ => (false, None),
-        };
+            }
+        );
         self.dispatcher.push(
             command,
             Tag {
@@ -244,32 +241,17 @@ impl<W: Wire> IoTask<W> {
                 is_reset,
                 written: false,
             },
+            now,
         );
-        if let Some(rpc_id) = lookup {
-            self.ages.push_back((now, rpc_id));
-        }
     }
 
-    /// Ends unsent every lookup queued longer than `max_pending_age`, so that none
-    /// waits behind a slow server without bound, nor takes the wire when it is stale
-    /// (`spec/behaviour.md` rule 17).
-    fn expire(&mut self, now: Instant) {
-        let mut expired = 0_u64;
-        while let Some(&(queued_at, rpc_id)) = self.ages.front() {
-            if !self.dispatcher.is_queued(rpc_id) {
-                self.ages.pop_front();
-            } else if now.saturating_duration_since(queued_at) >= self.max_pending_age {
-                self.ages.pop_front();
-                if self
-                    .dispatcher
-                    .fail_queued(rpc_id, RpcFailure::NotSent, now)
-                {
-                    expired += 1;
-                }
-            } else {
-                break;
-            }
-        }
+    /// Counts and warns about the lookups the dispatcher ended unsent this turn for
+    /// waiting `max_pending_age` in the queue (`spec/behaviour.md` rule 17): none waits
+    /// behind a slow server without bound, nor takes the wire when it is stale.
+    fn expired(&mut self, now: Instant) {
+        let total = self.dispatcher.stats().lookups_expired;
+        let expired = total - self.expired_seen;
+        self.expired_seen = total;
         if expired > 0 {
             self.stats.expired.fetch_add(expired, Ordering::Relaxed);
             self.warn.warn(
@@ -565,18 +547,8 @@ impl<W: Wire> IoTask<W> {
 
     /// Arms the one Sleep for the earliest deadline or reopen attempt.
     fn arm(&mut self) {
-        // The lookups sent or ended this turn leave the front first: the timer is
-        // armed for `max_pending_age` only while a lookup is still queued, not once per
-        // lookup that went straight out.
-        while let Some(&(_, rpc_id)) = self.ages.front()
-            && !self.dispatcher.is_queued(rpc_id)
-        {
-            self.ages.pop_front();
-        }
-        let expiry = self.ages.front().map(|&(queued_at, _)| {
-            lookup_core::timer::deadline_after(queued_at, self.max_pending_age)
-        });
-        let next = [self.dispatcher.poll_timeout(), self.reopen_at, expiry]
+        // The dispatcher's includes the oldest queued lookup's `max_pending_age`.
+        let next = [self.dispatcher.poll_timeout(), self.reopen_at]
             .into_iter()
             .flatten()
             .min();
