@@ -301,7 +301,7 @@ impl<T> Dispatcher<T> {
             let Some(&(_, rpc_id)) = self.ages.front() else {
                 break;
             };
-            if matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. })) {
+            if self.is_queued(rpc_id) {
                 break;
             }
             self.ages.pop_front();
@@ -414,7 +414,7 @@ impl<T> Dispatcher<T> {
     /// claimed as if released, and its event carries `sent_at == at == now`. Returns
     /// false, with no event, when `rpc_id` is not queued, or was cancelled (then it is
     /// dropped as [`poll_transmit`](Self::poll_transmit) would drop it).
-    pub fn fail_queued(&mut self, rpc_id: RpcId, failure: RpcFailure, now: Instant) -> bool {
+    fn fail_queued(&mut self, rpc_id: RpcId, failure: RpcFailure, now: Instant) -> bool {
         let Some(Entry::Queued { ticket, .. }) = self.entries.get(&rpc_id) else {
             return false;
         };
@@ -446,8 +446,7 @@ impl<T> Dispatcher<T> {
     }
 
     /// True while `rpc_id` waits for the wire.
-    #[must_use]
-    pub fn is_queued(&self, rpc_id: RpcId) -> bool {
+    fn is_queued(&self, rpc_id: RpcId) -> bool {
         matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. }))
     }
 
@@ -480,7 +479,7 @@ impl<T> Dispatcher<T> {
                 if now.saturating_duration_since(queued_at) < age {
                     break;
                 }
-                if !matches!(self.entries.get(&rpc_id), Some(Entry::Queued { .. })) {
+                if !self.is_queued(rpc_id) {
                     // Not reached: `settle_ages` keeps the front queued.
                     self.ages.pop_front();
                     self.ages_stale = self.ages_stale.saturating_sub(1);

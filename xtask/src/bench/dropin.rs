@@ -201,10 +201,10 @@ impl DropInRun {
         };
         let us = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{:.2}", v / 1e3));
         Some(format!(
-            "\nFloors (p50, same loop shape, us): a native call {}, the copy of the hashes by \
-             CPython's b\"\".join {}; the goals allow a submit of {} and a ready poll of {}\n",
-            us(Some(call)),
-            us(Some(copy)),
+            "\nFloors (p50, same loop shape, us): a native call {:.2}, the copy of the hashes by \
+             CPython's b\"\".join {:.2}; the goals allow a submit of {} and a ready poll of {}\n",
+            call / 1e3,
+            copy / 1e3,
             us(allowed(|c| c.submit_p50_ns as f64)),
             us(allowed(|c| c.ready_p50_ns as f64)),
         ))
