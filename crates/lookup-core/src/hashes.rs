@@ -131,7 +131,11 @@ impl BlockHashes {
     /// The last hash, which with [`len`](Self::len) identifies a chained sequence.
     #[must_use]
     pub fn last(&self) -> Option<&[u8]> {
-        self.len().checked_sub(1).and_then(|i| self.get(i))
+        // The last `hash_len` bytes: no division (a probe compares chains by it).
+        if self.data.is_empty() {
+            return None;
+        }
+        Some(&self.data[self.data.len() - usize::from(self.hash_len)..])
     }
 
     /// Iterates over the hashes in order.
@@ -141,12 +145,13 @@ impl BlockHashes {
 
     /// True when `other` is the same chain: same hash length, same count and same
     /// last hash. Hashes are chained, so this identifies the whole chain without
-    /// comparing every block (`spec/behaviour.md`, vocabulary). Never allocates.
+    /// comparing every block (`spec/behaviour.md`, vocabulary). Never allocates; two
+    /// clones of one chain (the same bytes) compare without reading a hash.
     #[must_use]
     pub fn same_chain(&self, other: &Self) -> bool {
         self.hash_len == other.hash_len
             && self.data.len() == other.data.len()
-            && self.last() == other.last()
+            && (self.data.as_ptr() == other.data.as_ptr() || self.last() == other.last())
     }
 }
 
@@ -159,5 +164,41 @@ impl<'a> IntoIterator for &'a BlockHashes {
     fn into_iter(self) -> Self::IntoIter {
         let n = usize::from(self.hash_len.max(1));
         self.data.chunks_exact(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_is_the_final_hash_and_none_when_empty() {
+        let chain = BlockHashes::from_u64s(&[1, 2, 3]);
+        assert_eq!(chain.last(), Some(&3u64.to_be_bytes()[..]));
+        assert_eq!(
+            BlockHashes::from_u64s(&[9]).last(),
+            Some(&9u64.to_be_bytes()[..])
+        );
+        assert_eq!(BlockHashes::empty().last(), None);
+    }
+
+    #[test]
+    fn same_chain_compares_length_count_and_last_hash() {
+        let chain = BlockHashes::from_u64s(&[1, 2, 3]);
+        // A clone shares the bytes; a copy has its own.
+        assert!(chain.same_chain(&chain.clone()));
+        assert!(chain.same_chain(&BlockHashes::from_u64s(&[1, 2, 3])));
+        // Chained hashes: an equal last hash at an equal count is the same chain.
+        assert!(chain.same_chain(&BlockHashes::from_u64s(&[7, 8, 3])));
+        assert!(!chain.same_chain(&BlockHashes::from_u64s(&[1, 2, 4])));
+        assert!(!chain.same_chain(&BlockHashes::from_u64s(&[2, 3])));
+        // A prefix of the same bytes starts at the same address: still not the same.
+        let prefix = BlockHashes::new(8, chain.as_bytes().slice(..16)).unwrap();
+        assert!(!chain.same_chain(&prefix));
+        let wide = BlockHashes::new(12, chain.as_bytes().clone()).unwrap();
+        assert_eq!(wide.len(), 2);
+        assert!(!chain.same_chain(&wide));
+        assert!(BlockHashes::empty().same_chain(&BlockHashes::empty()));
+        assert!(!BlockHashes::empty().same_chain(&chain));
     }
 }

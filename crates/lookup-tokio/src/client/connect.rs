@@ -3,6 +3,7 @@
 //! task they spawn for the chosen transport, and the wait for the server's first
 //! answer (`spec/behaviour.md` rule 17; RELIABILITY.md, "Dead and hung servers").
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -267,6 +268,7 @@ impl LookupClient {
             batch,
             announced,
             announce,
+            handles_made: AtomicBool::new(false),
             link,
         }
     }

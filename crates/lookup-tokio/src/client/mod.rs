@@ -10,7 +10,7 @@ mod observer;
 mod tests;
 mod wait;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -133,6 +133,9 @@ pub struct LookupClient {
     announced: UnboundedReceiver<Announce>,
     /// Kept so that [`handle`](Self::handle) can make more.
     announce: UnboundedSender<Announce>,
+    /// Set by the first [`handle`](Self::handle): before it nothing can be announced,
+    /// so a call does not read the empty channel (cold cache lines after a step).
+    handles_made: AtomicBool,
     /// What the I/O task knows of its connection (the strict connect waits on it).
     link: watch::Receiver<Link>,
 }
@@ -213,6 +216,8 @@ impl LookupClient {
     /// finishes into this client (applied at its next call).
     #[must_use]
     pub fn handle(&self) -> LookupHandle {
+        // Relaxed: read back by this client's own calls, after this one returns.
+        self.handles_made.store(true, Ordering::Relaxed);
         LookupHandle {
             tx: self.announce.clone(),
         }
@@ -351,7 +356,9 @@ impl LookupClient {
     fn begin(&mut self) -> Instant {
         let now = clock::now();
         self.core.observer_mut().clock = now;
-        while let Ok(announce) = self.announced.try_recv() {
+        while *self.handles_made.get_mut()
+            && let Ok(announce) = self.announced.try_recv()
+        {
             match announce {
                 Announce::Arrival(req, caller_id) => {
                     self.core.observer_mut().arrived(req.request_id, caller_id);
