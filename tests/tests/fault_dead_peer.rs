@@ -11,11 +11,10 @@
 //! `cargo test -p lookup-tests --test fault_dead_peer -- --ignored measure --nocapture`.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use lookup_core::{Event, LookupOutcome, RpcFailure};
-use lookup_tests::client::refused_tcp;
+use lookup_tests::client::{free_tcp, refused_tcp};
 use lookup_tests::fault::{ChildServer, TempDir, async_config, expected_hit, request};
 use lookup_tokio::{ClientConfig, Endpoint, Error, LookupClient};
 
@@ -35,13 +34,6 @@ fn spawn(endpoint: &Endpoint) -> ChildServer {
     let server = ChildServer::spawn("child_server", endpoint);
     assert!(server.wait_ready(LIMIT), "the server never came up");
     server
-}
-
-/// A tcp endpoint on a port free now, so that a restarted server binds it again.
-fn free_tcp() -> Endpoint {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    format!("tcp://127.0.0.1:{port}").parse().expect("endpoint")
 }
 
 /// vLLM's defaults for an async scheduler: 5 s timeout, prefetch 16, one RPC on the

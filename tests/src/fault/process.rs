@@ -95,12 +95,8 @@ impl Drop for TempDir {
     }
 }
 
-/// A TCP endpoint on 127.0.0.1 with a port that was free a moment ago.
-pub fn free_tcp() -> Endpoint {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    let port = listener.local_addr().expect("local addr").port();
-    Endpoint::Tcp(format!("127.0.0.1:{port}"))
-}
+/// The client tests' own: one way to find a free port.
+pub use crate::client::free_tcp;
 
 /// Serialises the tests of one binary: caller-time figures of tests that share two
 /// cores with each other would measure each other. Async, as it is held across awaits.
