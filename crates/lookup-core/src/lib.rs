@@ -102,5 +102,5 @@ pub use dispatch::{Dispatcher, DispatcherStats, Outgoing};
 pub use endpoint::Endpoint;
 pub use error::Error;
 pub use hashes::BlockHashes;
-pub use lookups::{Lookups, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN};
+pub use lookups::{Lookups, RETRY_BACKOFF_MAX, RETRY_BACKOFF_MIN, Table};
 pub use types::*;

@@ -20,12 +20,13 @@ use crate::{
 };
 use entry::{FirstProbe, LookupState, Preemption, RequestEntry, Rpc, RpcKind, ShareKey};
 
-/// A table of the core, keyed by an id or a [`ShareKey`]: foldhash, because SipHash
-/// was a third of a pending probe's cost (DESIGN.md, "caller cost"); griddle, so
-/// that growing never rehashes every entry in one input (the std map's doubling
-/// at 57,344 tracked requests took one arrival 4.7-8.4 ms; griddle moves a few
-/// entries per insert instead).
-pub(crate) type Table<K, V> = griddle::HashMap<K, V, foldhash::fast::RandomState>;
+/// The hash table of the core and its driver, keyed by ids (a [`RequestId`], an
+/// [`RpcId`]) or the core's share key: foldhash, because SipHash was a third of a
+/// pending probe's cost (DESIGN.md, "caller cost"); griddle, so that growing never
+/// rehashes every entry in one input (the std map's doubling at 57,344 tracked
+/// requests took one arrival 4.7-8.4 ms; griddle moves a few entries per insert
+/// instead). `Table::default()` is empty and allocates nothing.
+pub type Table<K, V> = griddle::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// First wait before a failed request is looked up again (rule 11); doubles per failed
 /// lookup up to [`RETRY_BACKOFF_MAX`], back to this after a lookup succeeds.

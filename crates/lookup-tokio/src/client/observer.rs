@@ -15,12 +15,10 @@ use tracing::field::Empty;
 use crate::metrics::{ClientMetrics, LookupEnd};
 use crate::warn::WarnLimiter;
 
-/// The observer's tables, keyed by ids, are the core's kind (DESIGN.md, "caller
-/// cost"): foldhash, not SipHash, on the probe's path (a first `Ready` answer and
-/// each reply it applies touch up to three of them); griddle, so that the arrival
-/// table grows a few entries per arrival instead of rehashing every one in a single
-/// `on_new_request` (the std map doubled at 57,344 tracked requests).
-type Map<K, V> = griddle::HashMap<K, V, foldhash::fast::RandomState>;
+/// The observer's tables are the core's own ([`lookup_core::Table`]): they are on the
+/// probe's path (a first `Ready` answer and each reply it applies touch up to three
+/// of them), and the arrival table grows with the request table.
+type Map<K, V> = lookup_core::Table<K, V>;
 
 /// The client's [`Observe`] implementation.
 #[derive(Debug)]
