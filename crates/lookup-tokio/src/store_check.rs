@@ -14,11 +14,16 @@
 //! exists in every rank namespace of the [`KeyLayout`], and the run ends at the first
 //! block that does not.
 //!
+//! Checks that time out in a row replace the master connection, as the direct
+//! transport's lookups do ([`StoreCheckLimits::reopen_after_timeouts`], rule 17): a
+//! hung or half-open connection is not kept until the kernel drops it.
+//!
 //! Like every lookup, a check grants each present key a read lease (the master's
 //! `default_kv_lease_ttl`): it pins what it finds for that long, and asks nothing past
 //! the chunk that ended the run. A failure is an [`Unavailable`] error, never 0 blocks
 //! (`spec/behaviour.md` rule 11): a router must not read a down store as a cold cache.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use lookup_core::{BlockHashes, Unavailable};
@@ -49,7 +54,8 @@ impl StoredBlocks {
     }
 }
 
-/// Settings of a [`StoreCheck`] beyond the direct client's.
+/// Settings of a [`StoreCheck`]: [`StoreCheck::connect`] takes them from the client's
+/// configuration, the other constructors from here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoreCheckLimits {
@@ -61,6 +67,11 @@ pub struct StoreCheckLimits {
     /// (when [`DirectConfig::batch`] enables it) only while its read lease outlasts
     /// this. Default 2 s, the client's `lookup_prefetch_ttl_s`.
     pub answer_ttl: Duration,
+    /// Checks failed in a row by a timeout (this bound or the master client's call
+    /// timeout) that replace the master connection (`spec/behaviour.md` rule 17); an
+    /// answer or any other failure starts the count again. 0 never replaces it.
+    /// Default 3, the client's [`DirectConfig::reopen_after_timeouts`].
+    pub reopen_after_timeouts: u32,
 }
 
 impl Default for StoreCheckLimits {
@@ -69,6 +80,7 @@ impl Default for StoreCheckLimits {
         Self {
             timeout: core.lookup_timeout,
             answer_ttl: core.lookup_prefetch_ttl,
+            reopen_after_timeouts: crate::io::direct::DEFAULT_REOPEN_AFTER_TIMEOUTS,
         }
     }
 }
@@ -87,6 +99,14 @@ impl StoreCheckLimits {
         self.answer_ttl = answer_ttl;
         self
     }
+
+    /// These limits with [`reopen_after_timeouts`](Self::reopen_after_timeouts) set
+    /// (0: never).
+    #[must_use]
+    pub fn with_reopen_after_timeouts(mut self, n: u32) -> Self {
+        self.reopen_after_timeouts = n;
+        self
+    }
 }
 
 struct Inner {
@@ -95,6 +115,8 @@ struct Inner {
     layout: KeyLayout,
     block_size: u32,
     limits: StoreCheckLimits,
+    /// Checks failed by a timeout since the last answer or other failure.
+    timeouts_in_a_row: AtomicU32,
 }
 
 /// How many leading blocks of a prompt the store holds, from any task: a cheap handle
@@ -128,8 +150,9 @@ impl std::fmt::Debug for StoreCheck {
 
 impl StoreCheck {
     /// Connects with the configuration of a direct [`LookupClient`](crate::LookupClient):
-    /// its [`DirectConfig`], block size, `lookup_timeout_s` (a check's bound) and
-    /// `lookup_prefetch_ttl_s` (the life of an answer).
+    /// its [`DirectConfig`], block size, `lookup_timeout_s` (a check's bound),
+    /// `lookup_prefetch_ttl_s` (the life of an answer) and
+    /// [`DirectConfig::reopen_after_timeouts`].
     ///
     /// # Errors
     /// [`Error::InvalidClientConfig`] (key `transport`) for a ZeroMQ transport: a
@@ -147,22 +170,27 @@ impl StoreCheck {
         let limits = StoreCheckLimits {
             timeout: config.core.lookup_timeout,
             answer_ttl: config.core.lookup_prefetch_ttl,
+            reopen_after_timeouts: direct.reopen_after_timeouts,
         };
         Self::connect_with((**direct).clone(), config.core.block_size, limits).await
     }
 
-    /// Connects to `direct.master` with blocks of `block_size` tokens and the default
-    /// [`StoreCheckLimits`].
+    /// Connects to `direct.master` with blocks of `block_size` tokens, the default
+    /// [`StoreCheckLimits`] and `direct.reopen_after_timeouts`.
     ///
     /// # Errors
     /// As [`connect_with`](Self::connect_with).
     pub async fn connect_direct(direct: DirectConfig, block_size: u32) -> Result<Self, Error> {
-        Self::connect_with(direct, block_size, StoreCheckLimits::default()).await
+        let limits =
+            StoreCheckLimits::default().with_reopen_after_timeouts(direct.reopen_after_timeouts);
+        Self::connect_with(direct, block_size, limits).await
     }
 
     /// Connects to `direct.master` (reading the leader from etcd first for an
     /// `etcd://` address); later failures are retried in the background by the master
-    /// client, and checks meanwhile fail fast as [`Unavailable::Transport`].
+    /// client, and checks meanwhile fail fast as [`Unavailable::Transport`]. The
+    /// limits' `reopen_after_timeouts` applies, not `direct`'s (as `limits.timeout`
+    /// stands for `lookup_timeout_s`).
     ///
     /// # Errors
     /// [`Error::InvalidClientConfig`] for settings [`DirectConfig::validate`] refuses,
@@ -216,6 +244,7 @@ impl StoreCheck {
                 layout,
                 block_size,
                 limits,
+                timeouts_in_a_row: AtomicU32::new(0),
             }),
         })
     }
@@ -231,7 +260,9 @@ impl StoreCheck {
     /// [`Unavailable::Malformed`] for a reply that does not decode or has a wrong
     /// number of answers; [`Unavailable::Transport`] when the master is down, lost,
     /// has no leader, or refused the call. A key the master answers with an error code
-    /// ends the run at its block, as vLLM's worker counts it.
+    /// ends the run at its block, as vLLM's worker counts it. The
+    /// [`reopen_after_timeouts`](StoreCheckLimits::reopen_after_timeouts)-th timeout
+    /// in a row (of all tasks' checks) replaces the master connection.
     pub async fn check(&self, block_hashes: &BlockHashes) -> Result<StoredBlocks, Unavailable> {
         let inner = &*self.inner;
         let blocks = inner.layout.blocks_of(block_hashes.len());
@@ -244,8 +275,10 @@ impl StoreCheck {
             inner.limits.timeout,
             inner.coalescer.leading_blocks_flat(keys, keys_per_block),
         )
-        .await
-        .map_err(|_| Unavailable::TimedOut)?;
+        .await;
+        let timed_out = matches!(answer, Err(_) | Ok(Err(MasterError::Timeout { .. })));
+        inner.count_timeout(timed_out);
+        let answer = answer.map_err(|_| Unavailable::TimedOut)?;
         let run = match answer {
             Ok(run) => run,
             Err(MasterError::Store {
@@ -295,6 +328,29 @@ impl StoreCheck {
     #[must_use]
     pub fn limits(&self) -> StoreCheckLimits {
         self.inner.limits
+    }
+}
+
+impl Inner {
+    /// Counts a check that `timed_out` (or starts the count again); the
+    /// `reopen_after_timeouts`-th in a row replaces the master connection (rule 17).
+    fn count_timeout(&self, timed_out: bool) {
+        if !timed_out {
+            self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+            return;
+        }
+        let n = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        let k = self.limits.reopen_after_timeouts;
+        if k > 0 && n >= k {
+            self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+            tracing::warn!(
+                addr = %self.master.addr(),
+                timeouts = n,
+                "Mooncake master: {n} store checks in a row timed out; the connection is replaced (rule 17)"
+            );
+            self.master
+                .reconnect("store checks timed out in a row (rule 17)");
+        }
     }
 }
 

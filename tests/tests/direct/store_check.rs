@@ -171,3 +171,52 @@ async fn checks_of_two_layouts_share_one_batcher() {
         "invalid client configuration `block_size`: must be at least 1"
     );
 }
+
+/// Rule 17: the `reopen_after_timeouts`-th check in a row failed by a timeout replaces
+/// the master connection; the client connects again in the background. 0 never
+/// replaces it; `connect_direct` takes the count from the `DirectConfig`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_timed_out_in_a_row_replace_the_master_connection() {
+    let silent = FakeMaster::start(Behaviour::Silent).await;
+    let limits = StoreCheckLimits::default()
+        .with_timeout(Duration::from_millis(100))
+        .with_reopen_after_timeouts(2);
+    let store = StoreCheck::connect_with(direct(&silent, Duration::from_millis(1)), B, limits)
+        .await
+        .expect("connect");
+    let asked = |store: &StoreCheck| store.master().stats().reconnects_asked;
+    assert_eq!(store.check(&chain(1)).await, Err(Unavailable::TimedOut));
+    assert_eq!(asked(&store), 0);
+    assert_eq!(store.check(&chain(2)).await, Err(Unavailable::TimedOut));
+    assert_eq!(asked(&store), 1);
+    eventually("the replacement connection is up", || {
+        store.master().stats().connects == 2
+    })
+    .await;
+    assert_eq!(store.check(&chain(3)).await, Err(Unavailable::TimedOut));
+    assert_eq!(
+        asked(&store),
+        1,
+        "the count started again on the new connection"
+    );
+
+    let never = limits.with_reopen_after_timeouts(0);
+    let store = StoreCheck::connect_with(direct(&silent, Duration::from_millis(1)), B, never)
+        .await
+        .expect("connect");
+    for p in 0..3 {
+        assert_eq!(store.check(&chain(p)).await, Err(Unavailable::TimedOut));
+    }
+    let stats = store.master().stats();
+    assert_eq!((stats.reconnects_asked, stats.connects), (0, 1));
+
+    // connect_direct: the DirectConfig's count, the master client's 1 s call timeout.
+    let mut config = direct(&silent, Duration::from_millis(1));
+    config.reopen_after_timeouts = 1;
+    config.master_config.call_timeout = Duration::from_millis(100);
+    let store = StoreCheck::connect_direct(config, B)
+        .await
+        .expect("connect");
+    assert_eq!(store.check(&chain(1)).await, Err(Unavailable::TimedOut));
+    assert_eq!(asked(&store), 1);
+}

@@ -125,6 +125,10 @@ pub struct DirectConfig {
     pub batch: BatchConfig,
 }
 
+/// [`DirectConfig::reopen_after_timeouts`]'s default, shared by
+/// [`StoreCheckLimits`](crate::StoreCheckLimits).
+pub(crate) const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 = 3;
+
 impl DirectConfig {
     /// The master at `master`, keys laid out by `layout`, the master client's
     /// defaults, the master's default lease of 10 s and a connect backoff of 10 ms.
@@ -136,7 +140,7 @@ impl DirectConfig {
             master_config: MasterConfig::default(),
             lease_ttl: DEFAULT_LEASE_TTL,
             connect_backoff: Duration::from_millis(10),
-            reopen_after_timeouts: 3,
+            reopen_after_timeouts: DEFAULT_REOPEN_AFTER_TIMEOUTS,
             batch: BatchConfig::default(),
         }
     }
