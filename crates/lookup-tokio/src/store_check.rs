@@ -343,6 +343,11 @@ impl Inner {
         let k = self.limits.reopen_after_timeouts;
         if k > 0 && n >= k {
             self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+            if !self.master.is_connected() {
+                // Checks of a call shared by many end together: the first k replaced
+                // the connection; the rest have none to replace.
+                return;
+            }
             tracing::warn!(
                 addr = %self.master.addr(),
                 timeouts = n,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use lookup_core::BlockHashes;
 use lookup_tests::direct::{Behaviour, FakeMaster, LIMIT, eventually};
+use lookup_tests::logs::Logs;
 use lookup_tokio::mooncake_master::batch::DEFAULT_LEASE_TTL;
 use lookup_tokio::mooncake_master::{Coalescer, MasterClient, MasterConfig};
 use lookup_tokio::{
@@ -172,6 +173,17 @@ async fn checks_of_two_layouts_share_one_batcher() {
     );
 }
 
+/// A check of `fake` by `connect_direct`, with the `DirectConfig`'s
+/// `reopen_after_timeouts` set to `k` and a call timeout of 100 ms.
+async fn hung_check(fake: &FakeMaster, k: u32) -> StoreCheck {
+    let mut config = direct(fake, Duration::from_millis(1));
+    config.reopen_after_timeouts = k;
+    config.master_config.call_timeout = Duration::from_millis(100);
+    StoreCheck::connect_direct(config, B)
+        .await
+        .expect("connect")
+}
+
 /// Rule 17: the `reopen_after_timeouts`-th check in a row failed by a timeout replaces
 /// the master connection; the client connects again in the background. 0 never
 /// replaces it; `connect_direct` takes the count from the `DirectConfig`.
@@ -211,12 +223,28 @@ async fn checks_timed_out_in_a_row_replace_the_master_connection() {
     assert_eq!((stats.reconnects_asked, stats.connects), (0, 1));
 
     // connect_direct: the DirectConfig's count, the master client's 1 s call timeout.
-    let mut config = direct(&silent, Duration::from_millis(1));
-    config.reopen_after_timeouts = 1;
-    config.master_config.call_timeout = Duration::from_millis(100);
-    let store = StoreCheck::connect_direct(config, B)
-        .await
-        .expect("connect");
+    let store = hung_check(&silent, 1).await;
     assert_eq!(store.check(&chain(1)).await, Err(Unavailable::TimedOut));
     assert_eq!(asked(&store), 1);
+}
+
+/// Checks that share one timed-out call replace the connection once: one reconnect,
+/// one WARN, however many of them end together.
+#[tokio::test]
+async fn checks_of_one_timed_out_call_replace_the_connection_once() {
+    let logs = Logs::capture();
+    let silent = FakeMaster::start(Behaviour::Silent).await;
+    let store = hung_check(&silent, 2).await;
+    let checks: Vec<_> = (0..6u64)
+        .map(|p| {
+            let store = store.clone();
+            tokio::spawn(async move { store.check(&chain(p)).await })
+        })
+        .collect();
+    for check in checks {
+        assert_eq!(check.await.unwrap(), Err(Unavailable::TimedOut));
+    }
+    assert_eq!(store.master().stats().reconnects_asked, 1);
+    let warned = logs.containing("store checks in a row timed out");
+    assert_eq!(warned.len(), 1, "{warned:?}");
 }

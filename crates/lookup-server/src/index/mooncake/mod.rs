@@ -419,12 +419,17 @@ impl MooncakeIndex {
     fn failed(&self, e: &MasterError) -> IndexError {
         if matches!(e, MasterError::Timeout { .. }) {
             let n = bump(&self.timeouts_in_a_row, 1);
-            if self.reopen_after_timeouts > 0 && n >= self.reopen_after_timeouts {
+            let k = self.reopen_after_timeouts;
+            // Lookups of a call shared by many end together: the first k replace the
+            // connection, the rest have none to replace (no reopen counted or logged).
+            if k > 0 && n >= k {
                 self.timeouts_in_a_row.store(0, Ordering::Relaxed);
-                bump(&self.counters.reopens, 1);
-                tracing::warn!(addr = %self.master.addr(), timeouts = n, "Mooncake master calls timed out {n} lookups in a row: the connection is replaced (rule 17)");
-                self.master
-                    .reconnect("lookups timed out in a row (rule 17)");
+                if self.master.is_connected() {
+                    bump(&self.counters.reopens, 1);
+                    tracing::warn!(addr = %self.master.addr(), timeouts = n, "Mooncake master calls timed out {n} lookups in a row: the connection is replaced (rule 17)");
+                    self.master
+                        .reconnect("lookups timed out in a row (rule 17)");
+                }
             }
         } else {
             self.answered();

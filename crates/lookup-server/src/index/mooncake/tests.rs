@@ -503,3 +503,33 @@ fn keys_needed_counts_chunks_through_the_first_absent_block() {
     assert_eq!(keys_needed(5, 16, 8, 2), 48);
     assert_eq!(keys_needed(5, 0, 8, 0), 0);
 }
+
+/// Lookups that share one timed-out call replace the connection once, however many of
+/// them end together: one reopen, one reconnect.
+#[tokio::test]
+async fn lookups_of_one_timed_out_call_replace_the_connection_once() {
+    let (_fake, addr) = Fake::start(&["a0"]).await;
+    let mut config = MasterConfig::default();
+    config.call_timeout = Duration::from_millis(100);
+    let index = Arc::new(
+        MooncakeIndex::connect(&addr, config)
+            .await
+            .unwrap()
+            .with_reopen_after_timeouts(2),
+    );
+    let lookups: Vec<_> = (0..6)
+        .map(|i| {
+            let index = Arc::clone(&index);
+            let hang = keys(&["hang", &format!("k{i}")]);
+            tokio::spawn(async move { index.leading_blocks(1, &hang).await })
+        })
+        .collect();
+    for lookup in lookups {
+        lookup.await.unwrap().unwrap_err();
+    }
+    let stats = index.stats();
+    assert_eq!(
+        (stats.errors, stats.reopens, stats.master.reconnects_asked),
+        (6, 1, 1)
+    );
+}
