@@ -224,7 +224,9 @@ impl StoreCheck {
     /// (shared with other checks, e.g. one per model on one master, so that all of
     /// them share one connection and its batches), keys laid out by `layout` in blocks
     /// of `block_size` tokens. The coalescer's own margin stays in force:
-    /// `limits.answer_ttl` is not applied to it.
+    /// `limits.answer_ttl` is not applied to it. Each handle made here counts its own
+    /// timeouts for `limits.reopen_after_timeouts`; a reopen replaces the shared
+    /// connection.
     ///
     /// # Errors
     /// [`Error::InvalidClientConfig`] for a `block_size` of 0 or a zero
@@ -336,7 +338,10 @@ impl Inner {
     /// `reopen_after_timeouts`-th in a row replaces the master connection (rule 17).
     fn count_timeout(&self, timed_out: bool) {
         if !timed_out {
-            self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+            // Read first: checks from many threads write the line only after a timeout.
+            if self.timeouts_in_a_row.load(Ordering::Relaxed) != 0 {
+                self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+            }
             return;
         }
         let n = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
