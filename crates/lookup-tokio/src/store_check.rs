@@ -23,12 +23,11 @@
 //! the chunk that ended the run. A failure is an [`Unavailable`] error, never 0 blocks
 //! (`spec/behaviour.md` rule 11): a router must not read a down store as a cold cache.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use lookup_core::{BlockHashes, Unavailable};
 use mooncake_master::batch::LeaseTtl;
-use mooncake_master::{BatchStats, Coalescer, KeyLayout, MasterClient, MasterError};
+use mooncake_master::{BatchStats, Coalescer, KeyLayout, MasterClient, MasterError, TimeoutStreak};
 
 use crate::{ClientConfig, DirectConfig, Error, Transport};
 
@@ -115,8 +114,8 @@ struct Inner {
     layout: KeyLayout,
     block_size: u32,
     limits: StoreCheckLimits,
-    /// Checks failed by a timeout since the last answer or other failure.
-    timeouts_in_a_row: AtomicU32,
+    /// Checks failed by a timeout in a row (rule 17).
+    streak: TimeoutStreak,
 }
 
 /// How many leading blocks of a prompt the store holds, from any task: a cheap handle
@@ -246,7 +245,7 @@ impl StoreCheck {
                 layout,
                 block_size,
                 limits,
-                timeouts_in_a_row: AtomicU32::new(0),
+                streak: TimeoutStreak::new(limits.reopen_after_timeouts),
             }),
         })
     }
@@ -273,13 +272,14 @@ impl StoreCheck {
             return Ok(StoredBlocks::default());
         }
         let keys_per_block = inner.layout.namespaces().len().max(1);
+        let on = inner.master.connection_id();
         let answer = tokio::time::timeout(
             inner.limits.timeout,
             inner.coalescer.leading_blocks_flat(keys, keys_per_block),
         )
         .await;
         let timed_out = matches!(answer, Err(_) | Ok(Err(MasterError::Timeout { .. })));
-        inner.count_timeout(timed_out);
+        inner.count_timeout(timed_out, on);
         let answer = answer.map_err(|_| Unavailable::TimedOut)?;
         let run = match answer {
             Ok(run) => run,
@@ -334,32 +334,21 @@ impl StoreCheck {
 }
 
 impl Inner {
-    /// Counts a check that `timed_out` (or starts the count again); the
-    /// `reopen_after_timeouts`-th in a row replaces the master connection (rule 17).
-    fn count_timeout(&self, timed_out: bool) {
+    /// Counts a check made on connection `on` that `timed_out` (or starts the count
+    /// again); the `reopen_after_timeouts`-th in a row replaces that connection, once
+    /// however many checks of one call end together (rule 17).
+    fn count_timeout(&self, timed_out: bool, on: Option<u64>) {
         if !timed_out {
-            // Read first: checks from many threads write the line only after a timeout.
-            if self.timeouts_in_a_row.load(Ordering::Relaxed) != 0 {
-                self.timeouts_in_a_row.store(0, Ordering::Relaxed);
-            }
+            self.streak.answered();
             return;
         }
-        let n = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-        let k = self.limits.reopen_after_timeouts;
-        if k > 0 && n >= k {
-            self.timeouts_in_a_row.store(0, Ordering::Relaxed);
-            if !self.master.is_connected() {
-                // Checks of a call shared by many end together: the first k replaced
-                // the connection; the rest have none to replace.
-                return;
-            }
+        let reason = "store checks timed out in a row (rule 17)";
+        if let Some(n) = self.streak.timed_out(&self.master, on, reason) {
             tracing::warn!(
                 addr = %self.master.addr(),
                 timeouts = n,
                 "Mooncake master: {n} store checks in a row timed out; the connection is replaced (rule 17)"
             );
-            self.master
-                .reconnect("store checks timed out in a row (rule 17)");
         }
     }
 }

@@ -38,7 +38,7 @@ pub mod key;
 
 pub use addr::{LeaderState, MasterAddr, MasterView};
 pub use batch::{BatchConfig, BatchStats, Coalescer, PresenceCacheConfig};
-pub use client::{Epoch, MasterClient, MasterConfig, MasterStats};
+pub use client::{Epoch, MasterClient, MasterConfig, MasterStats, TimeoutStreak};
 pub use codec::{ExistResult, FunctionId, TypeLiteral};
 pub use error::{MasterError, StoreErrorCode};
 pub use key::{KeyLayout, RankNamespace};

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mooncake_master::codec::{self, ExistResult, FunctionId, REQUEST_HEADER_LEN, RequestHeader};
-use mooncake_master::{MasterClient, MasterConfig, MasterError, StoreErrorCode, TypeLiteral};
+use mooncake_master::{
+    MasterClient, MasterConfig, MasterError, StoreErrorCode, TimeoutStreak, TypeLiteral,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -452,6 +454,54 @@ async fn a_broken_connection_fails_its_calls_and_is_replaced() {
         assert!(matches!(err, MasterError::Unavailable { .. }), "{err}");
     }
     assert!(master.stats().failed_fast >= 5);
+}
+
+/// Rule 17's streak: the k-th timeout in a row of one connection replaces it, once;
+/// callers of that connection that end after it are not counted against the next
+/// one, an answer starts the count again, and so does a connection replaced
+/// otherwise.
+#[tokio::test]
+async fn a_timeout_streak_replaces_its_connection_once() {
+    let (fake, addr, _task) = Fake::start().await;
+    fake.put(["a".to_owned()]);
+    let master = MasterClient::connect(&addr, config(1024)).await.unwrap();
+    let streak = TimeoutStreak::new(2);
+    let first = master.connection_id();
+    assert_eq!(first, Some(1));
+    assert_eq!(streak.timed_out(&master, first, "test"), None);
+    streak.answered();
+    assert_eq!(streak.timed_out(&master, first, "test"), None);
+    assert_eq!(streak.timed_out(&master, first, "test"), Some(2));
+    assert_eq!(master.stats().reconnects_asked, 1);
+    assert_eq!(streak.timed_out(&master, first, "test"), None);
+    until_reconnected(&master).await;
+    let second = master.connection_id();
+    assert_eq!(second, Some(2));
+    assert_eq!(streak.timed_out(&master, second, "test"), None);
+    assert_eq!(streak.timed_out(&master, first, "test"), None);
+    assert_eq!(streak.timed_out(&master, second, "test"), Some(2));
+    until_reconnected(&master).await;
+    let third = master.connection_id();
+    assert_eq!(streak.timed_out(&master, third, "test"), None);
+    // Replaced by someone else: the new connection's first timeout counts 1.
+    master.reconnect("test");
+    until_reconnected(&master).await;
+    let fourth = master.connection_id();
+    assert_eq!(fourth, Some(4));
+    assert_eq!(streak.timed_out(&master, fourth, "test"), None);
+    assert_eq!(streak.timed_out(&master, fourth, "test"), Some(2));
+    assert_eq!(streak.timed_out(&master, None, "test"), None);
+    assert_eq!(master.stats().reconnects_asked, 4);
+    until_reconnected(&master).await;
+    let never = TimeoutStreak::new(0);
+    for _ in 0..3 {
+        assert_eq!(
+            never.timed_out(&master, master.connection_id(), "test"),
+            None
+        );
+    }
+    assert_eq!(master.stats().reconnects_asked, 4);
+    assert_eq!(fake.connections.load(Ordering::SeqCst), 5);
 }
 
 #[tokio::test]

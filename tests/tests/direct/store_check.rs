@@ -173,6 +173,11 @@ async fn checks_of_two_layouts_share_one_batcher() {
     );
 }
 
+/// Held by the tests that make the reopen WARN: tracing's per-callsite interest,
+/// computed while another thread first hits the callsite, can hide a line from the
+/// capture of a test running at the same time.
+static REOPEN_WARN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A check of `fake` by `connect_direct`, with the `DirectConfig`'s
 /// `reopen_after_timeouts` set to `k` and a call timeout of 100 ms.
 async fn hung_check(fake: &FakeMaster, k: u32) -> StoreCheck {
@@ -189,6 +194,7 @@ async fn hung_check(fake: &FakeMaster, k: u32) -> StoreCheck {
 /// replaces it; `connect_direct` takes the count from the `DirectConfig`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_timed_out_in_a_row_replace_the_master_connection() {
+    let _serial = REOPEN_WARN.lock().await;
     let silent = FakeMaster::start(Behaviour::Silent).await;
     let limits = StoreCheckLimits::default()
         .with_timeout(Duration::from_millis(100))
@@ -232,6 +238,7 @@ async fn checks_timed_out_in_a_row_replace_the_master_connection() {
 /// one WARN, however many of them end together.
 #[tokio::test]
 async fn checks_of_one_timed_out_call_replace_the_connection_once() {
+    let _serial = REOPEN_WARN.lock().await;
     let logs = Logs::capture();
     let silent = FakeMaster::start(Behaviour::Silent).await;
     let store = hung_check(&silent, 2).await;
@@ -247,4 +254,35 @@ async fn checks_of_one_timed_out_call_replace_the_connection_once() {
     assert_eq!(store.master().stats().reconnects_asked, 1);
     let warned = logs.containing("store checks in a row timed out");
     assert_eq!(warned.len(), 1, "{warned:?}");
+}
+
+/// The same on two worker threads, where the checks of one timed-out call end on
+/// both and the client connects again within a millisecond: each burst of 32 checks
+/// against the silent master replaces the connection exactly once, and every check
+/// fails (`TimedOut`, or `Transport` for a call lost with the replaced connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_on_many_threads_replace_the_connection_once_each() {
+    let _serial = REOPEN_WARN.lock().await;
+    let silent = FakeMaster::start(Behaviour::Silent).await;
+    let store = hung_check(&silent, 3).await;
+    for burst in 1..=5u64 {
+        let checks: Vec<_> = (0..32u64)
+            .map(|p| {
+                let store = store.clone();
+                tokio::spawn(async move { store.check(&chain(burst * 100 + p)).await })
+            })
+            .collect();
+        for check in checks {
+            let failed = check.await.unwrap().unwrap_err();
+            assert!(
+                matches!(failed, Unavailable::TimedOut | Unavailable::Transport),
+                "{failed:?}"
+            );
+        }
+        assert_eq!(store.master().stats().reconnects_asked, burst);
+        eventually("the replacement connection is up", || {
+            store.master().stats().connects == burst + 1
+        })
+        .await;
+    }
 }

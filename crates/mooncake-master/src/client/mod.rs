@@ -15,12 +15,14 @@
 //!
 //! Submodules: `config` ([`MasterConfig`]), `stats` ([`MasterStats`] and the shared
 //! counters), `conn` (one connection, its reader and writer tasks, the call path),
-//! `leader` (following the leader through etcd).
+//! `leader` (following the leader through etcd), `streak` ([`TimeoutStreak`]: rule 17's
+//! reopen after timeouts in a row, for the client's users).
 
 mod config;
 mod conn;
 mod leader;
 mod stats;
+mod streak;
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -34,6 +36,7 @@ use conn::{Link, State, check, open};
 use leader::Follow;
 pub use stats::MasterStats;
 use stats::{Counters, bump};
+pub use streak::TimeoutStreak;
 
 use crate::addr::{LeaderState, MasterAddr, MasterView};
 use crate::codec::{self, ExistResult, FunctionId};

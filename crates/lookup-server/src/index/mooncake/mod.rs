@@ -26,7 +26,7 @@ use metrics::{Counter, Gauge};
 use mooncake_master::batch::LeaseTtl;
 use mooncake_master::{
     BatchConfig, BatchStats, Coalescer, LeaderState, MasterAddr, MasterClient, MasterConfig,
-    MasterError, MasterStats,
+    MasterError, MasterStats, TimeoutStreak,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -132,11 +132,9 @@ pub struct MooncakeIndex {
     lease_gauge: Gauge,
     reset: ResetPolicy,
     counters: IndexCounters,
-    /// `with_reopen_after_timeouts`: lookups timed out in a row that replace the
-    /// master connection (0: never).
-    reopen_after_timeouts: u64,
-    /// Lookups failed by a call timeout since the last answered one.
-    timeouts_in_a_row: AtomicU64,
+    /// Lookups failed by a call timeout in a row, and `with_reopen_after_timeouts`:
+    /// how many replace the master connection (0: never).
+    streak: TimeoutStreak,
 }
 
 /// A snapshot of a [`MooncakeIndex`]'s counters since it was created (the index's
@@ -290,8 +288,7 @@ impl MooncakeIndex {
             lease_gauge,
             reset: ResetPolicy::Refuse,
             counters: IndexCounters::default(),
-            reopen_after_timeouts: u64::from(DEFAULT_REOPEN_AFTER_TIMEOUTS),
-            timeouts_in_a_row: AtomicU64::new(0),
+            streak: TimeoutStreak::new(DEFAULT_REOPEN_AFTER_TIMEOUTS),
         }
     }
 
@@ -305,7 +302,7 @@ impl MooncakeIndex {
     /// can (`spec/behaviour.md` rule 17). Counted in [`IndexStats::reopens`].
     #[must_use]
     pub fn with_reopen_after_timeouts(mut self, n: u32) -> Self {
-        self.reopen_after_timeouts = u64::from(n);
+        self.streak = TimeoutStreak::new(n);
         self
     }
 
@@ -411,25 +408,18 @@ impl MooncakeIndex {
     /// The master answered a query (or failed it other than by the call timeout): the
     /// timeouts are no longer in a row.
     fn answered(&self) {
-        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+        self.streak.answered();
     }
 
-    /// Counts a failed query and turns it into the server's error; the
-    /// `reopen_after_timeouts`-th call timeout in a row replaces the master connection.
-    fn failed(&self, e: &MasterError) -> IndexError {
+    /// Counts a query made on connection `on` that failed and turns it into the
+    /// server's error; the `reopen_after_timeouts`-th call timeout in a row replaces
+    /// that connection, once however many lookups of one call end together.
+    fn failed(&self, e: &MasterError, on: Option<u64>) -> IndexError {
         if matches!(e, MasterError::Timeout { .. }) {
-            let n = bump(&self.timeouts_in_a_row, 1);
-            let k = self.reopen_after_timeouts;
-            // Lookups of a call shared by many end together: the first k replace the
-            // connection, the rest have none to replace (no reopen counted or logged).
-            if k > 0 && n >= k {
-                self.timeouts_in_a_row.store(0, Ordering::Relaxed);
-                if self.master.is_connected() {
-                    bump(&self.counters.reopens, 1);
-                    tracing::warn!(addr = %self.master.addr(), timeouts = n, "Mooncake master calls timed out {n} lookups in a row: the connection is replaced (rule 17)");
-                    self.master
-                        .reconnect("lookups timed out in a row (rule 17)");
-                }
+            let reason = "lookups timed out in a row (rule 17)";
+            if let Some(n) = self.streak.timed_out(&self.master, on, reason) {
+                bump(&self.counters.reopens, 1);
+                tracing::warn!(addr = %self.master.addr(), timeouts = n, "Mooncake master calls timed out {n} lookups in a row: the connection is replaced (rule 17)");
             }
         } else {
             self.answered();
@@ -461,6 +451,7 @@ impl MooncakeIndex {
         if keys_per_block == 0 {
             return Ok(LeadingRun::default());
         }
+        let on = self.master.connection_id();
         let run = match self
             .batch
             .leading_blocks_flat(keys.to_vec(), keys_per_block)
@@ -477,7 +468,7 @@ impl MooncakeIndex {
                 self.key_error(&e);
                 i / keys_per_block
             }
-            Err(e) => return Err(self.failed(&e)),
+            Err(e) => return Err(self.failed(&e, on)),
         };
         self.answered();
         bump(&self.counters.blocks_found, count(run));
@@ -495,11 +486,12 @@ impl MooncakeIndex {
 
     async fn query_exists(&self, keys: &[String]) -> Result<Vec<bool>, IndexError> {
         bump(&self.counters.exists_calls, 1);
+        let on = self.master.connection_id();
         let answers = self
             .master
             .batch_exist_results(keys)
             .await
-            .map_err(|e| self.failed(&e))?;
+            .map_err(|e| self.failed(&e, on))?;
         self.answered();
         Ok(answers
             .into_iter()
