@@ -127,7 +127,7 @@ impl ZmqConfig {
         Self {
             endpoint,
             format: Format::TaggedBlob,
-            reopen_after_timeouts: 3,
+            reopen_after_timeouts: crate::io::direct::DEFAULT_REOPEN_AFTER_TIMEOUTS,
             reopen_backoff: Duration::from_millis(10),
             store_lease_ttl: None,
         }

@@ -126,7 +126,7 @@ pub struct DirectConfig {
 }
 
 /// [`DirectConfig::reopen_after_timeouts`]'s default, shared by
-/// [`StoreCheckLimits`](crate::StoreCheckLimits).
+/// [`StoreCheckLimits`](crate::StoreCheckLimits) and `ZmqConfig`.
 pub(crate) const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 = 3;
 
 impl DirectConfig {

@@ -297,12 +297,9 @@ impl MasterClient {
     /// not kept until the kernel drops it). A new epoch begins. No-op while no
     /// connection is up.
     pub fn reconnect(&self, reason: &str) {
-        let conn = match &lock(&self.inner.state).link {
-            Link::Up(conn) => conn.clone(),
-            Link::Down { .. } => return,
-        };
-        bump(&self.inner.counters.reconnects_asked, 1);
-        conn::fail(&Arc::downgrade(&self.inner), &conn, reason.to_owned());
+        if let Some(connection) = self.connection_id() {
+            self.replace_connection(connection, reason);
+        }
     }
 
     /// Bytes of requests queued for the live connection and not yet handed to its

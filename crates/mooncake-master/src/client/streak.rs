@@ -62,12 +62,6 @@ impl TimeoutStreak {
         }
     }
 
-    /// The timeouts in a row that replace the connection (0: never).
-    #[must_use]
-    pub fn reopen_after(&self) -> u32 {
-        self.reopen_after
-    }
-
     /// An answer, or a failure other than a timeout: the streak starts again. Reads
     /// before it writes, so callers on many threads share the count unwritten until a
     /// timeout.
