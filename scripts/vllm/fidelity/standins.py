@@ -290,7 +290,8 @@ def v1_utils_prelude(module):
 class ConnectorSlot:
     """What `KVConnectorFactory.create_connector` returns: vllm_core.build_scheduler
     puts the caller's scheduler-side connector here before constructing the
-    Scheduler (vLLM's factory resolves a class name from KVTransferConfig and
+    Scheduler (an instance, or a class or function called as vLLM's factory calls a
+    connector class: (vllm_config, role, kv_cache_config)) (vLLM's factory resolves a class name from KVTransferConfig and
     imports every connector module)."""
 
     connector: Any = None
@@ -301,9 +302,12 @@ def kv_connector_factory(module):
     class KVConnectorFactory:
         @staticmethod
         def create_connector(config, role, kv_cache_config=None):
-            if ConnectorSlot.connector is None:
+            c = ConnectorSlot.connector
+            if c is None:
                 raise StandInCalled("no connector given to build_scheduler")
-            return ConnectorSlot.connector
+            if isinstance(c, type) or (callable(c) and not hasattr(c, "get_num_new_matched_tokens")):
+                return c(config, role, kv_cache_config)
+            return c
     module.KVConnectorFactory = KVConnectorFactory
 
 

@@ -255,8 +255,13 @@ def build_scheduler(core, settings, connector=None, log_stats=False):
     """vLLM's `Scheduler` for `settings` (the scenario's "settings" dict: block_size,
     num_gpu_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
     enable_chunked_prefill, enable_prefix_caching, long_prefill_token_threshold,
-    async_scheduling, scheduler_reserve_full_isl), with `connector` (a scheduler-role
-    KVConnectorBase_V1 instance, or None for no KV transfer)."""
+    async_scheduling, scheduler_reserve_full_isl), with `connector`: None (no KV
+    transfer), a scheduler-role KVConnectorBase_V1 instance, or a class or function
+    called as vLLM's KVConnectorFactory calls a connector class,
+    `connector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)` (a connector's
+    __init__ reads the config the scheduler is built with). The KV transfer config is
+    kv_both (producer and consumer, as the Mooncake store connector runs) with
+    kv_load_failure_policy "recompute"."""
     si.ConnectorSlot.connector = connector
     try:
         cfg = vllm_config(core, settings, connector is not None)
