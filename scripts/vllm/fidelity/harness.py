@@ -180,9 +180,10 @@ def settings_with_defaults(core, s):
     return out
 
 
-def run(core, scenario):
+def run(core, scenario, on_step=None):
     """Yields the step log's objects (dicts), then the end line. `scenario`: the parsed
-    JSON (validated here)."""
+    JSON (validated here). `on_step(scheduler, line)`, if given, sees vLLM's Scheduler
+    after each step (tests read its queues)."""
     validate(scenario)
     s = settings_with_defaults(core, scenario["settings"])
     reqs = scenario["requests"]
@@ -257,6 +258,8 @@ def run(core, scenario):
                           for o in eco.outputs if o.finish_reason is not None)
         line["finished"] = finished
         finished_total += len(finished)
+        if on_step is not None:
+            on_step(sched, line)
         yield line
         step += 1
     yield {"end": True, "steps": step, "finished": finished_total}
