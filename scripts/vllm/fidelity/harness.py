@@ -105,6 +105,9 @@ def validate(scenario):
             if not isinstance(toks, list) or len(toks) < least or not all(
                     type(t) is int and 0 <= t < 2**31 for t in toks):
                 raise ScenarioError(f"{where}.{k} must be a non-empty list of ints in [0, 2^31)")
+        if len(r["prompt_token_ids"]) + len(r["output_token_ids"]) > s["max_model_len"]:
+            # vLLM's input processor rejects such a request before the scheduler.
+            raise ScenarioError(f"{where}: prompt + output tokens exceed settings.max_model_len")
         c = r["connector"]
         kind = c.get("kind") if isinstance(c, dict) else None
         if kind not in ("missing", "ready", "pending"):

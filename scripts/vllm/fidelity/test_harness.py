@@ -181,6 +181,7 @@ def test_the_same_scenario_gives_the_same_log(core):
      "multiple of 16"),
     (lambda s: s["requests"][0].update(prompt_token_ids=[-1]), "prompt_token_ids"),
     (lambda s: s["requests"].append(dict(s["requests"][0])), "unique"),
+    (lambda s: s["settings"].update(max_model_len=70), "exceed settings.max_model_len"),
 ])
 def test_a_bad_scenario_names_the_field(core, mutate, message):
     scenario = json.loads(json.dumps({"settings": settings(), "requests": GATE}))

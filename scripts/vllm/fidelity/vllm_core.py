@@ -127,6 +127,13 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
     already imported). Raises ImportError naming a module that is neither taken from
     the wheel nor stood in.
     """
+    for package in ("msgspec", "numpy"):
+        try:
+            __import__(package)
+        except ImportError as e:
+            raise ImportError(f"vLLM 0.33.0's engine and output types need {package}: "
+                              f"pip install msgspec numpy (see scripts/vllm/fidelity/test.sh)"
+                              ) from e
     importer = WheelImporter(
         wheel, [*VERBATIM, *extra_verbatim], {**PARTIAL, **(extra_partial or {})},
         {**STANDINS, **(extra_standins or {})}).install()
