@@ -13,7 +13,9 @@ scenario never asks for raises `StandInCalled` instead of guessing.
 import contextlib
 import enum
 import logging
+import os
 import sys
+import tempfile
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,10 +42,23 @@ def _refuse(module, *names):
 
 
 # torch ------------------------------------------------------------------------------
+class _TorchName(type):
+    """A torch name that is only an annotation: `torch.cuda.Event | None` builds, a
+    call raises StandInCalled."""
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _TorchName(f"{cls.__name__}.{name}", (), {})
+
+    def __call__(cls, *args, **kwargs):
+        raise StandInCalled(f"{cls.__name__} is stood in: install torch for tensors")
+
+
 def torch(module):
     """torch: the scheduling modules name `torch.Tensor`/`torch.dtype` in annotations
     and dataclass fields (prompt embeddings, logprob tensors, layer specs' dtypes), which
-    a text-only CPU run never fills. Any other attribute raises when called."""
+    a text-only CPU run never fills. Any other attribute is a `_TorchName`."""
     _placeholder(module, "Tensor", "dtype", "device", "Generator", "Size")
     for name in ("float16", "bfloat16", "float32", "float", "int", "int32", "int64",
                  "uint8", "long", "bool", "float8_e4m3fn", "float8_e5m2"):
@@ -52,9 +67,7 @@ def torch(module):
     def getattr_(name):
         if name.startswith("__"):
             raise AttributeError(name)
-        def refuse(*args, **kwargs):
-            raise StandInCalled(f"torch.{name} is stood in: install torch for tensors")
-        return refuse
+        return _TorchName(f"torch.{name}", (), {})
     module.__getattr__ = getattr_
 
 
@@ -85,9 +98,11 @@ def logger(module):
     module.init_logger = init_logger
 
 
-# The defaults vllm/envs.py gives when the variable is unset (vLLM 0.33.0, lines
-# 259-289 and 1894-2025), for the variables the loaded modules read.
+# What vllm/envs.py gives for the variables the loaded modules read (vLLM 0.33.0,
+# lines 17-289 and 732-2025): the default when unset; VLLM_RPC_BASE_PATH, read from the
+# environment as vLLM reads it (the lookup channel's ipc folder).
 ENVS = {
+    "VLLM_RPC_BASE_PATH": os.getenv("VLLM_RPC_BASE_PATH", tempfile.gettempdir()),
     "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": True,
     "VLLM_COMPUTE_NANS_IN_LOGITS": False,
     "VLLM_CUSTOM_SCOPES_FOR_PROFILING": False,
@@ -246,7 +261,7 @@ def torch_utils(module):
     """vllm.utils.torch_utils: torch helpers; `PIN_MEMORY` is a default argument,
     `get_dtype_size` is read only for layer page sizes (never by the scheduler)."""
     module.PIN_MEMORY = False
-    _refuse(module, "get_dtype_size", "make_ndarray_with_pad")
+    _refuse(module, "get_dtype_size", "make_ndarray_with_pad", "is_non_overlapping_and_dense")
 
 
 def platforms(module):

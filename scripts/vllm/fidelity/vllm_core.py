@@ -134,9 +134,13 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
             raise ImportError(f"vLLM 0.33.0's engine and output types need {package}: "
                               f"pip install msgspec numpy (see scripts/vllm/fidelity/test.sh)"
                               ) from e
-    importer = WheelImporter(
-        wheel, [*VERBATIM, *extra_verbatim], {**PARTIAL, **(extra_partial or {})},
-        {**STANDINS, **(extra_standins or {})}).install()
+    # A module named in an extra_* argument replaces its entry elsewhere.
+    extra_partial, extra_standins = extra_partial or {}, extra_standins or {}
+    named = {*extra_verbatim, *extra_partial, *extra_standins}
+    verbatim = [m for m in VERBATIM if m not in named] + list(extra_verbatim)
+    partial = {k: v for k, v in PARTIAL.items() if k not in named} | extra_partial
+    standins = {k: v for k, v in STANDINS.items() if k not in named} | extra_standins
+    importer = WheelImporter(wheel, verbatim, partial, standins).install()
     from vllm.distributed.kv_transfer.kv_connector.v1 import base as connector_base
     from vllm.utils import hashing
     from vllm.v1 import kv_cache_interface as kvi
@@ -167,7 +171,8 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
 
 # (file under vllm/config, class): the config dataclasses whose defaults are read.
 CONFIGS = [("scheduler", "SchedulerConfig"), ("cache", "CacheConfig"), ("model", "ModelConfig"),
-           ("parallel", "ParallelConfig"), ("observability", "ObservabilityConfig")]
+           ("parallel", "ParallelConfig"), ("observability", "ObservabilityConfig"),
+           ("kv_transfer", "KVTransferConfig")]
 
 
 def dataclass_defaults(z, path, cls):
@@ -207,10 +212,28 @@ class Strict(SimpleNamespace):
                              "add it in vllm_core.vllm_config")
 
 
-def vllm_config(core, s, with_connector):
+def kv_transfer_config(core, **fields):
+    """vLLM's KVTransferConfig fields (the wheel's defaults), with `fields` over them:
+    by default kv_role "kv_both" (producer and consumer, as the Mooncake store
+    connector runs), connector "MooncakeStoreConnector", kv_load_failure_policy as
+    vLLM defaults it. `is_kv_producer` / `is_kv_consumer` follow kv_role as
+    KVTransferConfig's properties do (config/kv_transfer.py line 131)."""
+    cfg = {**core.config_defaults["KVTransferConfig"], "kv_role": "kv_both",
+           "kv_connector": "MooncakeStoreConnector", "kv_connector_extra_config": {},
+           **fields, "_what": "KVTransferConfig"}
+    cfg["is_kv_producer"] = cfg["kv_connector"] is not None and cfg["kv_role"] in (
+        "kv_producer", "kv_both")
+    cfg["is_kv_consumer"] = cfg["kv_connector"] is not None and cfg["kv_role"] in (
+        "kv_consumer", "kv_both")
+    cfg["get_from_extra_config"] = lambda key, default: cfg["kv_connector_extra_config"].get(
+        key, default)
+    return Strict(**cfg)
+
+
+def vllm_config(core, s, with_connector, kv_transfer=None):
     """The `VllmConfig` fields vLLM's Scheduler reads, for a text-only decoder model
     without spec decode, LoRA, pipeline or data parallelism. `s`: the scenario's
-    settings (dict)."""
+    settings (dict); `kv_transfer`: fields over kv_transfer_config's."""
     d = core.config_defaults
     sched = {**d["SchedulerConfig"], "_what": "SchedulerConfig"}
     for k in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -227,8 +250,7 @@ def vllm_config(core, s, with_connector):
         scheduler_config=Strict(**sched), cache_config=Strict(**cache),
         lora_config=None, kv_events_config=None, speculative_config=None,
         ec_transfer_config=None,
-        kv_transfer_config=(Strict(_what="KVTransferConfig", kv_load_failure_policy="recompute",
-                                   is_kv_consumer=True, is_kv_producer=True)
+        kv_transfer_config=(kv_transfer_config(core, **(kv_transfer or {}))
                             if with_connector else None),
         # ModelConfig's properties (uses_mrope, is_encoder_decoder, ...) come from the
         # Hugging Face config in vLLM: here a text-only decoder.
@@ -237,7 +259,7 @@ def vllm_config(core, s, with_connector):
                                "runner_type": "generate", "is_diffusion": False,
                                "supports_multimodal_inputs": False}),
         parallel_config=Strict(**{**d["ParallelConfig"], "_what": "ParallelConfig",
-                                  "data_parallel_index": 0}),
+                                  "data_parallel_index": 0, "world_size": 1}),
         observability_config=Strict(**{**d["ObservabilityConfig"],
                                        "_what": "ObservabilityConfig"}),
         ec_manager_config=si._NoEncoderCacheManagerConfig(),
@@ -258,7 +280,7 @@ def kv_cache_config(core, s):
                               kv_cache_groups=[core.KVCacheGroupSpec(["layer.0"], spec)])
 
 
-def build_scheduler(core, settings, connector=None, log_stats=False):
+def build_scheduler(core, settings, connector=None, log_stats=False, kv_transfer=None):
     """vLLM's `Scheduler` for `settings` (the scenario's "settings" dict: block_size,
     num_gpu_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
     enable_chunked_prefill, enable_prefix_caching, long_prefill_token_threshold,
@@ -267,11 +289,10 @@ def build_scheduler(core, settings, connector=None, log_stats=False):
     called as vLLM's KVConnectorFactory calls a connector class,
     `connector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)` (a connector's
     __init__ reads the config the scheduler is built with). The KV transfer config is
-    kv_both (producer and consumer, as the Mooncake store connector runs) with
-    kv_load_failure_policy "recompute"."""
+    `kv_transfer_config(core, **kv_transfer)`."""
     si.ConnectorSlot.connector = connector
     try:
-        cfg = vllm_config(core, settings, connector is not None)
+        cfg = vllm_config(core, settings, connector is not None, kv_transfer)
         scheduler = core.Scheduler(
             vllm_config=cfg, kv_cache_config=kv_cache_config(core, settings),
             structured_output_manager=sys.modules["vllm.v1.structured_output"]

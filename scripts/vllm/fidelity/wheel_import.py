@@ -120,10 +120,13 @@ class WheelImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         raise ImportError(f"the wheel {self.wheel} has no source for {name}", name=name)
 
     def install(self):
-        """Puts the importer first on `sys.meta_path` and drops any `vllm`/`torch`
-        modules already imported, so that the next import goes through it."""
+        """Puts the importer first on `sys.meta_path` in place of any earlier
+        WheelImporter and drops any `vllm`/`torch` modules already imported, so that
+        the next import goes through it (objects taken from the earlier load keep
+        working)."""
         for name in [m for m in sys.modules if m.split(".")[0] in self.ROOTS]:
             del sys.modules[name]
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, WheelImporter)]
         sys.meta_path.insert(0, self)
         return self
 
@@ -132,9 +135,11 @@ class WheelImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 class Partial:
     """Which top-level statements of a wheel source file run, and what runs first.
 
-    With `keep` set, only the statements that bind a name in `keep` run (no import:
-    `prelude` supplies what they need). Otherwise every statement runs except imports
-    of a module under `drop_imports` and statements binding a name in `drop`.
+    With `keep` set, only the statements that bind a name in `keep` run, and, with
+    `imports`, the file's imports except those of a module under `drop_imports`
+    (without it `prelude` supplies what they need). Otherwise every statement runs
+    except imports of a module under `drop_imports` and statements binding a name in
+    `drop`.
     `prelude(module)` fills the module's globals before the kept statements run.
     """
 
@@ -142,10 +147,13 @@ class Partial:
     drop: frozenset[str] = frozenset()
     drop_imports: tuple[str, ...] = ()
     prelude: Callable[[types.ModuleType], None] | None = None
+    imports: bool = False
 
     def select(self, body, path):
         if self.keep is not None:
-            out = [n for n in body if _defines(n) & self.keep]
+            out = [n for n in body if _defines(n) & self.keep or (
+                self.imports and isinstance(n, (ast.Import, ast.ImportFrom))
+                and not self._dropped_import(n))]
             missing = self.keep - set().union(*(_defines(n) for n in out))
         else:
             out = [n for n in body if not (_defines(n) & self.drop) and not self._dropped_import(n)]
@@ -156,7 +164,8 @@ class Partial:
 
     def _dropped_import(self, node):
         if isinstance(node, ast.ImportFrom):
-            modules = [node.module or ""]
+            base = node.module or ""
+            modules = [base, *(f"{base}.{a.name}" for a in node.names)]
         elif isinstance(node, ast.Import):
             modules = [a.name for a in node.names]
         else:
