@@ -86,7 +86,8 @@ fn join(dir: &Path, name: &str) -> Option<String> {
 fn every_cited_markdown_file_is_in_the_repository() {
     let files = tracked();
     let mut missing = Vec::new();
-    for file in &files {
+    // This file's own examples of citations are not citations.
+    for file in files.iter().filter(|f| *f != "xtask/tests/docs.rs") {
         let Ok(text) = std::fs::read_to_string(root().join(file)) else {
             continue; // binary
         };
