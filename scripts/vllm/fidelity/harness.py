@@ -5,10 +5,11 @@
 
 The scenario and step-log formats are those of issue 34 item 1 (written by
 `cargo xtask fidelity --against vllm`, xtask/src/fidelity/). Per step: the requests
-whose `arrival_step` is this step are added (`add_request`, in file order), then
-`schedule()`, then the stand-in model runner's output goes to `update_from_output()`;
-one JSON line is written. The run ends when every request has finished or after
-`max_steps` steps; the last line is {"end": true, "steps": N, "finished": M}.
+whose `arrival_step` is this step are added (`add_request`, in file order), then one
+turn of vLLM's engine loop: `schedule()`, the stand-in model runner's output, and
+`update_from_output()` (see `run` for async scheduling); one JSON line is written.
+The run ends when every request has finished or after `max_steps` steps; the last
+line is {"end": true, "steps": N, "finished": M}.
 Deterministic: the same scenario gives the same bytes.
 
 vLLM's code is loaded by vllm_core (scheduler, KV cache manager, block pool,
@@ -31,16 +32,30 @@ coordinator, request: the wheel's own). The harness adds only:
   `Scheduler._preempt_request` (preemption order) and
   `KVCacheManager.record_prefix_cache_stats` (the local hit of each admission).
 
+Where this differs from the interchange format's words (vLLM's rule is followed):
+- the format samples when num_computed_tokens + scheduled tokens reaches the prompt
+  length; vLLM samples when they reach the request's length, prompt plus the output
+  tokens it already has, so a preempted request samples again only once its
+  recomputation covers its earlier output (`is_prefill_chunk`, scheduler.py line 1863);
+- the format calls `async_scheduling: false` vLLM 0.33's setting; it is not (below).
+
 Choices the interchange format leaves open (the Rust side must make the same):
-- a step is logged for every schedule() call from step 0, also when nothing is
-  scheduled (before the first arrival or while every waiting request is pending);
+- a step is logged for every turn from step 0, also when nothing is scheduled
+  (before the first arrival, or while every waiting request is pending); a turn
+  with no request in the scheduler does not call schedule() (vLLM's has_requests());
 - "finished" is sorted by request id (string order), as "scheduled" is;
 - "waiting" counts vLLM's `waiting` and `kv_holding_waiting` queues (the second is
   always empty with synchronous loads);
 - a request whose prompt is shorter than block_size is never probed (vLLM's
   connector answers (0, False) without a lookup), so its pending probes never count.
-Not supported (the harness exits 2 naming it): async_scheduling true (vLLM then runs
-AsyncScheduler one step ahead of the model output, a different loop).
+Async scheduling: `async_scheduling` true runs vLLM's AsyncScheduler in the loop of
+EngineCore.step_with_batch_queue (2 batches in flight: a step schedules batch k, then
+processes batch k - 1's output, so "finished" lags a step), and max_concurrent_batches
+2, which makes the scheduler defer block frees of a KV consumer (kv_both here). vLLM
+0.33 itself resolves `async_scheduling` None to True for a generate model on the
+uniproc or multiproc executor without pipeline parallelism (config/vllm.py lines
+1685-1719), a connector or not: the format's `false` is not what vLLM 0.33 picks by
+default for one GPU.
 """
 
 import argparse
@@ -50,6 +65,7 @@ import os
 import sys
 import time
 import traceback
+from collections import deque
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -84,9 +100,6 @@ def validate(scenario):
               "max_model_len"):
         if s[k] <= 0:
             raise ScenarioError(f"settings.{k} must be positive, got {s[k]}")
-    if s["async_scheduling"]:
-        raise ScenarioError("settings.async_scheduling true is not supported: vLLM runs "
-                            "AsyncScheduler then, one step ahead of the model output")
     bs, seen = s["block_size"], set()
     for i, r in enumerate(scenario["requests"]):
         where = f"requests[{i}]"
@@ -183,10 +196,62 @@ def settings_with_defaults(core, s):
     return out
 
 
+class Observer:
+    """Records, without changing them, vLLM's calls that the step log reports: the
+    preemption order (`Scheduler._preempt_request`) and each admission's local hit
+    (`KVCacheManager.record_prefix_cache_stats`); both still run unchanged."""
+
+    def __init__(self, sched):
+        self.preempted, self.local_hits = [], {}
+        real_preempt = sched._preempt_request
+        manager = sched.kv_cache_manager
+        real_record = manager.record_prefix_cache_stats
+
+        def preempt_hook(request, *args, **kwargs):
+            self.preempted.append(request.request_id)
+            return real_preempt(request, *args, **kwargs)
+
+        def record_hook(request, num_new_local_computed_tokens, *args, **kwargs):
+            self.local_hits[request.request_id] = num_new_local_computed_tokens
+            return real_record(request, num_new_local_computed_tokens, *args, **kwargs)
+        sched._preempt_request = preempt_hook
+        manager.record_prefix_cache_stats = record_hook
+
+    def clear(self):
+        self.preempted.clear()
+        self.local_hits.clear()
+
+
+def model_output(core, sched, out, outputs):
+    """The stand-in model runner's ModelRunnerOutput for the SchedulerOutput `out`:
+    one sampled token per request past its prefill (`not is_prefill_chunk`), the next
+    of `outputs[request id]`. Its index counts the tokens delivered and those still in
+    flight (AsyncScheduler's `num_output_placeholders`, this step's included); an
+    index past the end (a step vLLM schedules before it sees the length cap) repeats
+    the last token, which vLLM discards."""
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        req = sched.requests[rid]
+        if req.is_prefill_chunk:
+            sampled.append([])
+            continue
+        index = req.num_output_tokens + max(req.num_output_placeholders - 1, 0)
+        sampled.append([outputs[rid][min(index, len(outputs[rid]) - 1)]])
+    return core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
+                                  sampled_token_ids=sampled)
+
+
 def run(core, scenario, on_step=None):
     """Yields the step log's objects (dicts), then the end line. `scenario`: the parsed
     JSON (validated here). `on_step(scheduler, line)`, if given, sees vLLM's Scheduler
-    after each step (tests read its queues)."""
+    after each step (tests read its queues).
+
+    Each step is one turn of vLLM's engine loop (vllm/v1/engine/core.py): without
+    async scheduling `step()` (schedule, execute, update_from_output); with it
+    `step_with_batch_queue()` over a queue of 2 batches, so a step schedules batch k
+    and then processes the output of batch k - 1 (step 0 processes none). A turn with
+    no request in the scheduler schedules nothing (vLLM's `has_requests()` gate)."""
     validate(scenario)
     s = settings_with_defaults(core, scenario["settings"])
     reqs = scenario["requests"]
@@ -200,26 +265,14 @@ def run(core, scenario, on_step=None):
         return holder["c"]
 
     sched = vllm_core.build_scheduler(core, s, connector=make_connector)
-    connector = holder["c"]
-    preempted, local_hits = [], {}
-    real_preempt = sched._preempt_request
-
-    def preempt_hook(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return real_preempt(request, *args, **kwargs)
-    sched._preempt_request = preempt_hook
-    manager = sched.kv_cache_manager
-    real_record = manager.record_prefix_cache_stats
-
-    def record_hook(request, num_new_local_computed_tokens, *args, **kwargs):
-        local_hits[request.request_id] = num_new_local_computed_tokens
-        return real_record(request, num_new_local_computed_tokens, *args, **kwargs)
-    manager.record_prefix_cache_stats = record_hook
-
+    connector, observer = holder["c"], Observer(sched)
+    pool = sched.kv_cache_manager.block_pool
+    # EngineCore.batch_queue_size = VllmConfig.max_concurrent_batches.
+    queue_size = sched.vllm_config.max_concurrent_batches
+    batches = deque()
     arrivals = {}
     for r in reqs:
         arrivals.setdefault(r["arrival_step"], []).append(r)
-    num_gpu_blocks = s["num_gpu_blocks"]
     finished_total, step = 0, 0
     while step < s["max_steps"] and finished_total < len(reqs):
         for r in arrivals.pop(step, []):
@@ -227,40 +280,35 @@ def run(core, scenario, on_step=None):
                 core, r["request_id"], r["prompt_token_ids"], len(r["output_token_ids"]),
                 s["block_size"], arrival_time=float(r["arrival_step"])))
         running_before = {id(r) for r in sched.running}
-        preempted.clear()
-        local_hits.clear()
+        observer.clear()
         connector.skipped.clear()
         connector.external.clear()
-        out = sched.schedule()
+        scheduled, process = {}, bool(batches)
+        if sched.has_requests():
+            out = sched.schedule()
+            scheduled = dict(out.num_scheduled_tokens)
+            batches.appendleft((out, model_output(core, sched, out, outputs)))
+            executed = out.total_num_scheduled_tokens > 0
+            process = not (len(batches) < queue_size and (executed or sched.has_requests()))
         admitted = [r.request_id for r in sched.running if id(r) not in running_before]
         line = {
             "step": step,
-            "scheduled": sorted([k, v] for k, v in out.num_scheduled_tokens.items()),
+            "scheduled": sorted([k, v] for k, v in scheduled.items()),
             "admitted": admitted,
-            "preempted": list(preempted),
+            "preempted": list(observer.preempted),
             "finished": [],
             "skipped_pending": list(connector.skipped),
-            "blocks_in_use": num_gpu_blocks - manager.block_pool.get_num_free_blocks(),
-            "local_hits": [[rid, local_hits.get(rid, 0)] for rid in admitted],
+            "blocks_in_use": s["num_gpu_blocks"] - pool.get_num_free_blocks(),
+            "local_hits": [[rid, observer.local_hits.get(rid, 0)] for rid in admitted],
             "external_hits": [[rid, connector.external.get(rid, 0)] for rid in admitted],
             "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
             "running": len(sched.running),
         }
-        ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            req = sched.requests[rid]
-            if req.is_prefill_chunk:
-                sampled.append([])
-            else:
-                sampled.append([outputs[rid][req.num_output_tokens]])
-        mro = core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
-                                     sampled_token_ids=sampled)
-        engine_outputs = sched.update_from_output(out, mro)
-        finished = sorted(o.request_id for eco in engine_outputs.values()
-                          for o in eco.outputs if o.finish_reason is not None)
-        line["finished"] = finished
-        finished_total += len(finished)
+        if process:
+            engine_outputs = sched.update_from_output(*batches.pop())
+            line["finished"] = sorted(o.request_id for eco in engine_outputs.values()
+                                      for o in eco.outputs if o.finish_reason is not None)
+            finished_total += len(line["finished"])
         if on_step is not None:
             on_step(sched, line)
         yield line

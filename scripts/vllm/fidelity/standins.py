@@ -267,11 +267,16 @@ def torch_utils(module):
 def platforms(module):
     """vllm.platforms: detects CUDA/ROCm/CPU at import. The KV spec registry asks
     `current_platform.register_custom_kv_cache_specs`, which the base Platform
-    (platforms/interface.py line 1140) and the CPU platform leave empty."""
+    (platforms/interface.py line 1140) and the CPU platform leave empty;
+    AsyncScheduler asks `is_xpu()` (False: the XPU-only PP micro-batch switch)."""
     class Platform:
         @classmethod
         def register_custom_kv_cache_specs(cls, vllm_config):
             pass
+
+        @classmethod
+        def is_xpu(cls):
+            return False  # AsyncScheduler asks; the platform modelled is a GPU, not XPU
 
         def __getattr__(self, name):
             raise StandInCalled(f"current_platform.{name} is stood in (no GPU platform)")

@@ -39,6 +39,7 @@ from wheel_import import Partial, WheelImporter
 
 VERBATIM = [
     "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.sched.async_scheduler",
     "vllm.v1.core.sched.request_queue",
     "vllm.v1.core.sched.output",
     "vllm.v1.core.sched.utils",
@@ -147,14 +148,15 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
     from vllm.v1 import outputs, request
     from vllm.v1.core import block_pool, kv_cache_manager, kv_cache_utils
     from vllm.v1.core.sched import output as sched_output
-    from vllm.v1.core.sched import scheduler
+    from vllm.v1.core.sched import async_scheduler, scheduler
 
     with zipfile.ZipFile(wheel) as z:
         defaults = {cls: dataclass_defaults(z, f"vllm/config/{f}.py", cls)
                     for f, cls in CONFIGS}
     return SimpleNamespace(
         wheel=wheel, importer=importer,
-        Scheduler=scheduler.Scheduler, KVCacheManager=kv_cache_manager.KVCacheManager,
+        Scheduler=scheduler.Scheduler, AsyncScheduler=async_scheduler.AsyncScheduler,
+        KVCacheManager=kv_cache_manager.KVCacheManager,
         BlockPool=block_pool.BlockPool, Request=request.Request,
         RequestStatus=request.RequestStatus, SchedulerOutput=sched_output.SchedulerOutput,
         ModelRunnerOutput=outputs.ModelRunnerOutput,
@@ -264,7 +266,10 @@ def vllm_config(core, s, with_connector, kv_transfer=None):
                                        "_what": "ObservabilityConfig"}),
         ec_manager_config=si._NoEncoderCacheManagerConfig(),
         aux_output_config=Strict(_what="AuxOutputConfig", enabled=False),
-        is_mm_encoder_only=False, max_concurrent_batches=1, num_speculative_tokens=0,
+        # VllmConfig.max_concurrent_batches (config/vllm.py line 588): 2 with async
+        # scheduling (V1 model runner, no pipeline parallelism), else 1.
+        is_mm_encoder_only=False, max_concurrent_batches=2 if sched["async_scheduling"] else 1,
+        num_speculative_tokens=0,
         num_lookahead_tokens=0, num_prefill_lookahead_tokens=0, use_v2_model_runner=False,
         num_hash_lookahead_tokens=0, max_in_flight_tokens=None,
     )
@@ -281,7 +286,9 @@ def kv_cache_config(core, s):
 
 
 def build_scheduler(core, settings, connector=None, log_stats=False, kv_transfer=None):
-    """vLLM's `Scheduler` for `settings` (the scenario's "settings" dict: block_size,
+    """vLLM's `Scheduler`, or `AsyncScheduler` when settings["async_scheduling"] (as
+    SchedulerConfig.get_scheduler_cls picks), for `settings` (the scenario's
+    "settings" dict: block_size,
     num_gpu_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
     enable_chunked_prefill, enable_prefix_caching, long_prefill_token_threshold,
     async_scheduling, scheduler_reserve_full_isl), with `connector`: None (no KV
@@ -291,9 +298,11 @@ def build_scheduler(core, settings, connector=None, log_stats=False, kv_transfer
     __init__ reads the config the scheduler is built with). The KV transfer config is
     `kv_transfer_config(core, **kv_transfer)`."""
     si.ConnectorSlot.connector = connector
+    # SchedulerConfig.get_scheduler_cls (config/scheduler.py line 231).
+    cls = core.AsyncScheduler if settings.get("async_scheduling") else core.Scheduler
     try:
         cfg = vllm_config(core, settings, connector is not None, kv_transfer)
-        scheduler = core.Scheduler(
+        scheduler = cls(
             vllm_config=cfg, kv_cache_config=kv_cache_config(core, settings),
             structured_output_manager=sys.modules["vllm.v1.structured_output"]
             .StructuredOutputManager(),
