@@ -264,7 +264,10 @@ def run(core, scenario, on_step=None):
         holder["c"] = cls(vllm_config, role, kv_cache_config, answers, s["block_size"])
         return holder["c"]
 
-    sched = vllm_core.build_scheduler(core, s, connector=make_connector)
+    try:
+        sched = vllm_core.build_scheduler(core, s, connector=make_connector)
+    except ValueError as e:  # vLLM's SchedulerConfig.verify_max_model_len
+        raise ScenarioError(f"vLLM's SchedulerConfig refuses the settings: {e}") from e
     connector, observer = holder["c"], Observer(sched)
     pool = sched.kv_cache_manager.block_pool
     # EngineCore.batch_queue_size = VllmConfig.max_concurrent_batches.

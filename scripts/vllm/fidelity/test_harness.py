@@ -204,6 +204,9 @@ def test_the_same_scenario_gives_the_same_log(core):
     (lambda s: s["requests"][0].update(prompt_token_ids=[-1]), "prompt_token_ids"),
     (lambda s: s["requests"].append(dict(s["requests"][0])), "unique"),
     (lambda s: s["settings"].update(max_model_len=70), "exceed settings.max_model_len"),
+    # vLLM's own SchedulerConfig check (verify_max_model_len).
+    (lambda s: s["settings"].update(max_num_seqs=64), r"must be greater than or equal to "
+     r"max_num_seqs \(64\)"),
 ])
 def test_a_bad_scenario_names_the_field(core, mutate, message):
     scenario = json.loads(json.dumps({"settings": settings(), "requests": GATE}))

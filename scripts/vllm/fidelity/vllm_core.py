@@ -23,7 +23,9 @@ the default `prefix_caching_hash_algo`).
 `SchedulerConfig` and `CacheConfig` are plain objects holding every field of vLLM's
 dataclasses with the wheel's own defaults (read from vllm/config/scheduler.py and
 cache.py with `ast`: `scheduler_reserve_full_isl` = True, `watermark` = 0.0, ...),
-overridden by the settings; vLLM's pydantic validation is not run.
+overridden by the settings; SchedulerConfig's own __post_init__ and
+verify_max_model_len then run on them (vLLM's code, taken with `ast`), pydantic's
+field validation does not.
 
 Needs: Python >= 3.11, `msgspec` and `numpy` from PyPI (vLLM's engine and output
 types use them); no torch.
@@ -31,8 +33,10 @@ types use them); no torch.
 
 import ast
 import sys
+import types
 import zipfile
 from types import SimpleNamespace
+from typing import Any
 
 import standins as si
 from wheel_import import Partial, WheelImporter
@@ -153,6 +157,8 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
     with zipfile.ZipFile(wheel) as z:
         defaults = {cls: dataclass_defaults(z, f"vllm/config/{f}.py", cls)
                     for f, cls in CONFIGS}
+        scheduler_checks = class_methods(z, "vllm/config/scheduler.py", "SchedulerConfig",
+                                         ["__post_init__", "verify_max_model_len"])
     return SimpleNamespace(
         wheel=wheel, importer=importer,
         Scheduler=scheduler.Scheduler, AsyncScheduler=async_scheduler.AsyncScheduler,
@@ -167,7 +173,7 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
         KVConnectorBase_V1=connector_base.KVConnectorBase_V1,
         KVConnectorRole=connector_base.KVConnectorRole,
         KVConnectorMetadata=connector_base.KVConnectorMetadata,
-        config_defaults=defaults,
+        config_defaults=defaults, scheduler_config_methods=scheduler_checks,
     )
 
 
@@ -202,6 +208,21 @@ def dataclass_defaults(z, path, cls):
             continue
         (consts if ann.startswith("ClassVar") else out)[name] = v
     return out
+
+
+def class_methods(z, path, cls, names):
+    """Name -> function for the methods `names` of class `cls` in the wheel's `path`,
+    run unchanged as plain functions (call them with any object as `self`)."""
+    tree = ast.parse(z.read(path).decode())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    defs = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    ns = {"Self": Any, "Any": Any, "logger": sys.modules["vllm.logger"].init_logger(
+        f"vllm.config.{cls}")}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), f"{z.filename}/{path}", "exec"), ns)  # noqa: S102
+    missing = set(names) - set(ns)
+    if missing:
+        raise ImportError(f"vLLM 0.33.0's {path} lacks {cls}.{sorted(missing)}")
+    return {n: ns[n] for n in names}
 
 
 class Strict(SimpleNamespace):
@@ -244,12 +265,19 @@ def vllm_config(core, s, with_connector, kv_transfer=None):
         if k in s:
             sched[k] = s[k]
     sched.setdefault("max_num_scheduled_tokens", None)
+    scheduler_config = Strict(**sched)
+    # vLLM's own SchedulerConfig.__post_init__ (config/scheduler.py line 295): derived
+    # fields and verify_max_model_len's checks (ValueError on a bad combination).
+    methods = core.scheduler_config_methods
+    scheduler_config.verify_max_model_len = types.MethodType(
+        methods["verify_max_model_len"], scheduler_config)
+    methods["__post_init__"](scheduler_config, s["max_model_len"], False)
     cache = {**d["CacheConfig"], "_what": "CacheConfig",
              "block_size": s["block_size"], "num_gpu_blocks": s["num_gpu_blocks"] + 1,
              "enable_prefix_caching": s["enable_prefix_caching"]}
     cfg = Strict(
         _what="VllmConfig",
-        scheduler_config=Strict(**sched), cache_config=Strict(**cache),
+        scheduler_config=scheduler_config, cache_config=Strict(**cache),
         lora_config=None, kv_events_config=None, speculative_config=None,
         ec_transfer_config=None,
         kv_transfer_config=(kv_transfer_config(core, **(kv_transfer or {}))
