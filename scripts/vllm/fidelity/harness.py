@@ -331,7 +331,7 @@ def show(line):
             parts.append(f"    {key}: {' '.join(line[key])}")
     if line["admitted"]:
         hits = " ".join(f"{r}:{lh}+{eh}" for (r, lh), (_, eh) in
-                        zip(line["local_hits"], line["external_hits"]))
+                        zip(line["local_hits"], line["external_hits"], strict=True))
         parts.append(f"    hits (local+external tokens): {hits}")
     return "\n".join(parts)
 

@@ -6,13 +6,16 @@ store/coordinator.py (MooncakeStoreCoordinator, over vLLM's own KV cache manager
 store/data.py and store/protocol.py verbatim; store/worker.py in part (the lookup
 channel: LookupKeyClient, LookupKeyServer, get_zmq_rpc_path_lookup; the worker
 itself moves KV with torch and the Mooncake client, so MooncakeStoreWorker is an
-empty class); the connector metrics base classes minus Prometheus; network_utils verbatim.
-Needs pyzmq, psutil and urllib3 (PyPI) on top of vllm_core's msgspec and numpy. The lookup channel is real ZeroMQ (pyzmq), so a scheduler
-built with `connector=MooncakeStoreConnector` asks a lookup server at
+empty class); the connector metrics base classes minus Prometheus; network_utils
+verbatim. Needs pyzmq, psutil and urllib3 (PyPI) on top of vllm_core's msgspec and
+numpy. The lookup channel is real ZeroMQ (pyzmq), so a scheduler built with
+`connector=MooncakeStoreConnector` asks a lookup server at
 `get_zmq_rpc_path_lookup(vllm_config)`: vLLM's own LookupKeyServer (worker rank 0)
 or the project's lookup-server.
 
-`kv_transfer_config(...)` gives the KV transfer config fields the connector reads.
+`vllm_core.build_scheduler(..., kv_transfer={...})` sets the KV transfer config
+fields the connector reads (`kv_connector_extra_config`: lookup_rpc_port,
+load_async, lookup_async, ...) over vLLM's defaults (vllm_core.kv_transfer_config).
 """
 
 import importlib
@@ -86,7 +89,8 @@ def load(wheel):
     core = vllm_core.load(wheel, extra_verbatim=VERBATIM, extra_partial=PARTIAL,
                           extra_standins=STANDINS)
     connector, scheduler, worker, data = (
-        importlib.import_module(f"{STORE}.{m}") for m in ("connector", "scheduler", "worker", "data"))
+        importlib.import_module(f"{STORE}.{m}")
+        for m in ("connector", "scheduler", "worker", "data"))
     core.MooncakeStoreConnector = connector.MooncakeStoreConnector
     core.MooncakeStoreScheduler = scheduler.MooncakeStoreScheduler
     core.LookupKeyClient = worker.LookupKeyClient

@@ -311,8 +311,8 @@ class ConnectorSlot:
     """What `KVConnectorFactory.create_connector` returns: vllm_core.build_scheduler
     puts the caller's scheduler-side connector here before constructing the
     Scheduler (an instance, or a class or function called as vLLM's factory calls a
-    connector class: (vllm_config, role, kv_cache_config)) (vLLM's factory resolves a class name from KVTransferConfig and
-    imports every connector module)."""
+    connector class: (vllm_config, role, kv_cache_config)). vLLM's factory resolves a
+    class name from KVTransferConfig and imports every connector module."""
 
     connector: Any = None
 
@@ -325,7 +325,8 @@ def kv_connector_factory(module):
             c = ConnectorSlot.connector
             if c is None:
                 raise StandInCalled("no connector given to build_scheduler")
-            if isinstance(c, type) or (callable(c) and not hasattr(c, "get_num_new_matched_tokens")):
+            is_instance = hasattr(c, "get_num_new_matched_tokens") and not isinstance(c, type)
+            if not is_instance:
                 return c(config, role, kv_cache_config)
             return c
     module.KVConnectorFactory = KVConnectorFactory

@@ -151,8 +151,8 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
     from vllm.v1 import kv_cache_interface as kvi
     from vllm.v1 import outputs, request
     from vllm.v1.core import block_pool, kv_cache_manager, kv_cache_utils
-    from vllm.v1.core.sched import output as sched_output
     from vllm.v1.core.sched import async_scheduler, scheduler
+    from vllm.v1.core.sched import output as sched_output
 
     with zipfile.ZipFile(wheel) as z:
         defaults = {cls: dataclass_defaults(z, f"vllm/config/{f}.py", cls)
