@@ -14,7 +14,7 @@ model configs, multimodal processing or structured output, and takes no scheduli
 decision). It returns a namespace of vLLM's classes.
 
 `build_scheduler(core, settings, connector=None)` builds vLLM's `Scheduler` from
-plain settings (the scenario's, see fidelity-format in the harness), with an optional
+plain settings (the scenario's, see harness.py), with an optional
 scheduler-side KV connector instance (any `KVConnectorBase_V1`, for example vLLM's
 own MooncakeStoreConnector loaded with `load(wheel, extra_verbatim=...)`).
 `make_request(core, ...)` builds a vLLM `Request` with vLLM's block hasher (sha256,
