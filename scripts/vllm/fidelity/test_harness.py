@@ -239,4 +239,5 @@ def test_a_generated_scenario_runs_to_the_end(core):
     scenario = gen_scenario.scenario(12, 0)
     assert scenario == gen_scenario.scenario(12, 0)
     log = steps(core, scenario)
-    assert log[-1]["end"] and log[-1]["finished"] == 12
+    assert log[-1] == {"end": True, "steps": 301, "finished": 12}
+    assert sum(len(x.get("skipped_pending", ())) for x in log) == 3
