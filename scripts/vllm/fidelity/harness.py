@@ -43,15 +43,18 @@ Choices the interchange format leaves open (the Rust side must make the same):
 - a step is logged for every turn from step 0, also when nothing is scheduled
   (before the first arrival, or while every waiting request is pending); a turn
   with no request in the scheduler does not call schedule() (vLLM's has_requests());
+- blocks_in_use, waiting and running are read right after schedule(), before the
+  model output is processed; a turn that schedules nothing reports its starting state;
 - "finished" is sorted by request id (string order), as "scheduled" is;
 - "waiting" counts vLLM's `waiting` and `kv_holding_waiting` queues (the second is
   always empty with synchronous loads);
 - a request whose prompt is shorter than block_size is never probed (vLLM's
   connector answers (0, False) without a lookup), so its pending probes never count.
-Async scheduling: `async_scheduling` true runs vLLM's AsyncScheduler in the loop of
-EngineCore.step_with_batch_queue (2 batches in flight: a step schedules batch k, then
-processes batch k - 1's output, so "finished" lags a step), and max_concurrent_batches
-2, which makes the scheduler defer block frees of a KV consumer (kv_both here). vLLM
+Async scheduling: `async_scheduling` true runs vLLM's AsyncScheduler in vLLM's own
+EngineCore.step_with_batch_queue (engine_loop.py; 2 batches in flight: a step
+schedules batch k, then processes batch k - 1's output, so "finished" lags a step),
+with max_concurrent_batches 2, which makes the scheduler defer block frees of a KV
+consumer (kv_both here). vLLM
 0.33 itself resolves `async_scheduling` None to True for a generate model on the
 uniproc or multiproc executor without pipeline parallelism (config/vllm.py lines
 1685-1719), a connector or not: the format's `false` is not what vLLM 0.33 picks by
@@ -65,12 +68,12 @@ import os
 import sys
 import time
 import traceback
-from collections import deque
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import vllm_core  # noqa: E402
+from engine_loop import EngineLoop  # noqa: E402
 
 SETTING_KEYS = {
     "block_size": int, "num_gpu_blocks": int, "max_num_seqs": int,
@@ -247,11 +250,11 @@ def run(core, scenario, on_step=None):
     JSON (validated here). `on_step(scheduler, line)`, if given, sees vLLM's Scheduler
     after each step (tests read its queues).
 
-    Each step is one turn of vLLM's engine loop (vllm/v1/engine/core.py): without
-    async scheduling `step()` (schedule, execute, update_from_output); with it
-    `step_with_batch_queue()` over a queue of 2 batches, so a step schedules batch k
-    and then processes the output of batch k - 1 (step 0 processes none). A turn with
-    no request in the scheduler schedules nothing (vLLM's `has_requests()` gate)."""
+    Each step is one turn of vLLM's own engine loop (engine_loop.EngineLoop, the
+    wheel's EngineCore.step or, with async scheduling, step_with_batch_queue over 2
+    batches: a step schedules batch k and then processes batch k - 1's output, step
+    0 none). A turn with no request in the scheduler schedules nothing (vLLM's
+    `has_requests()` gate)."""
     validate(scenario)
     s = settings_with_defaults(core, scenario["settings"])
     reqs = scenario["requests"]
@@ -270,9 +273,26 @@ def run(core, scenario, on_step=None):
         raise ScenarioError(f"vLLM's SchedulerConfig refuses the settings: {e}") from e
     connector, observer = holder["c"], Observer(sched)
     pool = sched.kv_cache_manager.block_pool
-    # EngineCore.batch_queue_size = VllmConfig.max_concurrent_batches.
-    queue_size = sched.vllm_config.max_concurrent_batches
-    batches = deque()
+    after_schedule = {}
+
+    def state(running_before):
+        """The step line's fields read right after schedule() (before the model output
+        is processed, which frees the blocks of requests it finishes)."""
+        admitted = [r.request_id for r in sched.running if id(r) not in running_before]
+        return {
+            "admitted": admitted,
+            "blocks_in_use": s["num_gpu_blocks"] - pool.get_num_free_blocks(),
+            "local_hits": [[rid, observer.local_hits.get(rid, 0)] for rid in admitted],
+            "external_hits": [[rid, connector.external.get(rid, 0)] for rid in admitted],
+            "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
+            "running": len(sched.running),
+        }
+
+    def run_model(out):
+        after_schedule.update(state(after_schedule["running_before"]))
+        return model_output(core, sched, out, outputs)
+
+    engine = EngineLoop(core.wheel, sched, run_model)
     arrivals = {}
     for r in reqs:
         arrivals.setdefault(r["arrival_step"], []).append(r)
@@ -286,32 +306,28 @@ def run(core, scenario, on_step=None):
         observer.clear()
         connector.skipped.clear()
         connector.external.clear()
-        scheduled, process = {}, bool(batches)
-        if sched.has_requests():
-            out = sched.schedule()
-            scheduled = dict(out.num_scheduled_tokens)
-            batches.appendleft((out, model_output(core, sched, out, outputs)))
-            executed = out.total_num_scheduled_tokens > 0
-            process = not (len(batches) < queue_size and (executed or sched.has_requests()))
-        admitted = [r.request_id for r in sched.running if id(r) not in running_before]
+        # A turn that schedules nothing reports the state it started from.
+        after_schedule.clear()
+        after_schedule.update(state(running_before), running_before=running_before)
+        engine_outputs, _, scheduled_outputs = engine.turn()
+        scheduled = dict(scheduled_outputs[-1].num_scheduled_tokens) if scheduled_outputs else {}
+        st = after_schedule
         line = {
             "step": step,
             "scheduled": sorted([k, v] for k, v in scheduled.items()),
-            "admitted": admitted,
+            "admitted": st["admitted"],
             "preempted": list(observer.preempted),
             "finished": [],
             "skipped_pending": list(connector.skipped),
-            "blocks_in_use": s["num_gpu_blocks"] - pool.get_num_free_blocks(),
-            "local_hits": [[rid, observer.local_hits.get(rid, 0)] for rid in admitted],
-            "external_hits": [[rid, connector.external.get(rid, 0)] for rid in admitted],
-            "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
-            "running": len(sched.running),
+            "blocks_in_use": st["blocks_in_use"],
+            "local_hits": st["local_hits"],
+            "external_hits": st["external_hits"],
+            "waiting": st["waiting"],
+            "running": st["running"],
         }
-        if process:
-            engine_outputs = sched.update_from_output(*batches.pop())
-            line["finished"] = sorted(o.request_id for eco in engine_outputs.values()
-                                      for o in eco.outputs if o.finish_reason is not None)
-            finished_total += len(line["finished"])
+        line["finished"] = sorted(o.request_id for eco in (engine_outputs or {}).values()
+                                  for o in eco.outputs if o.finish_reason is not None)
+        finished_total += len(line["finished"])
         if on_step is not None:
             on_step(sched, line)
         yield line

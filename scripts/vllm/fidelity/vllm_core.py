@@ -36,10 +36,9 @@ import sys
 import types
 import zipfile
 from types import SimpleNamespace
-from typing import Any
 
 import standins as si
-from wheel_import import Partial, WheelImporter
+from wheel_import import Partial, WheelImporter, class_methods
 
 VERBATIM = [
     "vllm.v1.core.sched.scheduler",
@@ -157,8 +156,10 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
     with zipfile.ZipFile(wheel) as z:
         defaults = {cls: dataclass_defaults(z, f"vllm/config/{f}.py", cls)
                     for f, cls in CONFIGS}
-        scheduler_checks = class_methods(z, "vllm/config/scheduler.py", "SchedulerConfig",
-                                         ["__post_init__", "verify_max_model_len"])
+        scheduler_checks = class_methods(
+            z, "vllm/config/scheduler.py", "SchedulerConfig",
+            ["__post_init__", "verify_max_model_len"],
+            {"logger": sys.modules["vllm.logger"].init_logger("vllm.config.scheduler")})
     return SimpleNamespace(
         wheel=wheel, importer=importer,
         Scheduler=scheduler.Scheduler, AsyncScheduler=async_scheduler.AsyncScheduler,
@@ -208,21 +209,6 @@ def dataclass_defaults(z, path, cls):
             continue
         (consts if ann.startswith("ClassVar") else out)[name] = v
     return out
-
-
-def class_methods(z, path, cls, names):
-    """Name -> function for the methods `names` of class `cls` in the wheel's `path`,
-    run unchanged as plain functions (call them with any object as `self`)."""
-    tree = ast.parse(z.read(path).decode())
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-    defs = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    ns = {"Self": Any, "Any": Any, "logger": sys.modules["vllm.logger"].init_logger(
-        f"vllm.config.{cls}")}
-    exec(compile(ast.Module(body=defs, type_ignores=[]), f"{z.filename}/{path}", "exec"), ns)  # noqa: S102
-    missing = set(names) - set(ns)
-    if missing:
-        raise ImportError(f"vLLM 0.33.0's {path} lacks {cls}.{sorted(missing)}")
-    return {n: ns[n] for n in names}
 
 
 class Strict(SimpleNamespace):
