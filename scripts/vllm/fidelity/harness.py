@@ -37,7 +37,11 @@ Where this differs from the interchange format's words (vLLM's rule is followed)
   length; vLLM samples when they reach the request's length, prompt plus the output
   tokens it already has, so a preempted request samples again only once its
   recomputation covers its earlier output (`is_prefill_chunk`, scheduler.py line 1863);
-- the format calls `async_scheduling: false` vLLM 0.33's setting; it is not (below).
+- the format calls `async_scheduling: false` vLLM 0.33's setting; it is not (below);
+- a prompt of max_model_len tokens or more is a bad scenario (vLLM's input processor
+  refuses it); a shorter one whose output would pass max_model_len is run, and vLLM
+  finishes it when it reaches max_model_len tokens (sched/utils.py check_stop), with
+  fewer output tokens than the scenario lists.
 
 Choices the interchange format leaves open (the Rust side must make the same):
 - a step is logged for every turn from step 0, also when nothing is scheduled
@@ -121,9 +125,12 @@ def validate(scenario):
             if not isinstance(toks, list) or len(toks) < least or not all(
                     type(t) is int and 0 <= t < 2**31 for t in toks):
                 raise ScenarioError(f"{where}.{k} must be a non-empty list of ints in [0, 2^31)")
-        if len(r["prompt_token_ids"]) + len(r["output_token_ids"]) > s["max_model_len"]:
-            # vLLM's input processor rejects such a request before the scheduler.
-            raise ScenarioError(f"{where}: prompt + output tokens exceed settings.max_model_len")
+        if len(r["prompt_token_ids"]) >= s["max_model_len"]:
+            # vLLM's input processor rejects it before the scheduler
+            # (v1/engine/input_processor.py _validate_prompt_len).
+            raise ScenarioError(
+                f"{where}: the prompt (length {len(r['prompt_token_ids'])}) plus at least one "
+                f"output token is longer than settings.max_model_len {s['max_model_len']}")
         c = r["connector"]
         kind = c.get("kind") if isinstance(c, dict) else None
         if kind not in ("missing", "ready", "pending"):
