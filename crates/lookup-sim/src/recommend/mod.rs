@@ -126,7 +126,7 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
         }
     }
     let name = format!(
-        "confirm {}/{} (fresh reruns)",
+        "search {}/{} fresh reruns",
         STAGES.len() + 1,
         STAGES.len() + 2
     );
@@ -177,7 +177,7 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
     if let Some(r) = recommended {
         let levers = Capacity::levers(base);
         let name = format!(
-            "capacity {}/{} (fresh reruns)",
+            "search {}/{} capacity levers",
             STAGES.len() + 2,
             STAGES.len() + 2
         );

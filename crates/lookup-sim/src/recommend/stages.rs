@@ -67,13 +67,7 @@ impl Search<'_, '_> {
             })
             .unwrap_or(1) as u32;
         if !fresh.is_empty() {
-            let name = format!(
-                "search {}/{} ({}, {} settings)",
-                step + 1,
-                STAGES.len() + 2,
-                STAGES[step],
-                fresh.len()
-            );
+            let name = format!("search {}/{} {}", step + 1, STAGES.len() + 2, STAGES[step]);
             let scored = self.runs.screen(&name, &fresh, bar, probe)?;
             self.tried.extend(scored);
         }
