@@ -27,7 +27,7 @@ mod prefetch;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use lookup_core::wire::{self, Format};
+use lookup_core::wire::{self, Format, WireError};
 use lookup_core::{BlockHashes, Endpoint};
 use lookup_server::mooncake_master::{MasterClient, MasterError, StoreErrorCode};
 
@@ -251,6 +251,13 @@ async fn check_server(
                     reply.hit_tokens
                 ),
                 "give the block size the server uses (--block-size)",
+            ),
+            Err(WireError::StoreUnavailable) => report.fail(
+                "wire",
+                "the server answered that it could not ask its store (the store-unavailable \
+                 error reply): the lookup channel works, the store behind it does not",
+                "check the server's log and its Mooncake master (lookup doctor \
+                 --mooncake-master ADDR)",
             ),
             Err(e) => report.fail(
                 "wire",
