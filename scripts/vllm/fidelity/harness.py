@@ -58,11 +58,10 @@ Async scheduling: `async_scheduling` true runs vLLM's AsyncScheduler in vLLM's o
 EngineCore.step_with_batch_queue (engine_loop.py; 2 batches in flight: a step
 schedules batch k, then processes batch k - 1's output, so "finished" lags a step),
 with max_concurrent_batches 2, which makes the scheduler defer block frees of a KV
-consumer (kv_both here). vLLM
-0.33 itself resolves `async_scheduling` None to True for a generate model on the
-uniproc or multiproc executor without pipeline parallelism (config/vllm.py lines
-1685-1719), a connector or not: the format's `false` is not what vLLM 0.33 picks by
-default for one GPU.
+consumer (kv_both here). vLLM 0.33 itself resolves `async_scheduling` None to True
+for a generate model on the uniproc or multiproc executor without pipeline
+parallelism (config/vllm.py lines 1685-1719), a connector or not: the format's
+`false` is not what vLLM 0.33 picks by default for one GPU.
 """
 
 import argparse
@@ -96,6 +95,8 @@ def validate(scenario):
     if not isinstance(scenario, dict) or "settings" not in scenario or "requests" not in scenario:
         raise ScenarioError("the scenario must be an object with 'settings' and 'requests'")
     s = scenario["settings"]
+    if not isinstance(s, dict) or not isinstance(scenario["requests"], list):
+        raise ScenarioError("'settings' must be an object and 'requests' a list")
     for k, t in SETTING_KEYS.items():
         if k not in s:
             if k == "scheduler_reserve_full_isl":
@@ -110,6 +111,8 @@ def validate(scenario):
     bs, seen = s["block_size"], set()
     for i, r in enumerate(scenario["requests"]):
         where = f"requests[{i}]"
+        if not isinstance(r, dict):
+            raise ScenarioError(f"{where} must be an object")
         for k in ("request_id", "arrival_step", "prompt_token_ids", "output_token_ids",
                   "connector"):
             if k not in r:

@@ -212,6 +212,7 @@ def test_the_same_scenario_gives_the_same_log(core):
      "multiple of 16"),
     (lambda s: s["requests"][0].update(prompt_token_ids=[-1]), "prompt_token_ids"),
     (lambda s: s["requests"].append(dict(s["requests"][0])), "unique"),
+    (lambda s: s["requests"].append("r9"), r"requests\[2\] must be an object"),
     (lambda s: s["settings"].update(max_model_len=80), r"requests\[1\]: the prompt \(length 80\)"),
     # vLLM's own SchedulerConfig check (verify_max_model_len).
     (lambda s: s["settings"].update(max_num_seqs=64), r"must be greater than or equal to "
