@@ -379,7 +379,10 @@ def main(argv=None):
     stage = "reading the scenario"
     try:
         with open(a.scenario) as f:
-            scenario = json.load(f)
+            try:
+                scenario = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ScenarioError(f"not JSON: {e}") from e
         stage = "loading vLLM 0.33.0's scheduler from the wheel"
         core = vllm_core.load(a.wheel)
         stage = "running the scenario"

@@ -242,6 +242,9 @@ def test_the_command_writes_the_log_and_exits_2_on_a_bad_scenario(wheel, tmp_pat
     done = subprocess.run([*cmd, "--scenario", str(bad)], capture_output=True, text=True)
     assert done.returncode == 2
     assert "settings.block_size is missing" in done.stderr
+    bad.write_text('{"settings": ')
+    done = subprocess.run([*cmd, "--scenario", str(bad)], capture_output=True, text=True)
+    assert done.returncode == 2 and "not JSON" in done.stderr
 
 
 def test_a_generated_scenario_runs_to_the_end(core):
