@@ -147,12 +147,13 @@ struct Args {
     )]
     mooncake_lease_ttl_s: f64,
     /// Keep the master's positive answers in the lease-backed presence cache and
-    /// answer later lookups from it while the lease lasts (`true` or `false`; off by
-    /// default), instead of asking the master about every key.
+    /// answer later lookups from it while the lease lasts (`true` or `false`; on by
+    /// default, as `PresenceCacheConfig`), instead of asking the master about every
+    /// key.
     #[arg(
         long,
         value_name = "BOOL",
-        default_value_t = false,
+        default_value_t = lookup_server::mooncake_master::PresenceCacheConfig::default().enabled,
         action = clap::ArgAction::Set,
         requires = "mooncake_master"
     )]
