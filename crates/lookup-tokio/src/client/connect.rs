@@ -159,8 +159,10 @@ impl LookupClient {
                 let io = IoConfig {
                     backoff: direct.connect_backoff,
                     // The master client reconnects by itself when the connection
-                    // breaks; a hung one is replaced after timeouts in a row.
-                    reopen_after_timeouts: direct.reopen_after_timeouts,
+                    // breaks, and replaces a hung one after call timeouts in a row
+                    // (rule 17, counted per call by the client, whichever deadline
+                    // fires first): the dispatcher counts none of its own.
+                    reopen_after_timeouts: 0,
                     timeout,
                     call_timeout: Some(direct.master_config.call_timeout),
                     max_pending_age: config.core.max_pending_age,

@@ -26,6 +26,11 @@ pub struct MasterStats {
     pub queue_full: u64,
     /// Connections this client dropped itself ([`MasterClient::reconnect`](crate::MasterClient::reconnect)).
     pub reconnects_asked: u64,
+    /// Connections replaced after calls timed out on them in a row
+    /// ([`MasterConfig::reopen_after_timeouts`](crate::MasterConfig::reopen_after_timeouts),
+    /// `spec/behaviour.md` rule 17); each is also one of
+    /// [`reconnects_asked`](Self::reconnects_asked).
+    pub timeout_reopens: u64,
     /// Successful connects, the first included.
     pub connects: u64,
     /// Failed connect attempts.
@@ -58,6 +63,7 @@ pub(super) struct Counters {
     pub(super) failed_fast: AtomicU64,
     pub(super) queue_full: AtomicU64,
     pub(super) reconnects_asked: AtomicU64,
+    pub(super) timeout_reopens: AtomicU64,
     pub(super) connects: AtomicU64,
     pub(super) connect_failures: AtomicU64,
     pub(super) connections_lost: AtomicU64,
@@ -81,6 +87,7 @@ impl Counters {
             failed_fast: get(&self.failed_fast),
             queue_full: get(&self.queue_full),
             reconnects_asked: get(&self.reconnects_asked),
+            timeout_reopens: get(&self.timeout_reopens),
             connects: get(&self.connects),
             connect_failures: get(&self.connect_failures),
             connections_lost: get(&self.connections_lost),

@@ -24,7 +24,8 @@
 //! `probe --mooncake-master ADDR` asks the Mooncake master itself, as the client's
 //! direct transport does (`spec/wire.md`, "What the server computes";
 //! `spec/mooncake-master-rpc.md`), and prints the hit tokens and the outcome: `hit`,
-//! `miss`, `not needed` (no full block), or `unavailable` with its cause.
+//! `miss`, `not needed` (no full block), or `unavailable` with its cause (and then no
+//! hit tokens).
 //!
 //! `doctor` runs the checks a user whose hit rate looks low needs (reachability, the
 //! wire format, prefetch activity, the TTL against the store's lease, and against a
@@ -32,7 +33,8 @@
 //! `fail` with the fix.
 //!
 //! Exit status: 0 success; 1 no reply within `--timeout-s`, a reset that failed, or
-//! an unavailable master; 2 bad arguments; 3 a malformed reply (wrong length, a hit
+//! an unavailable master (which prints no `hit_tokens` line); 2 bad arguments (a
+//! malformed `--mooncake-master` among them); 3 a malformed reply (wrong length, a hit
 //! above `--num-tokens` or not a multiple of `--block-size`: `spec/wire.md`,
 //! "Client-side guards"); 4 nothing listens at the endpoint (no socket file at the
 //! ipc path, or the tcp port refused); `doctor`: 1 when any check fails.

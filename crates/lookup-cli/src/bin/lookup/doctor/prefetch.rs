@@ -30,6 +30,14 @@ pub(crate) async fn check(
         return;
     }
     match (args.settings.core.lookup_async, limit) {
+        (false, 0) if !reachable => {
+            report.not_checked(
+                "prefetch",
+                "off by the settings (sync lookups, lookup_async false); no lookup was tried: \
+                 the store is unreachable",
+            );
+            return;
+        }
         (false, 0) => {
             report.ok(
                 "prefetch",
@@ -73,10 +81,9 @@ pub(crate) async fn check(
         return;
     }
     if !reachable {
-        report.warn(
+        report.not_checked(
             "prefetch",
-            &format!("active (limit {limit}), not tried: the store is unreachable"),
-            "fix reachability first",
+            &format!("active by the settings (limit {limit}), not tried: the store is unreachable"),
         );
         return;
     }
