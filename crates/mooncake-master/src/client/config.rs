@@ -92,14 +92,15 @@ impl Default for MasterConfig {
 }
 
 impl MasterConfig {
-    /// Checks the settings, as [`MasterClient::connect`](super::MasterClient::connect)
-    /// does before connecting.
+    /// Checks every setting, as [`MasterClient::connect`](crate::MasterClient::connect)
+    /// does before connecting; callers that hold a `MasterConfig` inside their own
+    /// settings (the direct transport's `DirectConfig`) call it rather than copy it.
     ///
     /// # Errors
-    /// [`MasterError::InvalidConfig`] naming the field: `chunk_keys` or
+    /// [`MasterError::InvalidConfig`] naming the field (`what`): `chunk_keys` or
     /// `max_queued_bytes` 0; a zero `call_timeout`, `connect_timeout`,
-    /// `etcd_timeout`, `view_refresh` or `view_retry`; a `backoff_min` that is zero or
-    /// above `backoff_max`.
+    /// `etcd_timeout`, `view_refresh` or `view_retry`; a `backoff_min` that is zero
+    /// or above `backoff_max`.
     pub fn validate(&self) -> Result<(), MasterError> {
         let invalid = |what, why: &str| {
             Err(MasterError::InvalidConfig {
@@ -132,5 +133,31 @@ impl MasterConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each check names its field, including the four a copy in the direct
+    /// transport's settings used to miss.
+    #[test]
+    fn validate_names_each_bad_field() {
+        assert!(MasterConfig::default().validate().is_ok());
+        let named = |edit: fn(&mut MasterConfig)| {
+            let mut config = MasterConfig::default();
+            edit(&mut config);
+            match config.validate() {
+                Err(MasterError::InvalidConfig { what, .. }) => what,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(named(|c| c.chunk_keys = 0), "chunk_keys");
+        assert_eq!(named(|c| c.max_queued_bytes = 0), "max_queued_bytes");
+        assert_eq!(named(|c| c.etcd_timeout = Duration::ZERO), "etcd_timeout");
+        assert_eq!(named(|c| c.view_refresh = Duration::ZERO), "view_refresh");
+        assert_eq!(named(|c| c.view_retry = Duration::ZERO), "view_retry");
+        assert_eq!(named(|c| c.backoff_min = c.backoff_max * 2), "backoff_min");
     }
 }
