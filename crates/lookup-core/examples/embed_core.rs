@@ -1,6 +1,6 @@
 //! Driving the core by hand: the state machine and the dispatcher, with a fake server
 //! that answers at once (what `lookup-tokio`'s `LookupClient` does for you; the
-//! driving loop is in `lookup_core`'s crate docs). The README's "Embedding the core"
+//! driving loop is in `lookup_core`'s crate docs). `docs/scheduler.md`'s "Embedding the core"
 //! shows the part between the markers verbatim (a test below checks it).
 //! Run: `cargo run -p lookup-core --example embed_core`.
 
@@ -55,9 +55,9 @@ mod tests {
         super::main().expect("the example runs");
     }
 
-    /// The README's "Embedding the core" is this file's, verbatim (indentation aside).
+    /// `docs/scheduler.md`'s "Embedding the core" is this file's, verbatim (indentation aside).
     #[test]
-    fn the_readme_shows_this_example() {
+    fn the_docs_show_this_example() {
         let example = include_str!("embed_core.rs");
         let begin = example.find("    // embed: begin\n").unwrap() + 20;
         let end = example.find("    // embed: end").unwrap();
@@ -65,10 +65,10 @@ mod tests {
             .lines()
             .map(|line| format!("{}\n", line.strip_prefix("    ").unwrap_or(line)))
             .collect();
-        let readme = include_str!("../../../README.md");
+        let docs = include_str!("../../../docs/scheduler.md");
         assert!(
-            readme.contains(&format!("```rust\n{snippet}```")),
-            "README.md does not show examples/embed_core.rs verbatim"
+            docs.contains(&format!("```rust\n{snippet}```")),
+            "docs/scheduler.md does not show examples/embed_core.rs verbatim"
         );
     }
 }

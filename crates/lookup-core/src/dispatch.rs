@@ -32,7 +32,7 @@ enum Class {
     Prefetch,
 }
 
-/// Where an RPC the dispatcher knows is (STYLE.md rule 6).
+/// Where an RPC the dispatcher knows is (CONTRIBUTING.md rule 6).
 #[derive(Debug)]
 enum Entry<T> {
     /// Waiting for the wire.

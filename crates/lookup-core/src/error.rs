@@ -7,7 +7,7 @@
 ///
 /// Lifecycle outcomes the scheduler must see (a timed-out or malformed lookup, a
 /// reset's result) are [`Event`](crate::Event)s and [`Stats`](crate::Stats) counters,
-/// never errors (STYLE.md rule 9).
+/// never errors (CONTRIBUTING.md rule 9).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {

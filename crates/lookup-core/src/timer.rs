@@ -1,4 +1,4 @@
-//! Deadlines as data (STYLE.md rule 4): one ordered table that every deadline holder of
+//! Deadlines as data (CONTRIBUTING.md rule 4): one ordered table that every deadline holder of
 //! the project uses, so "the next timeout" is always its minimum and a due deadline is
 //! handled exactly once.
 
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 ///
 /// [`next`](Self::next) is the earliest; [`pop_due`](Self::pop_due) takes the due ones
 /// one at a time, so a caller handles every deadline at or before `now`, and an early or
-/// repeated call finds nothing (STYLE.md rule 3).
+/// repeated call finds nothing (CONTRIBUTING.md rule 3).
 #[derive(Debug, Clone)]
 pub struct Timers<K: Ord + Copy> {
     set: BTreeSet<(Instant, K)>,

@@ -1,5 +1,5 @@
 //! Model-based property test of [`lookup_core::Lookups`] and [`lookup_core::Dispatcher`]
-//! against a reference model of `spec/behaviour.md` rules 1-17 (STYLE.md rule 14).
+//! against a reference model of `spec/behaviour.md` rules 1-17 (CONTRIBUTING.md rule 14).
 //!
 //! Each case picks a configuration and drives up to 60 random inputs. What is
 //! generated:

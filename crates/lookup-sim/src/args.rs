@@ -85,10 +85,15 @@ pub struct Args {
     /// than 2x or that collapses in any run is flagged unstable. 1 turns the check off.
     #[arg(long, value_name = "K", default_value_t = 10)]
     pub repeats: u32,
-    /// Skip the recommendation (a search over mode, prefetch limit, TTL, wait budget
-    /// and server concurrency at the end of a run without `--sweep`).
+    /// Skip the recommendation (a search over the lookup settings, mode,
+    /// `lookup_on_preemption`, prefetch limit, TTL, wait budget and server
+    /// concurrency, confirmed on as many fresh reruns, at the end of a run without
+    /// `--sweep`).
     #[arg(long)]
     pub no_recommend: bool,
+    /// No progress on stderr (it is drawn only when stderr is a terminal anyway).
+    #[arg(long)]
+    pub quiet: bool,
 
     /// Calibration file (`cargo xtask calibrate --out FILE`) for the server model.
     /// Default: the built-in `crates/lookup-sim/calibration.json`.

@@ -235,7 +235,7 @@ pub fn group_hash(prompt_hashes: &[u64], seq: u64, k: usize) -> u64 {
     match prompt_hashes.get(k) {
         Some(&h) => h,
         // The top bit keeps these apart from the traces' small integer ids.
-        None => (1 << 63) | crate::engine::mix(seq.wrapping_mul(0x1_0000_0001) ^ k as u64),
+        None => (1 << 63) | crate::hash::mix(seq.wrapping_mul(0x1_0000_0001) ^ k as u64),
     }
 }
 

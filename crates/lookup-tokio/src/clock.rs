@@ -1,4 +1,4 @@
-//! The driver's one clock seam (STYLE.md rule 1: the only clock read of the project is
+//! The driver's one clock seam (CONTRIBUTING.md rule 1: the only clock read of the project is
 //! in the driver). Every instant the client and its I/O task hand the core comes from
 //! [`now`], which reads tokio's clock: under `tokio::time::pause` (tests on virtual
 //! time) it jumps to the next timer instead of sleeping, and otherwise it is the

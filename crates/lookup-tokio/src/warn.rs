@@ -11,7 +11,7 @@ pub(crate) const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Logs a warning of each kind at most once per [`WARN_EVERY`] (the first at once),
 /// with the number of warnings of that kind suppressed since, so that a dead server
-/// or a hostile peer cannot flood the log (STYLE.md rule 11).
+/// or a hostile peer cannot flood the log (CONTRIBUTING.md rule 11).
 #[derive(Debug, Default)]
 pub(crate) struct WarnLimiter {
     last: HashMap<&'static str, (Instant, u64)>,

@@ -1,4 +1,4 @@
-//! The client's tracing (STYLE.md rule 11), in a process of its own: tracing's
+//! The client's tracing (CONTRIBUTING.md rule 11), in a process of its own: tracing's
 //! level filter is process-wide, so other tests' clients must not share it.
 
 use std::io;
@@ -28,7 +28,7 @@ impl io::Write for Captured {
     }
 }
 
-/// STYLE.md rule 11: the lookup's span names the request, its origin and prompt,
+/// CONTRIBUTING.md rule 11: the lookup's span names the request, its origin and prompt,
 /// and when it ends the outcome and hit; the I/O task's `rpc` span is its child.
 #[tokio::test(flavor = "current_thread")]
 async fn lookup_span_carries_request_and_outcome() {

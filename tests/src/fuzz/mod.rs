@@ -11,8 +11,8 @@ use proptest::test_runner::{Config, RngSeed};
 pub use reference::*;
 pub use strategies::*;
 
-/// Seed of every fuzz run unless `PROPTEST_RNG_SEED` names another (STYLE.md: tests are
-/// seeded; a failure prints the seed it needs).
+/// Seed of every fuzz run unless `PROPTEST_RNG_SEED` names another (CONTRIBUTING.md rule 13:
+/// tests are seeded; a failure prints the seed it needs).
 pub const SEED: u64 = 0x1f2e_3d4c_5b6a_7988;
 
 /// Longest arbitrary-bytes frame the strategies produce (bytes); structured frames

@@ -37,7 +37,7 @@ pub mod report;
 pub mod stats;
 pub mod step;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -200,11 +200,9 @@ pub enum Section {
     Slow,
 }
 
+/// The checkout this runs in (found at run time, not where it was built).
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask sits in the workspace root")
-        .to_path_buf()
+    mooncake_peers::workspace_root()
 }
 
 /// Runs the benchmark, prints the table and writes the JSON.

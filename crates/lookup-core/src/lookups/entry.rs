@@ -32,7 +32,7 @@ impl ShareKey {
     }
 }
 
-/// Where a request's lookup is (STYLE.md rule 6: each phase carries its own data).
+/// Where a request's lookup is (CONTRIBUTING.md rule 6: each phase carries its own data).
 #[derive(Debug)]
 pub(super) enum LookupState {
     /// Its RPC is queued or in flight.
@@ -122,7 +122,7 @@ pub(super) struct RequestEntry {
     pub(super) preemption: Preemption,
 }
 
-/// Rule 8's preemption policy, per request (STYLE.md rule 6: one enum, no parallel
+/// Rule 8's preemption policy, per request (CONTRIBUTING.md rule 6: one enum, no parallel
 /// booleans).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) enum Preemption {

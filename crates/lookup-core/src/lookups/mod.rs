@@ -565,7 +565,7 @@ impl<O: Observe> Lookups<O> {
         }
     }
 
-    /// The next RPC command for the driver (STYLE.md rule 2).
+    /// The next RPC command for the driver (CONTRIBUTING.md rule 2).
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<Command> {
         self.transmits.pop_front()

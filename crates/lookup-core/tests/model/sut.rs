@@ -91,7 +91,7 @@ impl Harness {
     /// only ever for the request (and its current prompt) or the reset that caused it.
     fn settle(&mut self, asker: Asker) {
         // A driver checks its timer on every loop turn; a deadline at or before `now`
-        // fires at once (STYLE.md rule 3: early or repeated calls are harmless).
+        // fires at once (CONTRIBUTING.md rule 3: early or repeated calls are harmless).
         self.dispatcher.handle_timeout(self.now());
         let mut sends = 0;
         loop {

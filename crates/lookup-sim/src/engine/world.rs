@@ -362,12 +362,7 @@ fn check(r: &TraceRequest, seq: u64, p: &SimParams) -> anyhow::Result<u64> {
     Ok(at.round() as u64)
 }
 
-/// A stable 64-bit mix (SplitMix64's finaliser) for prefix routing and seeds.
-pub(crate) fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+pub(crate) use crate::hash::mix;
 
 /// The engine request `seq` goes to, moved by `offset` (a rerun's perturbation).
 fn route(seq: u64, r: &TraceRequest, engines: u32, router: Router, offset: u32) -> u32 {

@@ -1,6 +1,6 @@
 //! The client's I/O task: one tokio task owns the transport (a ZeroMQ DEALER socket,
 //! or the Mooncake master connection) and runs the wire's half of the protocol, the
-//! core's [`Dispatcher`] (DESIGN.md, "Who owns what"; STYLE.md rule 10).
+//! core's [`Dispatcher`] (DESIGN.md, "Who owns what"; CONTRIBUTING.md rule 10).
 //!
 //! Both transports share this loop: the send queue, every RPC deadline, the late-reply
 //! count, reopening with one [`Backoff`], the tracing and the reports. A transport is a
@@ -190,7 +190,7 @@ impl<W: Wire> IoTask<W> {
                 cmd = self.commands.recv() => Wake::Command(cmd),
                 () = &mut self.sleep, if self.armed.is_some() => Wake::Timer,
             };
-            // The one clock read of this turn (STYLE.md rule 10).
+            // The one clock read of this turn (CONTRIBUTING.md rule 10).
             let now = clock::now();
             match wake {
                 Wake::Cancelled | Wake::Command(None) => break,
@@ -204,7 +204,7 @@ impl<W: Wire> IoTask<W> {
                 Wake::Input(input) => self.on_input(input, now),
                 Wake::Timer => self.armed = None,
             }
-            // Checked here rather than trusting the Sleep (STYLE.md rule 10).
+            // Checked here rather than trusting the Sleep (CONTRIBUTING.md rule 10).
             self.dispatcher.handle_timeout(now);
             self.expired(now);
             if self.dispatcher.poll_reopen() {

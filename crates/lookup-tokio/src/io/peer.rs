@@ -1,7 +1,8 @@
 //! Whether the lookup server behind a ZeroMQ endpoint is there and alive: the checks
 //! the client runs ([`check_reachable`], [`check_alive`]), the reasons they give
 //! ([`EndpointUnreachable`]), and the connection events of the DEALER socket's
-//! monitor ([`Monitor`], NOTES.md "Connection events from ZeroMQ"). ZeroMQ itself
+//! monitor ([`Monitor`]: libzmq publishes them on an inproc PAIR socket; a SIGKILLed
+//! peer shows up as DISCONNECTED about 1.4 ms after the kill). ZeroMQ itself
 //! never fails a message queued for a peer that is gone: these are the only signals
 //! (`spec/wire.md`, "Transport"; RELIABILITY.md, "Dead and hung servers").
 

@@ -1,8 +1,10 @@
 //! The ZeroMQ transport: a DEALER socket to a lookup server (`spec/wire.md`,
 //! "Transport"). Each RPC goes out as `[rpc_id u64 BE, "", frames...]`, so that an
-//! unmodified REP peer echoes the id and replies are matched by it (NOTES.md). The
-//! socket's monitor and liveness checks ([`super::peer`]) tell when the server is
-//! gone, so that lookups fail at once rather than at their timeouts.
+//! unmodified REP peer echoes the id and replies are matched by it (a REP socket sends
+//! back every frame before the empty delimiter; tmq's own REQ cannot outlive a timed-out
+//! `recv`, a DEALER can). The socket's monitor and liveness checks ([`super::peer`])
+//! tell when the server is gone, so that lookups fail at once rather than at their
+//! timeouts.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -50,7 +52,8 @@ const RECONNECT_MS: i32 = 10;
 pub(crate) const RECONNECT_MAX_MS: i32 = 100;
 
 /// Opens a DEALER socket connected to `url`, with linger 0 so that dropping it with
-/// unanswered requests never blocks (NOTES.md, STYLE.md rule 10),
+/// unanswered requests never blocks (ZeroMQ's default linger, -1, hangs the process
+/// there; CONTRIBUTING.md rule 10),
 /// [`MAX_REPLY_BYTES`] so that a hostile peer's length claim is never allocated, a
 /// reconnect every 10 ms doubling to [`RECONNECT_MAX_MS`], and its [`Monitor`]
 /// started before the connect so that no connection event is missed.
