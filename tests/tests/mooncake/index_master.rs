@@ -15,7 +15,7 @@ use lookup_core::{Answer, BlockHashes, Probe, Request, RequestId, Unavailable};
 use lookup_server::{LookupServer, MooncakeIndex, ServerConfig};
 use lookup_tests::mooncake::{Master, Writer};
 use lookup_tests::server::{DealerClient, Req, hit, lookup, store_unavailable};
-use lookup_tokio::mooncake_master::MasterConfig;
+use lookup_tokio::mooncake_master::{BatchConfig, MasterConfig};
 use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient, RankNamespace};
 use tempfile::TempDir;
 
@@ -58,10 +58,13 @@ impl Stack {
         let writer = Writer::start(&master);
         let mut config = MasterConfig::default();
         config.chunk_keys = chunk_keys;
+        // No presence cache: these tests count the master's calls and keys.
         let index = Arc::new(
             MooncakeIndex::connect(&master.addr(), config)
                 .await
-                .expect("connect the index to the master"),
+                .expect("connect the index to the master")
+                .with_batching(BatchConfig::uncached())
+                .expect("batching"),
         );
         let dir = TempDir::new().expect("temp dir");
         let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));

@@ -55,6 +55,7 @@ mod replica;
 mod result;
 mod sample;
 mod scheduler;
+mod script;
 pub mod stepped;
 mod world;
 

@@ -62,9 +62,9 @@ pub(super) struct Engine {
     pub(super) schedule_began: u64,
     /// A step-driven run's record of the current step's decisions
     /// ([`stepped`](super::stepped)); `None` in a timed run.
-    pub(super) log: Option<super::stepped::Decisions>,
+    pub(super) log: Option<super::script::Decisions>,
     /// A step-driven run's stand-in connector answers; `None`: the real connector.
-    pub(super) script: Option<super::stepped::Script>,
+    pub(super) script: Option<super::script::Script>,
 }
 
 /// Steps an engine may launch without producing a single output token before the run

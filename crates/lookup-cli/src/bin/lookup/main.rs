@@ -44,6 +44,7 @@ mod doctor;
 mod exchange;
 mod hash;
 mod master;
+mod settings;
 
 use std::process::ExitCode;
 
