@@ -36,6 +36,7 @@ pub mod addr;
 pub mod batch;
 mod client;
 pub mod codec;
+pub mod counters;
 mod error;
 mod etcd;
 pub mod key;

@@ -8,6 +8,7 @@
 //! cost the core's work alone, so a step's lookup time is the core's hash-map reads
 //! and little else, whatever the queue length.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use lookup_core::{Answer, Probe, Request, RequestId};
@@ -58,6 +59,15 @@ impl Step<'_> {
     pub fn on_new_request(&mut self, req: &Request) {
         let c = &mut *self.client;
         c.core.observer_mut().arrived(req.request_id, None);
+        c.core.on_new_request(req, self.now);
+    }
+
+    /// [`LookupClient::on_new_request_with_id`] at the step's instant.
+    pub fn on_new_request_with_id(&mut self, req: &Request, caller_id: &str) {
+        let c = &mut *self.client;
+        c.core
+            .observer_mut()
+            .arrived(req.request_id, Some(Arc::from(caller_id)));
         c.core.on_new_request(req, self.now);
     }
 

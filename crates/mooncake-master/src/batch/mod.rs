@@ -31,7 +31,6 @@ mod presence;
 mod run;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -159,18 +158,17 @@ pub struct BatchStats {
     pub lease_reads: u64,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    batches: AtomicU64,
-    lookups: AtomicU64,
-    lookups_dropped: AtomicU64,
-    keys_wanted: AtomicU64,
-    keys_asked: AtomicU64,
-    keys_from_cache: AtomicU64,
-}
-
-fn add(counter: &AtomicU64, n: u64) {
-    counter.fetch_add(n, Ordering::Relaxed);
+crate::counters! {
+    /// The live counters behind [`BatchStats`] (its other two fields come from the
+    /// presence cache and the lease).
+    struct Counters => BatchStats {
+        batches,
+        lookups,
+        lookups_dropped,
+        keys_wanted,
+        keys_asked,
+        keys_from_cache,
+    }
 }
 
 type Answer = Result<usize, MasterError>;
@@ -385,19 +383,12 @@ impl Coalescer {
     /// The counters so far.
     #[must_use]
     pub fn stats(&self) -> BatchStats {
-        let c = &self.shared.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let state = lock(&self.shared.state);
-        BatchStats {
-            batches: get(&c.batches),
-            lookups: get(&c.lookups),
-            lookups_dropped: get(&c.lookups_dropped),
-            keys_wanted: get(&c.keys_wanted),
-            keys_asked: get(&c.keys_asked),
-            keys_from_cache: get(&c.keys_from_cache),
+        self.shared.counters.snapshot_onto(BatchStats {
             cache_drops: state.cache.drops(),
             lease_reads: state.lease.reads(),
-        }
+            ..BatchStats::default()
+        })
     }
 }
 

@@ -21,8 +21,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Answer, LeadingRuns, Shared, Waiting, add};
+use super::{Answer, LeadingRuns, Shared, Waiting};
 use crate::client::lock;
+use crate::counters::bump;
 use crate::{Epoch, MasterError};
 
 /// How far past `at` an entry may last when `by` leaves the clock's range (~30 years:
@@ -99,7 +100,7 @@ async fn drive(shared: Arc<Shared>) {
                     break;
                 };
                 if waiting.answer.is_closed() {
-                    add(&shared.counters.lookups_dropped, 1);
+                    bump(&shared.counters.lookups_dropped, 1);
                 } else {
                     batch.push(waiting);
                 }
@@ -181,9 +182,9 @@ impl Tally {
             plan.keys_asked(),
             plan.keys_assumed(),
         );
-        add(&c.keys_wanted, wanted - self.wanted);
-        add(&c.keys_asked, asked - self.asked);
-        add(&c.keys_from_cache, assumed - self.assumed);
+        bump(&c.keys_wanted, wanted - self.wanted);
+        bump(&c.keys_asked, asked - self.asked);
+        bump(&c.keys_from_cache, assumed - self.assumed);
         (self.wanted, self.asked, self.assumed) = (wanted, asked, assumed);
     }
 }
@@ -209,7 +210,7 @@ fn answer_finished(
             result
         };
         if let Some(answer) = answers[i].take() {
-            add(&shared.counters.lookups, 1);
+            bump(&shared.counters.lookups, 1);
             // A receiver dropped meanwhile (its lookup cancelled or timed out): nobody
             // waits.
             let _ = answer.send(result);
@@ -229,7 +230,7 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
     }
     let mut cache = CacheUse::default();
     let mut tally = Tally::default();
-    add(&shared.counters.batches, 1);
+    bump(&shared.counters.batches, 1);
     loop {
         // This round's send time and epoch: the cache is checked against them.
         let sent = Instant::now().into_std();
@@ -318,7 +319,7 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
     // Every lookup was answered in the loop; a plan left open answers unavailable.
     for (answer, result) in answers.into_iter().zip(plan.into_results()) {
         if let Some(answer) = answer {
-            add(&shared.counters.lookups, 1);
+            bump(&shared.counters.lookups, 1);
             let _ = answer.send(result);
         }
     }

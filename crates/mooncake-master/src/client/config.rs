@@ -92,14 +92,15 @@ impl Default for MasterConfig {
 }
 
 impl MasterConfig {
-    /// Checks the settings, as [`MasterClient::connect`](super::MasterClient::connect)
-    /// does before connecting.
+    /// Checks every setting, as [`MasterClient::connect`](crate::MasterClient::connect)
+    /// does before connecting; callers that hold a `MasterConfig` inside their own
+    /// settings (the direct transport's `DirectConfig`) call it rather than copy it.
     ///
     /// # Errors
-    /// [`MasterError::InvalidConfig`] naming the field: `chunk_keys` or
+    /// [`MasterError::InvalidConfig`] naming the field (`what`): `chunk_keys` or
     /// `max_queued_bytes` 0; a zero `call_timeout`, `connect_timeout`,
-    /// `etcd_timeout`, `view_refresh` or `view_retry`; a `backoff_min` that is zero or
-    /// above `backoff_max`.
+    /// `etcd_timeout`, `view_refresh` or `view_retry`; a `backoff_min` that is zero
+    /// or above `backoff_max`.
     pub fn validate(&self) -> Result<(), MasterError> {
         let invalid = |what, why: &str| {
             Err(MasterError::InvalidConfig {
