@@ -24,7 +24,8 @@ pub struct ServerStats {
     /// come from a REQ or well-behaved DEALER client, and have no routing envelope.
     pub no_delimiter: u64,
     /// Index calls that failed (or panicked, or answered the wrong number of flags);
-    /// each such lookup was answered with 0 hit tokens.
+    /// each such lookup was answered with the store-unavailable error reply
+    /// (`spec/wire.md`, "Store unavailable").
     pub index_errors: u64,
     /// Reset requests received.
     pub resets: u64,

@@ -85,10 +85,15 @@ pub struct Args {
     /// than 2x or that collapses in any run is flagged unstable. 1 turns the check off.
     #[arg(long, value_name = "K", default_value_t = 10)]
     pub repeats: u32,
-    /// Skip the recommendation (a search over mode, prefetch limit, TTL, wait budget
-    /// and server concurrency at the end of a run without `--sweep`).
+    /// Skip the recommendation (a search over the lookup settings, mode,
+    /// `lookup_on_preemption`, prefetch limit, TTL, wait budget and server
+    /// concurrency, confirmed on as many fresh reruns, at the end of a run without
+    /// `--sweep`).
     #[arg(long)]
     pub no_recommend: bool,
+    /// No progress on stderr (it is drawn only when stderr is a terminal anyway).
+    #[arg(long)]
+    pub quiet: bool,
 
     /// Calibration file (`cargo xtask calibrate --out FILE`) for the server model.
     /// Default: the built-in `crates/lookup-sim/calibration.json`.
@@ -219,6 +224,15 @@ pub struct Args {
     /// in `cargo xtask replay`).
     #[arg(long)]
     pub no_local_prefix_cache: bool,
+    /// Tokens under one hash of the GPU's prefix cache: 16 (vLLM's own blocks) or a
+    /// multiple of 16 dividing 512 (coarser groups, hit and evicted whole).
+    #[arg(long, value_name = "TOKENS", default_value_t = EngineParams::default().prefix_hash_tokens)]
+    pub prefix_hash_tokens: u32,
+    /// vLLM 0.33's `scheduler_reserve_full_isl`: admit a waiting request only when
+    /// its whole prompt fits in free KV blocks (true, vLLM's default) or when its
+    /// first chunk does (false).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub scheduler_reserve_full_isl: bool,
 
     /// External store capacity in 512-token blocks.
     #[arg(long, default_value_t = StoreParams::default().capacity_blocks)]
@@ -318,6 +332,9 @@ impl Args {
                 batch_queue: self.batch_queue,
                 max_output_tokens: self.max_output_tokens,
                 local_prefix_cache: !self.no_local_prefix_cache,
+                prefix_hash_tokens: self.prefix_hash_tokens,
+                scheduler_reserve_full_isl: self.scheduler_reserve_full_isl,
+                load_kv_async: true,
             },
             store: StoreParams {
                 capacity_blocks: self.store_blocks,

@@ -154,6 +154,14 @@ impl Profile {
     }
 }
 
+/// The built-in calibration's costs (`crates/lookup-sim/calibration.json`): defined
+/// here, beside the file it reads, so the server model does not depend on it.
+impl Default for ServerParams {
+    fn default() -> Self {
+        Calibration::builtin().server_params()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
+use super::request::{TRACE_BLOCK_TOKENS, TraceRequest};
 
 /// Milliseconds between arrival batches.
 const BATCH_INTERVAL_MS: u64 = 3_000;

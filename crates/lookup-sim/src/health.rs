@@ -7,7 +7,15 @@
 //! - the run drains long after the last arrival: makespan beyond the trace's span by
 //!   more than [`MAX_DRAIN_S`] seconds and [`MAX_DRAIN_SHARE`] of the span;
 //! - requests are preempted again and again: more than
-//!   [`MAX_PREEMPTIONS_PER_REQUEST`] preemptions per request.
+//!   [`MAX_PREEMPTIONS_PER_REQUEST`] preemptions per request, or one request
+//!   preempted [`MAX_PREEMPTIONS_OF_ONE_REQUEST`] times or more (a transient cascade
+//!   the queue recovers from still gives its victims a TTFT of minutes);
+//! - the run's TTFT p99 is over [`MAX_P99_OVER_BEST_MEDIAN`] times the best mode's
+//!   median p99 over the reruns ([`Health::judge_tail`], which needs the other
+//!   modes' runs).
+//!
+//! Each sign also says how far past its threshold it is ([`Health::severity`]): a
+//! knee needs a clear margin or two rates in a row ([`crate::knee`]).
 //!
 //! A healthy engine's queue has no trend over an hour of arrivals, drains within a
 //! few requests' service times and preempts a few requests in a hundred; a collapsed
@@ -30,6 +38,11 @@ pub const MAX_DRAIN_S: f64 = 120.0;
 pub const MAX_DRAIN_SHARE: f64 = 0.05;
 /// Most preemptions per request a healthy run shows.
 pub const MAX_PREEMPTIONS_PER_REQUEST: f64 = 0.1;
+/// Preemptions of a single request from which a run is unhealthy.
+pub const MAX_PREEMPTIONS_OF_ONE_REQUEST: u32 = 10;
+/// A run whose TTFT p99 is over this many times the best mode's median p99 over the
+/// reruns is unhealthy.
+pub const MAX_P99_OVER_BEST_MEDIAN: f64 = 2.0;
 
 /// One run's health.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -43,8 +56,13 @@ pub struct Health {
     pub span_s: f64,
     /// Preemptions per request.
     pub preemptions_per_request: f64,
-    /// Any sign above its threshold: the run collapsed.
+    /// Most preemptions of one request.
+    pub preemptions_max: u32,
+    /// Any sign above its threshold: the run is unhealthy (collapsed).
     pub collapsed: bool,
+    /// How far past its threshold the strongest sign is (its value over the
+    /// threshold; 0 when healthy).
+    pub severity: f64,
     /// The signs that fired, in words (empty when healthy).
     pub signs: Vec<String>,
 }
@@ -59,18 +77,31 @@ impl Health {
         let drain_s = r.makespan_ns.saturating_sub(r.trace_span_ns) as f64 / 1e9;
         let per_request = r.preemptions as f64 / r.requests.max(1) as f64;
         let mut signs = Vec::new();
+        let mut severity: f64 = 0.0;
         if slope > MAX_WAITING_SLOPE_PER_MIN {
+            severity = severity.max(slope / MAX_WAITING_SLOPE_PER_MIN);
             signs.push(format!(
                 "waiting queue grows {slope:.1} requests/min per engine while requests arrive"
             ));
         }
         if drain_s > MAX_DRAIN_S && drain_s > MAX_DRAIN_SHARE * span_s {
+            severity =
+                severity.max((drain_s / MAX_DRAIN_S).min(drain_s / (MAX_DRAIN_SHARE * span_s)));
             signs.push(format!(
                 "drains {drain_s:.0} s after the last arrival ({:.0} % of the {span_s:.0} s span)",
                 100.0 * drain_s / span_s.max(1e-9)
             ));
         }
+        if r.preemptions_max >= MAX_PREEMPTIONS_OF_ONE_REQUEST {
+            severity = severity
+                .max(f64::from(r.preemptions_max) / f64::from(MAX_PREEMPTIONS_OF_ONE_REQUEST));
+            signs.push(format!(
+                "a request preempted {} times (unhealthy from {MAX_PREEMPTIONS_OF_ONE_REQUEST})",
+                r.preemptions_max
+            ));
+        }
         if per_request > MAX_PREEMPTIONS_PER_REQUEST {
+            severity = severity.max(per_request / MAX_PREEMPTIONS_PER_REQUEST);
             signs.push(format!(
                 "{per_request:.2} preemptions per request ({} in all)",
                 r.preemptions
@@ -81,8 +112,27 @@ impl Health {
             drain_s,
             span_s,
             preemptions_per_request: per_request,
+            preemptions_max: r.preemptions_max,
             collapsed: !signs.is_empty(),
+            severity,
             signs,
+        }
+    }
+
+    /// Adds the tail sign: the run's TTFT p99 (`p99_ms`) is over
+    /// [`MAX_P99_OVER_BEST_MEDIAN`] times `best_median_ms`, the best mode's median
+    /// p99 over the reruns (nothing when that is 0 or not finite).
+    pub fn judge_tail(&mut self, p99_ms: f64, best_median_ms: f64) {
+        if !(best_median_ms.is_finite() && best_median_ms > 0.0) {
+            return;
+        }
+        let over = p99_ms / best_median_ms;
+        if over > MAX_P99_OVER_BEST_MEDIAN {
+            self.severity = self.severity.max(over / MAX_P99_OVER_BEST_MEDIAN);
+            self.collapsed = true;
+            self.signs.push(format!(
+                "TTFT p99 {p99_ms:.0} ms, {over:.1}x the best mode's median {best_median_ms:.0} ms (unhealthy over {MAX_P99_OVER_BEST_MEDIAN}x)"
+            ));
         }
     }
 }

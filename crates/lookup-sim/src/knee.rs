@@ -1,10 +1,14 @@
 //! Where a rate sweep's modes give way (`--sweep rate-scale=...`): per mode, and per
-//! combination of the other swept parameters, the *knee* is the lowest rate scale at
-//! which the mode collapses in any rerun (the overload detector, [`crate::health`]) or
-//! its median TTFT p99 over the reruns exceeds `factor` (`--knee-factor`, 2 by
-//! default) times its median p99 at the lowest rate swept. The table marks the knee's
-//! row, the plot its point (when the rate scale is the plot's x axis), and a line per
-//! mode says where it is and why.
+//! combination of the other swept parameters, a rate *gives way* when the mode is
+//! unhealthy in any rerun there (the overload detector, [`crate::health`]) or its
+//! median TTFT p99 over the reruns exceeds `factor` (`--knee-factor`, 2 by default)
+//! times its median p99 at the lowest rate swept. The *knee* is the lowest rate that
+//! gives way with a margin: clearly (a sign at least [`CLEAR_MARGIN`] times its
+//! threshold, or a p99 ratio at least [`CLEAR_MARGIN`] times `factor`), or again at
+//! the next rate swept. One rerun a hair past a threshold (a waiting-queue slope of
+//! 0.51 against 0.5) is not a knee; the line says so. The table marks the knee's row,
+//! the plot its point (when the rate scale is the plot's x axis), and a line per mode
+//! says where it is and why.
 
 use std::fmt::Write as _;
 
@@ -13,6 +17,9 @@ use serde::Serialize;
 use super::budget::BudgetArg;
 use super::mode::Mode;
 use super::sweep::{Axis, Cell, Param, Point, label};
+
+/// How far past its threshold a sign must be for one rate to make a knee alone.
+pub const CLEAR_MARGIN: f64 = 1.5;
 
 /// Why the knee is where it is.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -49,6 +56,13 @@ pub struct Knee {
     pub rate_scale: Option<f64>,
     /// Why (`None` with no knee).
     pub reason: Option<Reason>,
+    /// The knee's margin: `true` when its rate gave way clearly, `false` when it
+    /// did by a small margin and the next rate swept gave way too.
+    pub clear: bool,
+    /// A rate that gave way by a small margin only, with the next rate swept
+    /// healthy or none swept above it: no knee there (the lowest such rate below
+    /// the knee, if any).
+    pub marginal: Option<(f64, Reason)>,
     /// Index of the knee's cell in the sweep's cells.
     #[serde(skip)]
     pub cell: Option<usize>,
@@ -114,26 +128,47 @@ pub fn knees(
                 top_rate: rate(at[at.len() - 1]),
                 rate_scale: None,
                 reason: None,
+                clear: false,
+                marginal: None,
                 cell: None,
             };
-            for &p in &at {
+            let gives = |p: usize| -> Option<(Reason, bool)> {
                 let c = &cells[cell(p)];
                 let ratio = super::margin::median(&c.p99_ms) / base.max(1e-9);
-                let reason = if c.verdict.collapsed_runs > 0 {
-                    Some(Reason::Collapsed {
-                        collapsed: c.verdict.collapsed_runs,
-                        runs: c.verdict.runs,
-                    })
+                if c.verdict.collapsed_runs > 0 {
+                    let severity = c
+                        .verdict
+                        .reruns
+                        .iter()
+                        .map(|r| r.health.severity)
+                        .fold(0.0, f64::max);
+                    Some((
+                        Reason::Collapsed {
+                            collapsed: c.verdict.collapsed_runs,
+                            runs: c.verdict.runs,
+                        },
+                        severity >= CLEAR_MARGIN || ratio >= factor * CLEAR_MARGIN,
+                    ))
                 } else if ratio > factor {
-                    Some(Reason::P99 { ratio })
+                    Some((Reason::P99 { ratio }, ratio >= factor * CLEAR_MARGIN))
                 } else {
                     None
+                }
+            };
+            for (j, &p) in at.iter().enumerate() {
+                let Some((reason, clear)) = gives(p) else {
+                    continue;
                 };
-                if reason.is_some() {
+                let again = at.get(j + 1).is_some_and(|&q| gives(q).is_some());
+                if clear || again {
                     knee.rate_scale = Some(rate(p));
-                    knee.reason = reason;
+                    knee.reason = Some(reason);
+                    knee.clear = clear;
                     knee.cell = Some(cell(p));
                     break;
+                }
+                if knee.marginal.is_none() {
+                    knee.marginal = Some((rate(p), reason));
                 }
             }
             out.push(knee);
@@ -142,11 +177,23 @@ pub fn knees(
     Some(out)
 }
 
+fn why(reason: &Reason, k: &Knee) -> String {
+    match reason {
+        Reason::Collapsed { collapsed, runs } => {
+            format!("unhealthy in {collapsed} of {runs} runs")
+        }
+        Reason::P99 { ratio } => format!(
+            "median p99 {ratio:.2}x its {:.0} ms at x{}",
+            k.base_p99_ms, k.base_rate
+        ),
+    }
+}
+
 /// The knees in words: a heading stating the rule, then one line per knee.
 #[must_use]
 pub fn describe(knees: &[Knee], factor: f64) -> String {
     let mut out = format!(
-        "knee: the lowest rate scale at which a mode collapses in any rerun or its median TTFT p99 exceeds {factor}x its value at the lowest rate\n"
+        "knee: the lowest rate scale at which a mode is unhealthy in any rerun or its median TTFT p99 exceeds {factor}x its value at the lowest rate, by a clear margin ({CLEAR_MARGIN}x the threshold) or at the next rate too\n"
     );
     for k in knees {
         let group = if k.group.is_empty() {
@@ -156,21 +203,16 @@ pub fn describe(knees: &[Knee], factor: f64) -> String {
         };
         let _ = write!(out, "  {group}{:<14} ", k.mode.name());
         match (&k.rate_scale, &k.reason) {
-            (Some(rate), Some(Reason::Collapsed { collapsed, runs })) => {
-                let _ = write!(
-                    out,
-                    "knee at x{rate}: collapsed in {collapsed} of {runs} runs"
-                );
+            (Some(rate), Some(reason)) => {
+                let _ = write!(out, "knee at x{rate}: {}", why(reason, k));
                 if *rate <= k.base_rate {
                     out.push_str(" (already at the lowest rate swept)");
                 }
-            }
-            (Some(rate), Some(Reason::P99 { ratio })) => {
-                let _ = write!(
-                    out,
-                    "knee at x{rate}: median p99 {ratio:.2}x its {:.0} ms at x{}",
-                    k.base_p99_ms, k.base_rate
-                );
+                out.push_str(if k.clear {
+                    ", clearly"
+                } else {
+                    ", and again at the next rate"
+                });
             }
             _ => {
                 let _ = write!(
@@ -179,6 +221,13 @@ pub fn describe(knees: &[Knee], factor: f64) -> String {
                     k.top_rate, k.base_p99_ms, k.base_rate
                 );
             }
+        }
+        if let Some((rate, reason)) = &k.marginal {
+            let _ = write!(
+                out,
+                "; x{rate} gave way by a small margin only ({}), not at the next rate or none swept above it",
+                why(reason, k)
+            );
         }
         out.push('\n');
     }

@@ -5,190 +5,62 @@
 //! `sync`, `async`, `prefetch`, `prefetch+` and `prefetch+wait`, side by side; checks
 //! that the result is stable over perturbed reruns, and ends with a recommendation.
 //!
-//! Modules: [`args`] (flags), [`trace`] (streamed JSONL input), [`generator`] (the
-//! embedded default trace), [`engine`] (the discrete-event engine model and its cost
-//! model), [`store`] (GPU prefix cache and external store), [`server`] (the lookup
-//! server model: keys, calls, costs), [`calibration`] (measured server costs),
-//! `connector` (the core on the virtual clock), [`mode`] (the five configurations),
-//! [`budget`] (`prefetch+wait`'s wait budget), [`runner`] (many runs on every core,
-//! perturbed reruns), [`stability`], [`health`] (the overload detector),
+//! Modules: [`args`] (flags), [`request`] (a trace's record), [`trace`] (streamed
+//! JSONL input), [`generator`] (the embedded default trace), [`engine`] (the
+//! discrete-event engine model and its cost model), [`store`] (GPU prefix cache and
+//! external store), [`server`] (the lookup server model: keys, calls, costs),
+//! [`calibration`] (measured server costs), `connector` (the core on the virtual
+//! clock), [`mode`] (the five configurations), [`budget`] (`prefetch+wait`'s wait
+//! budget), [`runner`] (many runs on every core, perturbed reruns), [`stability`],
+//! [`health`] (the overload detector), [`counters`] (what names a mechanism),
 //! [`recommend`] with [`margin`] (paired p99 ratios) and [`mechanism`] (why a setting
 //! lost), [`sweep`] with [`knee`] (where a rate sweep's modes give way), [`report`]
-//! (table, JSON, plots).
+//! (table, plots), [`progress`] (stderr). The program's steps are [`run_to`]'s;
+//! `setup`, `output` and `sweep_run` hold what they share, write, and the sweep.
+//!
+//! No module imports from one that imports from it (`tests/structure.rs`).
 
 pub mod args;
 pub mod budget;
 pub mod calibration;
 mod connector;
+pub mod counters;
 pub mod engine;
 pub mod generator;
+mod hash;
 pub mod health;
 pub mod knee;
 pub mod margin;
 pub mod mechanism;
 pub mod mode;
+mod output;
+pub mod progress;
 pub mod recommend;
 pub mod report;
+pub mod request;
 pub mod runner;
 pub mod server;
+mod setup;
 pub mod stability;
 pub mod store;
 pub mod sweep;
+mod sweep_run;
 pub mod trace;
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 pub use self::args::Args;
-use self::engine::{ModeResult, RequestRecord, SimParams};
+use self::engine::ModeResult;
 use self::mode::Mode;
-use self::recommend::{Recommendation, Scored, Setting};
+use self::output::{RequestsOut, default_plot_path, header, title, write_json, write_timeseries};
+use self::recommend::{Problem, Recommendation, Scored, Setting};
 use self::report::{ModeSummary, summarise};
 pub use self::runner::run_modes;
 use self::runner::{Job, perturbed, run_jobs};
+use self::setup::Setup;
 use self::stability::Verdict;
-use self::trace::TraceSource;
-
-fn default_plot_path() -> PathBuf {
-    // The workspace's `target/`: this crate sits at `crates/lookup-sim`.
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .ancestors()
-        .nth(2)
-        .unwrap_or(manifest)
-        .join("target/simulate/ttft_cdf.png")
-}
-
-/// `path` with `suffix` before its extension (`a/b.png` + `_sweep` = `a/b_sweep.png`).
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let stem = path
-        .file_stem()
-        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-    let ext = path
-        .extension()
-        .map_or_else(String::new, |e| format!(".{}", e.to_string_lossy()));
-    path.with_file_name(format!("{stem}{suffix}{ext}"))
-}
-
-/// A progress bar on stderr for runs longer than a second (hidden when not a terminal).
-struct Progress {
-    bar: ProgressBar,
-    started: Instant,
-    shown: AtomicBool,
-}
-
-impl Progress {
-    fn new(total: Option<u64>) -> anyhow::Result<Self> {
-        let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::hidden());
-        let template = if total.is_some() {
-            "{elapsed_precise} [{bar:40}] {pos}/{len} requests simulated ({eta} left)"
-        } else {
-            "{elapsed_precise} {pos} requests simulated"
-        };
-        bar.set_style(
-            ProgressStyle::with_template(template)
-                .context("progress template")?
-                .progress_chars("=> "),
-        );
-        Ok(Self {
-            bar,
-            started: Instant::now(),
-            shown: AtomicBool::new(false),
-        })
-    }
-
-    fn tick(&self) {
-        self.bar.inc(1);
-        if !self.shown.load(Ordering::Relaxed) && self.started.elapsed().as_secs_f64() > 1.0 {
-            self.shown.store(true, Ordering::Relaxed);
-            self.bar.set_draw_target(ProgressDrawTarget::stderr());
-        }
-    }
-}
-
-/// Requests the source will give (when known without reading it).
-fn known_len(source: &TraceSource, limit: Option<usize>) -> Option<u64> {
-    let n = match source {
-        TraceSource::Generated { requests, .. } => *requests,
-        TraceSource::Memory(reqs) => reqs.len(),
-        TraceSource::File(_) => return None,
-    };
-    Some(limit.map_or(n, |l| l.min(n)) as u64)
-}
-
-/// One line of `--requests-out`.
-#[derive(Serialize)]
-struct RequestLine<'a> {
-    mode: Mode,
-    #[serde(flatten)]
-    record: &'a RequestRecord,
-}
-
-/// The run's header: trace, engines, server model, lookup settings.
-fn header(source: &str, requests: u64, p: &SimParams, calibration: &str) -> String {
-    let s = &p.server;
-    format!(
-        "trace: {source}, {requests} requests, rate scale {}\n\
-         {} engines ({:?}): budget {} tokens, {} seqs, {} GPU KV blocks of 16 tokens each; store {} blocks of 512; arrivals {:?}\n\
-         lookup server ({calibration}): {:.3} ms + {:.1} µs/call + {:.2} µs/present key + {:.2} µs/absent key, \
-         jitter {:.3} ms, concurrency {}; keys: block size {}, {} namespace(s), {}\n\
-         lookups: prefetch limit {}, TTL {} s, timeout {} s, wait budget {}, on preemption {} (wait {} s)",
-        p.rate_scale,
-        p.engine.engines,
-        p.engine.router,
-        p.engine.max_num_batched_tokens,
-        p.engine.max_num_seqs,
-        p.engine.gpu_kv_blocks,
-        p.store.capacity_blocks,
-        p.engine.arrivals,
-        s.fixed_s * 1e3,
-        s.per_call_s * 1e6,
-        s.present_key_s * 1e6,
-        s.absent_key_s * 1e6,
-        s.jitter_s * 1e3,
-        s.concurrency,
-        s.block_size,
-        s.namespaces,
-        if s.chunk_keys == 0 {
-            "one store call per lookup".to_owned()
-        } else {
-            format!("calls of {} keys with early stop", s.chunk_keys)
-        },
-        p.lookup.prefetch_limit,
-        p.lookup.prefetch_ttl_s,
-        p.lookup.timeout_s,
-        p.lookup.wait_budget,
-        p.lookup.on_preemption,
-        p.lookup.preempted_wait_s,
-    )
-}
-
-/// The short form of the settings, for plot titles (a trace file by its name).
-fn title(source: &str, p: &SimParams) -> String {
-    let s = &p.server;
-    let source = source.rsplit('/').next().unwrap_or(source);
-    format!(
-        "{source}: {} engines, rate x{}, server {:.2} ms + {:.2}/{:.2} us per key, block size {} x {} namespace(s), concurrency {}; prefetch {} TTL {} s, wait {}",
-        p.engine.engines,
-        p.rate_scale,
-        s.fixed_s * 1e3 + s.per_call_s * 1e3,
-        s.present_key_s * 1e6,
-        s.absent_key_s * 1e6,
-        s.block_size,
-        s.namespaces,
-        s.concurrency,
-        p.lookup.prefetch_limit,
-        p.lookup.prefetch_ttl_s,
-        sweep::budget_label(&p.lookup.wait_budget),
-    )
-}
 
 /// What `--json` holds after the modes' figures.
 #[derive(Serialize)]
@@ -201,6 +73,7 @@ struct Analysis<'a> {
 /// `cargo xtask simulate`: streams or generates the trace, runs every mode (and its
 /// perturbed reruns) on every core, prints the table, the stability verdict and the
 /// recommendation; or, with `--sweep`, the sweep. Writes the JSON and the plots.
+/// Progress goes to stderr when it is a terminal (not with `--quiet`).
 ///
 /// # Errors
 /// A bad flag, an unreadable or malformed trace (naming the line), a request that
@@ -210,103 +83,137 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     run_to(args, &mut std::io::stdout().lock())
 }
 
-/// [`run`], printing to `out` (the progress bar and warnings still go to stderr).
+/// [`run`], printing to `out` (progress and warnings still go to stderr). The
+/// steps: set up, simulate the modes and their reruns, print the table, judge the
+/// reruns, recommend, write the files.
 ///
 /// # Errors
 /// As [`run`], and a failed write to `out`.
 pub fn run_to(args: &Args, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-    let params = args.params()?;
-    let calibration = args.calibration()?;
-    let profile = calibration.profile(args.server_profile.as_deref())?;
-    let cal_name = format!(
-        "{}, calibrated {} on {}",
-        profile.name, calibration.date, calibration.machine
-    );
-    let mut modes = args.modes.clone();
-    modes.dedup();
-    if args.limit == Some(0) {
-        bail!("--limit 0 leaves no request to replay");
-    }
-    if args.repeats == 0 {
-        bail!("--repeats must be at least 1");
-    }
-    let source = args.source();
-    let limit = args.limit;
-    let described = match limit {
-        Some(n) => format!("{} (first {n})", source.describe()),
-        None => source.describe(),
-    };
+    let setup = Setup::of(args)?;
     if let Some(path) = &args.write_trace {
-        let file =
-            std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
-        let mut out = std::io::BufWriter::new(file);
-        for r in source.open(limit)? {
-            serde_json::to_writer(&mut out, &r?).context("encoding a request")?;
-            out.write_all(b"\n")
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        out.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        setup.write_trace(path)?;
     }
     if !args.sweep.is_empty() {
-        return run_sweep(args, &source, &described, &params, &modes, &cal_name, out);
+        return sweep_run::run_sweep(args, &setup, out);
     }
+    let sim = simulate_modes(args, &setup)?;
+    if let Some(path) = &args.timeseries {
+        write_timeseries(path, &sim.results[..setup.modes.len()])?;
+    }
+    let merged = print_modes(&setup, &sim, out)?;
+    let (verdicts, best_median_ms) = judge(&setup, &sim, out)?;
+    let recommendation = if args.no_recommend {
+        None
+    } else {
+        Some(recommend_settings(
+            &setup,
+            merged,
+            &verdicts,
+            best_median_ms,
+            out,
+        )?)
+    };
+    if let Some(path) = &args.json {
+        let doc = report::Report {
+            trace: setup.described.clone(),
+            requests: sim.requests,
+            params: &setup.params,
+            calibration: setup.cal_name.clone(),
+            modes: &sim.summaries[..setup.modes.len()],
+            analysis: Analysis {
+                stability: &verdicts,
+                prefetch_plus_merged: merged,
+                recommendation: recommendation.as_ref(),
+            },
+        };
+        write_json(path, &doc, out)?;
+    }
+    if !args.no_plot {
+        plot(args, &setup, &sim.results, out)?;
+    }
+    Ok(())
+}
 
+/// The modes' runs: rerun `i` of mode `m` is job `i * modes + m`.
+struct Simulated {
+    results: Vec<ModeResult>,
+    summaries: Vec<ModeSummary>,
+    requests: u64,
+    jobs: usize,
+    wall: Duration,
+}
+
+/// Step 1: every mode and its perturbed reruns on every core (`--requests-out` gets
+/// the first run of each mode).
+fn simulate_modes(args: &Args, setup: &Setup) -> anyhow::Result<Simulated> {
     let started = Instant::now();
-    let repeats = args.repeats;
-    let jobs: Vec<Job> = (0..repeats)
+    let modes = &setup.modes;
+    let jobs: Vec<Job> = (0..args.repeats)
         .flat_map(|i| {
-            let p = perturbed(&params, i);
+            let p = perturbed(&setup.params, i);
             modes.iter().map(move |&mode| Job {
                 params: p.clone(),
                 mode,
             })
         })
         .collect();
-    let progress = Progress::new(known_len(&source, limit).map(|n| n * jobs.len() as u64))?;
-    let requests_out = match &args.requests_out {
-        Some(path) => Some(Mutex::new(std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?,
-        ))),
-        None => None,
-    };
-    let write_failed = AtomicBool::new(false);
-    let on_finished = |job: usize, r: &RequestRecord| {
-        progress.tick();
+    let labels = jobs
+        .iter()
+        .enumerate()
+        .map(|(j, job)| format!("{} rerun {}", job.mode, j / modes.len()))
+        .collect();
+    let stage = setup.progress.stage(
+        &format!("modes: {} x {} runs", modes.len(), args.repeats),
+        labels,
+        setup.requests,
+    );
+    let requests_out = args
+        .requests_out
+        .as_deref()
+        .map(RequestsOut::create)
+        .transpose()?;
+    let results = run_jobs(&setup.source, setup.limit, &jobs, &|job, r| {
+        stage.on_request(job);
         if let Some(out) = requests_out.as_ref().filter(|_| job < modes.len()) {
-            let line = RequestLine {
-                mode: modes[job],
-                record: r,
-            };
-            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
-            if serde_json::to_writer(&mut *out, &line).is_err() || out.write_all(b"\n").is_err() {
-                write_failed.store(true, Ordering::Relaxed);
-            }
+            out.write(modes[job], r);
         }
-    };
-    let results = run_jobs(&source, limit, &jobs, &on_finished)?;
-    progress.bar.finish_and_clear();
-    if let (Some(out), Some(path)) = (requests_out, &args.requests_out) {
-        let mut out = out.into_inner().unwrap_or_else(|e| e.into_inner());
-        if write_failed.load(Ordering::Relaxed) || out.flush().is_err() {
-            bail!("writing {}", path.display());
-        }
+    })?;
+    stage.finish();
+    if let Some(out) = requests_out {
+        out.finish()?;
     }
-    let wall = started.elapsed();
-    if let Some(path) = &args.timeseries {
-        write_timeseries(path, &results[..modes.len()])?;
-    }
-    let kv = params.engine.gpu_kv_blocks;
+    let kv = setup.params.engine.gpu_kv_blocks;
     let summaries: Vec<ModeSummary> = results.iter().map(|r| summarise(r, kv)).collect();
-    let base = &summaries[..modes.len()];
-    let requests = base.first().map_or(0, |s| s.requests);
-    if requests == 0 {
-        bail!("the trace has no requests");
-    }
+    let requests = summaries.first().map_or(0, |s| s.requests);
+    anyhow::ensure!(requests > 0, "the trace has no requests");
+    Ok(Simulated {
+        results,
+        summaries,
+        requests,
+        jobs: jobs.len(),
+        wall: started.elapsed(),
+    })
+}
+
+/// Step 2: the header and the table of the modes' first runs. Returns whether
+/// `prefetch+` was merged into `prefetch`'s column.
+fn print_modes(
+    setup: &Setup,
+    sim: &Simulated,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<bool> {
+    let modes = &setup.modes;
+    let base = &sim.summaries[..modes.len()];
     writeln!(
         out,
         "{}",
-        header(&source.describe(), requests, &params, &cal_name)
+        header(
+            &setup.source.describe(),
+            sim.requests,
+            &setup.params,
+            &setup.cal_name
+        )
     )?;
     writeln!(out)?;
     // prefetch+ earns its column only where priority or sharing changed something.
@@ -340,16 +247,40 @@ pub fn run_to(args: &Args, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         )?;
     }
     writeln!(out)?;
+    Ok(merged)
+}
+
+/// Step 3: each mode's verdict over its reruns, after the tail sign (a rerun's p99
+/// over twice the best mode's median is unhealthy), printed. Returns the verdicts
+/// and that median (ms).
+fn judge(
+    setup: &Setup,
+    sim: &Simulated,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<(Vec<Verdict>, f64)> {
+    let modes = &setup.modes;
+    let of_mode = |i: usize| -> Vec<ModeSummary> {
+        sim.summaries
+            .iter()
+            .skip(i)
+            .step_by(modes.len())
+            .cloned()
+            .collect()
+    };
+    let best_median_ms = (0..modes.len())
+        .map(|i| {
+            let p99: Vec<f64> = of_mode(i).iter().map(|s| s.ttft_ms.p99).collect();
+            margin::median(&p99)
+        })
+        .fold(f64::INFINITY, f64::min);
     let verdicts: Vec<Verdict> = modes
         .iter()
         .enumerate()
         .map(|(i, &m)| {
-            let runs: Vec<ModeSummary> = summaries
-                .iter()
-                .skip(i)
-                .step_by(modes.len())
-                .cloned()
-                .collect();
+            let mut runs = of_mode(i);
+            for s in &mut runs {
+                s.health.judge_tail(s.ttft_ms.p99, best_median_ms);
+            }
             Verdict::of(m, &runs)
         })
         .collect();
@@ -357,240 +288,78 @@ pub fn run_to(args: &Args, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
     writeln!(
         out,
         "simulated {} requests x {} modes x {} runs in {:.1} s on {} threads",
-        requests,
+        sim.requests,
         modes.len(),
-        repeats,
-        wall.as_secs_f64(),
-        runner::workers(jobs.len())
+        sim.jobs / modes.len().max(1),
+        sim.wall.as_secs_f64(),
+        runner::workers(sim.jobs)
     )?;
-    let recommendation = if args.no_recommend {
-        None
-    } else {
-        let started = Instant::now();
-        let known: Vec<Scored> = modes
-            .iter()
-            .zip(&verdicts)
-            .map(|(&m, v)| Scored {
-                setting: Setting::of(m, &params),
-                verdict: v.clone(),
-                screened_out: false,
-            })
-            .collect();
-        let search: Vec<Mode> = modes
-            .iter()
-            .copied()
-            .filter(|&m| !(merged && m == Mode::PrefetchPlus))
-            .collect();
-        let known: Vec<Scored> = known
-            .into_iter()
-            .filter(|k| search.contains(&k.setting.mode))
-            .collect();
-        let r = recommend::search(&source, limit, &params, &search, repeats, known)?;
-        writeln!(out)?;
-        write!(out, "{}", recommend::describe(&r, repeats))?;
-        writeln!(
-            out,
-            "  (searched in {:.1} s)",
-            started.elapsed().as_secs_f64()
-        )?;
-        Some(r)
-    };
-    if let Some(path) = &args.json {
-        let doc = report::Report {
-            trace: described.clone(),
-            requests,
-            params: &params,
-            calibration: cal_name.clone(),
-            modes: base,
-            analysis: Analysis {
-                stability: &verdicts,
-                prefetch_plus_merged: merged,
-                recommendation: recommendation.as_ref(),
-            },
-        };
-        write_json(path, &doc, out)?;
-    }
-    if !args.no_plot {
-        let path = args.plot.clone().unwrap_or_else(default_plot_path);
-        let curves: Vec<(Mode, &hdrhistogram::Histogram<u64>)> = results[..modes.len()]
-            .iter()
-            .map(|r| (r.mode, &r.ttft_us))
-            .collect();
-        match report::plot::plot_ttft(&curves, &title(&described, &params), &path) {
-            Ok(()) => writeln!(out, "TTFT CDF and tail plot: {}", path.display())?,
-            Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
-        }
-    }
-    Ok(())
+    Ok((verdicts, best_median_ms))
 }
 
-/// `--timeseries`: every engine's samples of each mode's first run, one JSON line each.
-fn write_timeseries(path: &Path, results: &[ModeResult]) -> anyhow::Result<()> {
-    #[derive(Serialize)]
-    struct Line<'a> {
-        mode: Mode,
-        #[serde(flatten)]
-        sample: &'a engine::Sample,
-    }
-    let file =
-        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    for r in results {
-        for sample in &r.timeseries {
-            serde_json::to_writer(
-                &mut out,
-                &Line {
-                    mode: r.mode,
-                    sample,
-                },
-            )
-            .context("encoding a sample")?;
-            out.write_all(b"\n")
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-    }
-    out.flush()
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-fn write_json(
-    path: &Path,
-    doc: &impl Serialize,
+/// Step 4: the search over the lookup settings, from the modes' own runs, printed.
+fn recommend_settings(
+    setup: &Setup,
+    merged: bool,
+    verdicts: &[Verdict],
+    best_median_ms: f64,
     out: &mut dyn std::io::Write,
-) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(doc).context("encoding JSON")?;
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-    writeln!(out, "JSON: {}", path.display())?;
-    Ok(())
-}
-
-/// `--sweep`: every point × mode × rerun on every core; the table, the plot, the JSON.
-fn run_sweep(
-    args: &Args,
-    source: &TraceSource,
-    described: &str,
-    params: &SimParams,
-    modes: &[Mode],
-    cal_name: &str,
-    out: &mut dyn std::io::Write,
-) -> anyhow::Result<()> {
-    if !(args.knee_factor.is_finite() && args.knee_factor > 1.0) {
-        bail!(
-            "--knee-factor must be a finite number > 1, got {}",
-            args.knee_factor
-        );
-    }
-    let axes = args
-        .sweep
+) -> anyhow::Result<Recommendation> {
+    let started = Instant::now();
+    let search: Vec<Mode> = setup
+        .modes
         .iter()
-        .map(|s| sweep::Axis::parse(s))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let bounds = (args.wait_budget_bounds_ms[0], args.wait_budget_bounds_ms[1]);
-    let points = sweep::grid(&axes, params, bounds)?;
-    let repeats = args.repeats;
-    let jobs: Vec<Job> = points
+        .copied()
+        .filter(|&m| !(merged && m == Mode::PrefetchPlus))
+        .collect();
+    let known: Vec<Scored> = setup
+        .modes
         .iter()
-        .flat_map(|pt| {
-            modes.iter().flat_map(move |&mode| {
-                (0..repeats).map(move |i| Job {
-                    params: perturbed(&pt.params, i),
-                    mode,
-                })
-            })
+        .zip(verdicts)
+        .filter(|(m, _)| search.contains(m))
+        .map(|(&m, v)| Scored {
+            setting: Setting::of(m, &setup.params),
+            verdict: v.clone(),
+            screened_out: false,
         })
         .collect();
-    let started = Instant::now();
-    let progress = Progress::new(known_len(source, args.limit).map(|n| n * jobs.len() as u64))?;
-    let results: Vec<ModeResult> = run_jobs(source, args.limit, &jobs, &|_, _| progress.tick())?;
-    progress.bar.finish_and_clear();
-    let wall = started.elapsed();
-    let kv = params.engine.gpu_kv_blocks;
-    let summaries: Vec<ModeSummary> = results.iter().map(|r| summarise(r, kv)).collect();
-    let mut cells = Vec::new();
-    let per_point = modes.len() * repeats as usize;
-    for (pt, runs) in points.iter().zip(summaries.chunks(per_point)) {
-        for (&mode, runs) in modes.iter().zip(runs.chunks(repeats as usize)) {
-            cells.push(sweep::cell(sweep::label(&axes, &pt.at), mode, runs));
-        }
-    }
-    let knees = knee::knees(&axes, &points, &cells, modes, args.knee_factor);
-    for k in knees.iter().flatten() {
-        if let Some(i) = k.cell {
-            cells[i].knee = true;
-        }
-    }
-    let requests = summaries.first().map_or(0, |s| s.requests);
-    writeln!(out, "{}", header(described, requests, params, cal_name))?;
+    let problem = Problem {
+        source: &setup.source,
+        limit: setup.limit,
+        base: &setup.params,
+        modes: &search,
+        repeats: verdicts.first().map_or(1, |v| v.runs) as u32,
+        requests: setup.requests,
+        best_median_ms,
+        progress: setup.progress,
+    };
+    let r = recommend::search(&problem, known)?;
     writeln!(out)?;
-    write!(out, "{}", sweep::table(&cells))?;
-    if let Some(knees) = &knees {
-        writeln!(out)?;
-        write!(out, "{}", knee::describe(knees, args.knee_factor))?;
-    }
-    let unstable = cells.iter().filter(|c| !c.verdict.stable).count();
-    writeln!(out)?;
+    write!(out, "{}", recommend::describe(&r))?;
     writeln!(
         out,
-        "sweep: {} points x {} modes x {} runs = {} simulations of {} requests in {:.1} s on {} threads; \
-         {unstable} of {} cells UNSTABLE (p99 moves more than {}x over the reruns)",
-        points.len(),
-        modes.len(),
-        repeats,
-        jobs.len(),
-        requests,
-        wall.as_secs_f64(),
-        runner::workers(jobs.len()),
-        cells.len(),
-        stability::MAX_SPREAD,
+        "  (searched in {:.1} s)",
+        started.elapsed().as_secs_f64()
     )?;
-    if let Some(path) = &args.json {
-        #[derive(Serialize)]
-        struct SweepDoc<'a> {
-            trace: String,
-            requests: u64,
-            params: &'a SimParams,
-            calibration: &'a str,
-            axes: Vec<(&'static str, Vec<String>)>,
-            cells: &'a [sweep::Cell],
-            knee_factor: f64,
-            knees: Option<&'a [knee::Knee]>,
-        }
-        let doc = SweepDoc {
-            trace: described.to_owned(),
-            requests,
-            params,
-            calibration: cal_name,
-            axes: axes
-                .iter()
-                .map(|a| {
-                    (
-                        a.param.name(),
-                        a.values.iter().map(ToString::to_string).collect(),
-                    )
-                })
-                .collect(),
-            cells: &cells,
-            knee_factor: args.knee_factor,
-            knees: knees.as_deref(),
-        };
-        write_json(path, &doc, out)?;
-    }
-    if !args.no_plot {
-        let path = with_suffix(
-            &args.plot.clone().unwrap_or_else(default_plot_path),
-            "_sweep",
-        );
-        let panels = sweep::panels(&axes, &points, &cells, modes);
-        let x_labels: Vec<String> = axes[0].values.iter().map(ToString::to_string).collect();
-        let t = format!(
-            "{} ({} runs a point, bands min-max)",
-            title(described, params),
-            repeats
-        );
-        match report::plot::plot_sweep(&panels, axes[0].param.name(), &x_labels, &t, &path) {
-            Ok(()) => writeln!(out, "sweep plot: {}", path.display())?,
-            Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
-        }
+    Ok(r)
+}
+
+/// Step 5: the TTFT CDF and tail plot of the modes' first runs (a warning when it
+/// cannot be drawn).
+fn plot(
+    args: &Args,
+    setup: &Setup,
+    results: &[ModeResult],
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    let path = args.plot.clone().unwrap_or_else(default_plot_path);
+    let curves: Vec<(Mode, &hdrhistogram::Histogram<u64>)> = results[..setup.modes.len()]
+        .iter()
+        .map(|r| (r.mode, &r.ttft_us))
+        .collect();
+    match report::plot::plot_ttft(&curves, &title(&setup.described, &setup.params), &path) {
+        Ok(()) => writeln!(out, "TTFT CDF and tail plot: {}", path.display())?,
+        Err(e) => eprintln!("warning: no plot ({e:#}); the figures above are complete"),
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::Context;
 
 use super::engine::{ModeResult, RequestRecord, SimParams, simulate};
+use super::hash::mix;
 use super::mode::Mode;
 use super::trace::TraceSource;
 
@@ -56,13 +57,6 @@ pub fn perturbed(params: &SimParams, repeat: u32) -> SimParams {
     p.route_offset = (draw(0x0072_6f75_7465) % u64::from(params.engine.engines.max(1))) as u32;
     p.timeseries = false;
     p
-}
-
-/// SplitMix64's finaliser (the engine model's own, for independent draws).
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// Worker threads for `jobs` jobs: one per core, at most one per job.

@@ -71,12 +71,6 @@ pub struct ServerParams {
     pub shared: bool,
 }
 
-impl Default for ServerParams {
-    fn default() -> Self {
-        super::calibration::Calibration::builtin().server_params()
-    }
-}
-
 impl ServerParams {
     /// Checks what the model cannot run with.
     ///

@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::counters::Counters;
 use super::engine::Perturbation;
 use super::health::{Health, wilson};
-use super::mechanism::Counters;
 use super::mode::Mode;
 use super::report::ModeSummary;
 

@@ -290,16 +290,29 @@ fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
     // Some lookups were made and took time.
     assert!(base(Mode::Async).lookups.total_ms.p99 > 0.0);
 
+    // Each mode's reruns, a rerun's p99 over twice the best mode's median unhealthy.
+    let of_mode = |i: usize| -> Vec<report::ModeSummary> {
+        summaries
+            .iter()
+            .skip(i)
+            .step_by(modes.len())
+            .cloned()
+            .collect()
+    };
+    let best_median = (0..modes.len())
+        .map(|i| {
+            let p99: Vec<f64> = of_mode(i).iter().map(|s| s.ttft_ms.p99).collect();
+            lookup_sim::margin::median(&p99)
+        })
+        .fold(f64::INFINITY, f64::min);
     let verdicts: Vec<Verdict> = modes
         .iter()
         .enumerate()
         .map(|(i, &m)| {
-            let runs: Vec<_> = summaries
-                .iter()
-                .skip(i)
-                .step_by(modes.len())
-                .cloned()
-                .collect();
+            let mut runs = of_mode(i);
+            for s in &mut runs {
+                s.health.judge_tail(s.ttft_ms.p99, best_median);
+            }
             Verdict::of(m, &runs)
         })
         .collect();
@@ -307,35 +320,48 @@ fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
     assert!(stability.starts_with("stability: "));
     assert!(text.contains(&stability), "{stability}\nnot in\n{text}");
 
-    let r = at("recommendation: the lowest TTFT p99 that holds over 10 perturbed reruns (");
-    let setting = lines[r + 1];
+    // The headline names a lookup setting (or says none is told apart and names the
+    // cheapest), then how it was chosen, on which reruns.
+    let r = at("recommendation: ");
+    let head = lines[r];
     assert!(
         Mode::ALL
             .iter()
-            .any(|m| setting.starts_with(&format!("  {m}, server concurrency "))),
-        "{setting}"
+            .any(|m| head.contains(&format!(" {m}, server concurrency "))),
+        "{head}"
+    );
+    assert!(
+        !head.contains("GPU KV") && !head.contains("max_num_seqs"),
+        "{head}"
+    );
+    assert!(
+        lines[r + 1].starts_with("  chosen on reruns 0-9 among "),
+        "{}",
+        lines[r + 1]
+    );
+    assert!(
+        lines[r + 1].contains(
+            "margins measured on 10 fresh reruns (10-19), which took no part in the choice"
+        ),
+        "{}",
+        lines[r + 1]
     );
     assert!(lines[r + 2].starts_with("  TTFT p99 "), "{}", lines[r + 2]);
-    assert!(
-        [
-            "; margin over sync (",
-            "; sync itself is best",
-            "; no stable sync setting"
-        ]
+    let capacity = at("  capacity, not lookup settings (");
+    // 2x GPU KV, half and twice max_num_seqs.
+    for (i, lever) in ["2x GPU KV (", "max_num_seqs 128 (", "max_num_seqs 512 ("]
         .iter()
-        .any(|end| lines[r + 2].contains(end)),
-        "{}",
-        lines[r + 2]
-    );
-    // The margin over the runner-up with its interval, then why each other mode
-    // lost, two lines each (4 searched: prefetch+ merged into prefetch, or 5).
-    assert!(
-        lines[r + 3].starts_with("  margin over the runner-up ("),
-        "{}",
-        lines[r + 3]
-    );
-    assert!(lines[r + 3].contains(" reruns: "), "{}", lines[r + 3]);
-    let why = at("  why the other modes lost (each at its best setting tried):");
+        .enumerate()
+    {
+        assert!(
+            lines[capacity + 1 + i].starts_with(&format!("    {lever}")),
+            "{}",
+            lines[capacity + 1 + i]
+        );
+    }
+    // Why each other mode lost, two lines each (4 searched: prefetch+ merged into
+    // prefetch, or 5).
+    let why = at("  why the other modes lost (each at its best setting, selection reruns):");
     let searched = at("  (searched in ");
     assert!(searched - why == 7 || searched - why == 9, "{text}");
     assert!(

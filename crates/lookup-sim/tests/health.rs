@@ -89,3 +89,43 @@ fn a_collapse_counts_the_lookups_in_flight_and_the_kv_bound_samples() {
         "{m:?}"
     );
 }
+
+/// A run the queue recovers from is still unhealthy when one request was preempted
+/// 10 times or more (a transient cascade), or when its p99 is over twice the best
+/// mode's median; each sign says how far past its threshold it is.
+#[test]
+fn a_request_preempted_ten_times_or_a_p99_over_twice_the_best_median_is_unhealthy() {
+    let p = tiny_params(1);
+    let mut r = run(&trace(100), Mode::Sync, &p).result;
+    r.preemptions_max = 9;
+    let h = Health::of(&r);
+    assert!(!h.collapsed, "{h:?}");
+    assert_eq!((h.preemptions_max, h.severity), (9, 0.0));
+    r.preemptions_max = 12;
+    let mut h = Health::of(&r);
+    assert!(h.collapsed);
+    assert_eq!(
+        h.signs,
+        ["a request preempted 12 times (unhealthy from 10)"]
+    );
+    assert_eq!(h.severity, 1.2);
+    // The tail sign: 2x the best median is still healthy, above it is not.
+    r.preemptions_max = 0;
+    let mut ok = Health::of(&r);
+    ok.judge_tail(4_000.0, 2_000.0);
+    assert!(!ok.collapsed && ok.signs.is_empty(), "{ok:?}");
+    ok.judge_tail(5_000.0, f64::INFINITY);
+    assert!(!ok.collapsed);
+    h.judge_tail(5_000.0, 2_000.0);
+    assert_eq!(
+        h.signs[1],
+        "TTFT p99 5000 ms, 2.5x the best mode's median 2000 ms (unhealthy over 2x)"
+    );
+    assert_eq!(h.severity, 1.25);
+    // The verdict over such reruns is not stable, however close their p99s.
+    let mut s = summarise(&r, p.engine.gpu_kv_blocks);
+    let healthy = s.clone();
+    s.health = h;
+    let v = Verdict::of(Mode::Sync, &[healthy, s]);
+    assert_eq!((v.spread, v.collapsed_runs, v.stable), (1.0, 1, false));
+}

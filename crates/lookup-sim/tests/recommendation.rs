@@ -7,13 +7,16 @@ mod common;
 use std::sync::Arc;
 
 use common::{req, run, tiny_params};
-use lookup_sim::engine::{PendingPolicy, SimParams};
+use lookup_core::OnPreemption;
+use lookup_sim::budget::WaitBudget;
+use lookup_sim::engine::SimParams;
 use lookup_sim::generator;
 use lookup_sim::knee::{Reason, describe as knees_text, knees};
 use lookup_sim::margin::paired;
 use lookup_sim::mechanism::{Mechanism, diagnose};
 use lookup_sim::mode::Mode;
-use lookup_sim::recommend::{describe, search};
+use lookup_sim::progress::Progress;
+use lookup_sim::recommend::{Decision, Problem, Scored, Setting, describe, search};
 use lookup_sim::report::{ModeSummary, summarise};
 use lookup_sim::stability::Verdict;
 use lookup_sim::sweep::{Axis, cell, grid, label, panels, table};
@@ -194,16 +197,20 @@ fn each_losing_mechanism_is_named_from_the_runs_counters() {
     assert_eq!(m, Mechanism::Unstable { spread: 2.5 });
 }
 
+/// A knee needs a margin: sync's p99 passes 2x at x1.15 and again at x1.3 (a knee at
+/// x1.15); async is unhealthy in one rerun at x1.15 a hair past the slope limit
+/// (0.51 against 0.5) and healthy at x1.3 (no knee, said so); prefetch is unhealthy
+/// at x1.3 with a request preempted 200 times (a clear knee at the top rate).
 #[test]
-fn a_rate_sweep_marks_each_modes_knee() {
+fn a_rate_sweep_marks_each_modes_knee_with_a_margin() {
     let s = base();
     let axes = [Axis::parse("rate-scale=1,1.15,1.3").unwrap()];
     let points = grid(&axes, &SimParams::default(), (0.5, 10.0)).unwrap();
     let modes = [Mode::Sync, Mode::Async, Mode::Prefetch];
-    // Median p99 per (rate, mode), two runs a cell; async collapses once at 1.15.
+    // Median p99 per (rate, mode), two runs a cell.
     let p99 = [
         [1000.0, 1000.0, 1000.0],
-        [1500.0, 1100.0, 1200.0],
+        [2100.0, 1100.0, 1200.0],
         [2500.0, 1300.0, 1900.0],
     ];
     let mut cells = Vec::new();
@@ -212,31 +219,47 @@ fn a_rate_sweep_marks_each_modes_knee() {
             let mut rs = runs(&s, &[p, p]);
             if mode == Mode::Async && pt.params.rate_scale == 1.15 {
                 rs[1].health.collapsed = true;
+                rs[1].health.severity = 0.51 / 0.5;
+            }
+            if mode == Mode::Prefetch && pt.params.rate_scale == 1.3 {
+                rs[0].health.collapsed = true;
+                rs[0].health.severity = 200.0 / 10.0;
             }
             cells.push(cell(label(&axes, &pt.at), mode, &rs));
         }
     }
     let k = knees(&axes, &points, &cells, &modes, 2.0).unwrap();
     assert_eq!(k.len(), 3);
-    assert_eq!((k[0].rate_scale, k[0].cell), (Some(1.3), Some(6)));
-    assert_eq!(k[0].reason, Some(Reason::P99 { ratio: 2.5 }));
-    assert_eq!((k[1].rate_scale, k[1].cell), (Some(1.15), Some(4)));
     assert_eq!(
-        k[1].reason,
-        Some(Reason::Collapsed {
-            collapsed: 1,
-            runs: 2
-        })
+        (k[0].rate_scale, k[0].cell, k[0].clear),
+        (Some(1.15), Some(3), false)
     );
-    assert_eq!((k[2].rate_scale, k[2].reason.clone()), (None, None));
+    assert_eq!(k[0].reason, Some(Reason::P99 { ratio: 2.1 }));
+    assert_eq!((k[1].rate_scale, k[1].cell), (None, None));
+    assert_eq!(
+        k[1].marginal,
+        Some((
+            1.15,
+            Reason::Collapsed {
+                collapsed: 1,
+                runs: 2
+            }
+        ))
+    );
+    assert_eq!(
+        (k[2].rate_scale, k[2].cell, k[2].clear),
+        (Some(1.3), Some(8), true)
+    );
     assert_eq!(
         knees_text(&k, 2.0),
         format!(
-            "knee: the lowest rate scale at which a mode collapses in any rerun or its median \
-             TTFT p99 exceeds 2x its value at the lowest rate\n\
-             \x20 {:<14} knee at x1.3: median p99 2.50x its 1000 ms at x1\n\
-             \x20 {:<14} knee at x1.15: collapsed in 1 of 2 runs\n\
-             \x20 {:<14} no knee up to x1.3 (median p99 1000 ms at x1)\n",
+            "knee: the lowest rate scale at which a mode is unhealthy in any rerun or its median \
+             TTFT p99 exceeds 2x its value at the lowest rate, by a clear margin (1.5x the \
+             threshold) or at the next rate too\n\
+             \x20 {:<14} knee at x1.15: median p99 2.10x its 1000 ms at x1, and again at the next rate\n\
+             \x20 {:<14} no knee up to x1.3 (median p99 1000 ms at x1); x1.15 gave way by a small \
+             margin only (unhealthy in 1 of 2 runs), not at the next rate or none swept above it\n\
+             \x20 {:<14} knee at x1.3: unhealthy in 1 of 2 runs, clearly\n",
             "sync", "async", "prefetch"
         )
     );
@@ -249,12 +272,12 @@ fn a_rate_sweep_marks_each_modes_knee() {
     let marked: Vec<&str> = text.lines().filter(|l| l.ends_with(" <- knee")).collect();
     assert_eq!(marked.len(), 2);
     assert!(
-        marked[0].starts_with("rate-scale=1.15  async "),
+        marked[0].starts_with("rate-scale=1.15  sync "),
         "{}",
         marked[0]
     );
     assert!(
-        marked[1].starts_with("rate-scale=1.3   sync "),
+        marked[1].starts_with("rate-scale=1.3   prefetch "),
         "{}",
         marked[1]
     );
@@ -262,7 +285,7 @@ fn a_rate_sweep_marks_each_modes_knee() {
     let p = panels(&axes, &points, &cells, &modes);
     assert_eq!(p[1].caption, "TTFT p99");
     let at: Vec<Option<(f64, f64)>> = p[1].lines.iter().map(|l| l.knee).collect();
-    assert_eq!(at, [Some((2.0, 2500.0)), Some((1.0, 1100.0)), None]);
+    assert_eq!(at, [Some((1.0, 2100.0)), None, Some((2.0, 1900.0))]);
     assert!(p[0].lines.iter().all(|l| l.knee.is_none()));
     // No rate axis, no knee.
     let other = [Axis::parse("engines=1,2").unwrap()];
@@ -270,59 +293,160 @@ fn a_rate_sweep_marks_each_modes_knee() {
     assert_eq!(knees(&other, &pts, &cells[..6], &modes[..], 2.0), None);
 }
 
-/// The search on a small trace: every lever is tried, the runs add up, and the
-/// margins and losses are those of the settings it reports.
+/// The search on a small trace: every lookup lever is tried on the selection reruns
+/// and no engine lever is; the pick, the runner-up and the cheapest setting run again
+/// on fresh reruns, on which the margins are measured; the capacity levers run at the
+/// recommended setting; the runs add up.
 #[test]
-fn the_search_tries_every_lever_and_reports_paired_margins() {
+fn the_search_tries_the_lookup_levers_and_confirms_on_fresh_reruns() {
     let trace: Arc<[TraceRequest]> = generator::generate(3, 80).into();
     let source = TraceSource::Memory(trace);
     let base = SimParams::default();
     let modes = [Mode::Sync, Mode::Async, Mode::PrefetchWait];
-    let r = search(&source, None, &base, &modes, 3, Vec::new()).unwrap();
-    let tried =
-        |f: &dyn Fn(&lookup_sim::recommend::Setting) -> bool| r.tried.iter().any(|t| f(&t.setting));
-    for m in [Mode::Async, Mode::PrefetchWait] {
-        assert!(tried(
-            &|s| s.mode == m && s.on_pending == PendingPolicy::Wait
-        ));
+    let problem = Problem {
+        source: &source,
+        limit: None,
+        base: &base,
+        modes: &modes,
+        repeats: 3,
+        requests: 80,
+        best_median_ms: f64::INFINITY,
+        progress: Progress::hidden(),
+    };
+    let r = search(&problem, Vec::new()).unwrap();
+    let tried = |f: &dyn Fn(&Setting) -> bool| r.tried.iter().any(|t| f(&t.setting));
+    // vLLM's connector follows discard only: nothing else is searched.
+    for m in modes {
+        assert!(tried(&|s| s.mode == m));
     }
-    assert!(!tried(
-        &|s| s.mode == Mode::Sync && s.on_pending == PendingPolicy::Wait
+    assert!(!tried(&|s| s.on_preemption != OnPreemption::Discard));
+    assert!(tried(&|s| s.mode == Mode::Async && s.concurrency == 4));
+    assert!(!tried(&|s| s.mode == Mode::Sync && s.concurrency == 4));
+    assert!(tried(
+        &|s| s.mode == Mode::PrefetchWait && s.wait_budget == WaitBudget::Fixed { s: 0.002 }
     ));
-    // Sync and the leading modes get the engine's levers.
-    for v in [128, 512] {
-        assert!(tried(&|s| s.mode == Mode::Sync && s.max_num_seqs == v));
-    }
-    for v in [13_312, 53_248] {
-        assert!(tried(&|s| s.mode == Mode::Sync && s.gpu_kv_blocks == v));
-    }
-    assert_eq!(
-        r.runs,
-        r.tried.iter().map(|t| t.verdict.runs).sum::<usize>()
-    );
-    // A screened-out setting ran its two screening runs only.
+    // Selection on reruns 0-2, a screened-out setting on its two screening runs.
     assert!(
         r.tried
             .iter()
             .all(|t| t.verdict.runs == if t.screened_out { 2 } else { 3 })
     );
+    let cheapest = Setting::cheapest(&base);
+    assert_eq!(
+        (cheapest.mode, cheapest.concurrency, cheapest.on_preemption),
+        (Mode::Sync, 1, OnPreemption::Discard)
+    );
+    // Fresh reruns 3-5: other perturbations than the selection's.
+    let fresh = r.fresh(&cheapest).unwrap();
+    let seeds: Vec<u64> = fresh.reruns.iter().map(|x| x.perturbation.seed).collect();
+    assert_eq!(seeds, [3, 4, 5]);
     let best = r.best.as_ref().unwrap();
     let up = r.runner_up.as_ref().unwrap();
     assert_ne!(up.setting.mode, best.setting.mode);
-    assert_eq!(r.margins[0].against, "runner-up");
-    assert_eq!(r.margins[0].ratio, paired(&best.verdict, &up.verdict));
+    assert!(r.fresh(&best.setting).is_some() && r.fresh(&up.setting).is_some());
+    assert_eq!(
+        r.decision,
+        Decision::of(
+            Some(&best.setting),
+            &cheapest,
+            r.fresh(&best.setting),
+            r.fresh(&cheapest)
+        )
+    );
+    let rec = r.recommended.unwrap();
+    // The capacity levers at the recommended setting: 2x KV, half and twice the seqs.
+    let levers: Vec<(u32, u64)> = r
+        .capacity
+        .iter()
+        .map(|c| (c.capacity.max_num_seqs, c.capacity.gpu_kv_blocks))
+        .collect();
+    assert_eq!(levers, [(256, 53_248), (128, 26_624), (256 * 2, 26_624)]);
+    for c in &r.capacity {
+        assert_eq!(c.ratio, paired(r.fresh(&rec).unwrap(), &c.verdict));
+    }
+    // keep_wait at the recommended setting, reported apart.
+    let kept = r.keep_wait.as_ref().unwrap();
+    assert_eq!(
+        kept.setting,
+        Setting {
+            on_preemption: OnPreemption::KeepWait,
+            ..rec
+        }
+    );
+    assert_eq!(kept.ratio, paired(r.fresh(&rec).unwrap(), &kept.verdict));
+    let fresh_runs: usize = r.confirmed.len() * 3 + (r.capacity.len() + 1) * 3;
+    assert_eq!(
+        r.runs,
+        r.tried.iter().map(|t| t.verdict.runs).sum::<usize>() + fresh_runs
+    );
     assert_eq!(r.losses.len(), 2);
     for l in &r.losses {
         assert_ne!(l.setting.mode, best.setting.mode);
         assert_eq!(l.text, l.mechanism.describe());
     }
-    let text = describe(&r, 3);
+    let text = describe(&r);
+    assert!(text.starts_with("recommendation: "), "{text}");
     assert!(
-        text.contains(&format!(
-            "  margin over the runner-up ({}): paired p99 ratio, theirs over the winner's, median ",
-            up.setting.describe()
-        )),
+        text.contains(
+            "capacity, not lookup settings (what more hardware or another engine setting would buy at the recommended setting, fresh reruns):\n"
+        ),
         "{text}"
     );
-    assert!(text.contains("  why the other modes lost (each at its best setting tried):\n"));
+    assert!(
+        text.contains(
+            "  not followed by vLLM's connector (at the recommended setting, fresh reruns):\n    lookup_on_preemption keep_wait (lookup-core's own drivers; vLLM's connector follows discard): TTFT p99 "
+        ),
+        "{text}"
+    );
+}
+
+/// The decision from fresh reruns: a pick ahead of the cheapest setting in 9 of 10
+/// paired reruns is recommended; one inside the noise, or unstable there, is not,
+/// and the cheapest is; the cheapest itself best, or nothing stable, says so.
+#[test]
+fn only_a_margin_beyond_the_noise_on_fresh_reruns_beats_the_cheapest_setting() {
+    let s = base();
+    let p = SimParams::default();
+    let cheapest = Setting::cheapest(&p);
+    let pick = Setting {
+        mode: Mode::Async,
+        concurrency: 4,
+        ..cheapest
+    };
+    let winner = Verdict::of(Mode::Async, &runs(&s, &WINNER));
+    let loser = Verdict::of(Mode::Sync, &runs(&s, &LOSER));
+    let close = Verdict::of(Mode::Sync, &runs(&s, &CLOSE));
+    let d = Decision::of(Some(&pick), &cheapest, Some(&winner), Some(&loser));
+    assert_eq!(d, Decision::Better);
+    assert_eq!(d.pick(Some(&pick), &cheapest), Some(pick));
+    let d = Decision::of(Some(&pick), &cheapest, Some(&winner), Some(&close));
+    assert_eq!(d, Decision::Indistinguishable);
+    assert_eq!(d.pick(Some(&pick), &cheapest), Some(cheapest));
+    // Ahead of a faster cheapest setting: not better either.
+    let d = Decision::of(Some(&pick), &cheapest, Some(&loser), Some(&winner));
+    assert_eq!(d, Decision::Indistinguishable);
+    let mut shaky = runs(&s, &WINNER);
+    shaky[2].health.collapsed = true;
+    let shaky = Verdict::of(Mode::Async, &shaky);
+    let d = Decision::of(Some(&pick), &cheapest, Some(&shaky), Some(&loser));
+    assert_eq!(d, Decision::NotConfirmed);
+    assert_eq!(d.pick(Some(&pick), &cheapest), Some(cheapest));
+    assert_eq!(
+        Decision::of(Some(&cheapest), &cheapest, None, None),
+        Decision::CheapestIsBest
+    );
+    let d = Decision::of(None, &cheapest, None, Some(&loser));
+    assert_eq!((d, d.pick(None, &cheapest)), (Decision::NoneStable, None));
+    // A setting vLLM's connector does not follow is never chosen, however fast.
+    let scored = |setting: Setting| Scored {
+        setting,
+        verdict: winner.clone(),
+        screened_out: false,
+    };
+    assert!(scored(pick).eligible());
+    let kept = Setting {
+        on_preemption: OnPreemption::KeepWait,
+        ..pick
+    };
+    assert!(!kept.vllm_follows() && !scored(kept).eligible());
 }

@@ -2,11 +2,13 @@
 Scheduler, loaded by mooncake_store.load, and asks vLLM's own LookupKeyServer over
 real ZeroMQ."""
 
+import contextlib
 import os
 
 import mooncake_store
 import pytest
 import vllm_core
+import zmq
 
 SETTINGS = {"block_size": 16, "num_gpu_blocks": 64, "max_num_seqs": 4,
             "max_num_batched_tokens": 64, "max_model_len": 4096, "enable_chunked_prefill": True,
@@ -62,10 +64,18 @@ def test_vllms_store_connector_loads_the_stores_hit_synchronously(store_core, tm
         # vLLM's server thread blocks in recv: let it answer one last lookup, then
         # close its socket from here (closing it under the thread aborts libzmq).
         server.running = False
-        client = core.LookupKeyClient(vllm_core.vllm_config(core, SETTINGS, True, kv))
-        client.lookup("stop", 16, [b"\0" * 32])
-        server.thread.join(5)
-        client.close()
+        if server.thread.is_alive():
+            path = core.get_zmq_rpc_path_lookup(vllm_core.vllm_config(core, SETTINGS, True, kv))
+            stop = zmq.Context.instance().socket(zmq.REQ)
+            stop.setsockopt(zmq.LINGER, 0)
+            stop.setsockopt(zmq.RCVTIMEO, 5000)
+            stop.connect(path)
+            stop.send_multipart([b"stop"])  # an unknown tag: vLLM's server answers RESP_ERR
+            with contextlib.suppress(zmq.Again):
+                stop.recv()
+            stop.close()
+            server.thread.join(5)
+        assert not server.thread.is_alive()
         server.close()
         if sched is not None:
             sched.connector.connector_scheduler.client.close()

@@ -147,12 +147,13 @@ struct Args {
     )]
     mooncake_lease_ttl_s: f64,
     /// Keep the master's positive answers in the lease-backed presence cache and
-    /// answer later lookups from it while the lease lasts (`true` or `false`; off by
-    /// default), instead of asking the master about every key.
+    /// answer later lookups from it while the lease lasts (`true` or `false`; on by
+    /// default, as `PresenceCacheConfig`), instead of asking the master about every
+    /// key.
     #[arg(
         long,
         value_name = "BOOL",
-        default_value_t = false,
+        default_value_t = lookup_server::mooncake_master::PresenceCacheConfig::default().enabled,
         action = clap::ArgAction::Set,
         requires = "mooncake_master"
     )]
@@ -174,6 +175,16 @@ struct Args {
     /// Added latency of every index call, in milliseconds (models a slow store).
     #[arg(long, value_name = "MS", default_value_t = 0.0, value_parser = parse_latency_ms)]
     index_latency_ms: f64,
+    /// Added latency of every index call, in microseconds, waited on a thread
+    /// (`DelayedIndex::precise`: within tens of µs, where `--index-latency-ms` rounds
+    /// up to whole milliseconds); for benchmarks at a master call's 0.1-0.5 ms.
+    #[arg(
+        long,
+        value_name = "US",
+        default_value_t = 0,
+        conflicts_with = "index_latency_ms"
+    )]
+    index_delay_us: u64,
     /// Requests answered at once.
     #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENCY)]
     max_concurrency: usize,
@@ -433,7 +444,12 @@ async fn run(args: Args) -> Result<(), String> {
         Some(index) => Arc::clone(index) as Arc<dyn BlockIndex>,
         None => in_memory(&layout, args.capacity, args.preload.as_deref())?,
     };
-    let index: Arc<dyn BlockIndex> = if args.index_latency_ms > 0.0 {
+    let index: Arc<dyn BlockIndex> = if args.index_delay_us > 0 {
+        Arc::new(DelayedIndex::precise(
+            store,
+            Duration::from_micros(args.index_delay_us),
+        ))
+    } else if args.index_latency_ms > 0.0 {
         Arc::new(DelayedIndex::new(
             store,
             Duration::from_secs_f64(args.index_latency_ms / 1000.0),

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::ModeSummary;
+use super::summary::ModeSummary;
 
 type Row = (&'static str, fn(&ModeSummary) -> String);
 

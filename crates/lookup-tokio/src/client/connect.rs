@@ -261,17 +261,18 @@ async fn wait_up(link: &mut watch::Receiver<Link>, bound: Duration) -> Result<()
     }
 }
 
-/// Spawns the I/O task driving `wire` on `runtime`.
 /// The I/O task's settings for `config`'s transport: its reopen backoff and count, the
-/// lookup timeout, the master client's own call timeout (direct: the master client
-/// reconnects by itself when a connection breaks, and a hung one is replaced after
-/// timeouts in a row), the pending age and the metrics label.
+/// lookup timeout, the master client's own call timeout, the pending age and the
+/// metrics label. Direct: the master client reconnects by itself when a connection
+/// breaks, and replaces a hung one after call timeouts in a row (rule 17, counted per
+/// call by the client, whichever deadline fires first), so the dispatcher counts none
+/// of its own.
 fn io_config(config: &ClientConfig) -> IoConfig {
     let (backoff, reopen_after_timeouts, call_timeout) = match &config.transport {
         Transport::Zmq(zmq) => (zmq.reopen_backoff, zmq.reopen_after_timeouts, None),
         Transport::Direct(direct) => (
             direct.connect_backoff,
-            direct.reopen_after_timeouts,
+            0,
             Some(direct.master_config.call_timeout),
         ),
     };
@@ -285,6 +286,7 @@ fn io_config(config: &ClientConfig) -> IoConfig {
     }
 }
 
+/// Spawns the I/O task driving `wire` on `runtime`.
 fn spawn<W: Wire>(wire: W, config: &ClientConfig, runtime: &Handle) -> Spawned {
     let io = io_config(config);
     let (commands, command_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -7,8 +7,13 @@
 //! only when the epoch did not change while the round was asked and the epoch's lease
 //! is known. Each lookup is answered as soon as its run is known (its own early
 //! stop), never held for the batch's slowest lookup; an answer that rests on the
-//! cache is given only while the cache's epoch is still the client's.
+//! cache is given only while the cache's epoch is still the client's, and only while
+//! every cached entry it rests on still outlasts the answer's own instant plus the
+//! margin (a round that took long may have let an entry that was good at its send
+//! time run out before the answer: `spec/mooncake-master-rpc.md`, "Connection epochs
+//! and the presence cache").
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,15 +116,40 @@ async fn drive(shared: Arc<Shared>) {
     }
 }
 
-/// Where the batch's answers rest on the cache: the epoch it was used in, and
-/// whether it was used in more than one.
+/// Why an answer resting on a cached key whose entry ends too soon is refused.
+fn lease_too_short(shared: &Shared) -> MasterError {
+    MasterError::Unavailable {
+        addr: shared.master.addr().to_owned(),
+        last_error: "a cached key this lookup rests on may lose its read lease within \
+                     the answer's TTL (the lookup's calls took long)"
+            .to_owned(),
+    }
+}
+
+/// Where the batch's answers rest on the cache: the epoch it was used in, whether it
+/// was used in more than one, and when each key taken from it ends.
 #[derive(Default)]
 struct CacheUse {
     epoch: Option<Epoch>,
     mixed: bool,
+    until: HashMap<String, std::time::Instant>,
 }
 
 impl CacheUse {
+    /// Whether every key of `keys` (taken from the cache) stays valid past `now` plus
+    /// `margin`.
+    fn outlasts<'k>(
+        &self,
+        mut keys: impl Iterator<Item = &'k str>,
+        now: std::time::Instant,
+        margin: Duration,
+    ) -> bool {
+        let Some(need) = now.checked_add(margin) else {
+            return false;
+        };
+        keys.all(|key| self.until.get(key).is_some_and(|until| need < *until))
+    }
+
     fn used_in(&mut self, epoch: Option<Epoch>) {
         match self.epoch {
             None => self.epoch = epoch,
@@ -168,9 +198,14 @@ fn answer_finished(
     tally: &mut Tally,
 ) {
     tally.publish(shared, plan);
+    let now = Instant::now().into_std();
     for (i, result, cached) in plan.take_finished() {
-        let result = if cached && !cache.holds(shared.master.epoch()) {
+        let result = if !cached {
+            result
+        } else if !cache.holds(shared.master.epoch()) {
             Err(epoch_ended(shared))
+        } else if !cache.outlasts(plan.assumed_keys(i), now, shared.margin) {
+            Err(lease_too_short(shared))
         } else {
             result
         };
@@ -202,12 +237,19 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
         let epoch = shared.master.epoch();
         let calls = if use_cache {
             let mut state = lock(&shared.state);
-            state.enter(epoch);
+            let current = state.enter(epoch);
             let mut used = false;
+            let until = &mut cache.until;
             let calls = plan.next_round(&mut |key| {
-                let present = state.cache.is_present(key, sent, shared.margin);
-                used |= present;
-                present
+                let Some(at) = current
+                    .then(|| state.cache.valid_until(key, sent, shared.margin))
+                    .flatten()
+                else {
+                    return false;
+                };
+                until.insert(key.to_owned(), at);
+                used = true;
+                true
             });
             drop(state);
             if used {
@@ -247,16 +289,16 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
                 }
             }
         }
+        if use_cache && failed {
+            // Any failed call may mean a restarted or replaced master, whose store no
+            // longer holds what the cache says.
+            lock(&shared.state).cache.clear();
+        }
         let Some(epoch) = epoch else { continue };
-        if use_cache {
+        if use_cache && !failed {
             let after = shared.master.epoch();
             let mut state = lock(&shared.state);
-            if failed {
-                // Any failed call may mean a restarted or replaced master, whose store
-                // no longer holds what the cache says.
-                state.cache.clear();
-            } else if after == Some(epoch) && state.lease.settled(epoch.master()) {
-                state.enter(after);
+            if after == Some(epoch) && state.enter(after) && state.lease.settled(epoch.master()) {
                 let until = later(sent, state.keep(&shared.config));
                 for key in &present {
                     state.cache.insert(key, until, sent);

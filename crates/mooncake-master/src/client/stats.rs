@@ -24,6 +24,11 @@ pub struct MasterStats {
     pub queue_full: u64,
     /// Connections this client dropped itself ([`MasterClient::reconnect`](crate::MasterClient::reconnect)).
     pub reconnects_asked: u64,
+    /// Connections replaced after calls timed out on them in a row
+    /// ([`MasterConfig::reopen_after_timeouts`](crate::MasterConfig::reopen_after_timeouts),
+    /// `spec/behaviour.md` rule 17); each is also one of
+    /// [`reconnects_asked`](Self::reconnects_asked).
+    pub timeout_reopens: u64,
     /// Successful connects, the first included.
     pub connects: u64,
     /// Failed connect attempts.
@@ -57,6 +62,7 @@ crate::counters! {
         failed_fast,
         queue_full,
         reconnects_asked,
+        timeout_reopens,
         connects,
         connect_failures,
         connections_lost,

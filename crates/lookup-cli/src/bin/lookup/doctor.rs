@@ -30,12 +30,13 @@ mod prefetch;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use lookup_core::wire::{self, Format};
+use lookup_core::wire::{self, Format, WireError};
 use lookup_core::{BlockHashes, Endpoint};
 use lookup_server::mooncake_master::{MasterClient, MasterError, StoreErrorCode};
 
 use crate::args::{Master, Prompt, Target};
 use crate::exchange::exchange;
+use crate::settings::SettingFlags;
 use crate::{EXIT_FAILED, Failure, master};
 
 /// The master's default read lease (`default_kv_lease_ttl`) in seconds
@@ -53,18 +54,10 @@ pub(crate) struct DoctorArgs {
     /// Wire format: `tagged-blob` (vLLM 0.33) or `msgpack-hex` (before vLLM #45659).
     #[arg(long, default_value = "tagged-blob")]
     format: Format,
-    /// vLLM's `enable_lookup`.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    enable_lookup: bool,
-    /// vLLM's `lookup_async`.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    lookup_async: bool,
-    /// vLLM's `lookup_prefetch_limit` (lookups started at arrival at once).
-    #[arg(long, default_value_t = 0)]
-    lookup_prefetch_limit: u32,
-    /// vLLM's `lookup_prefetch_ttl_s` (seconds a result is served).
-    #[arg(long, default_value_t = 2.0)]
-    lookup_prefetch_ttl_s: f64,
+    /// The lookup settings, one flag each (`--lookup-async`, `--lookup-prefetch-ttl-s`,
+    /// ...), from their one definition.
+    #[command(flatten)]
+    settings: SettingFlags,
     /// The store's read lease in seconds (the master's `-default_kv_lease_ttl`, in
     /// ms there), granted to every key a lookup finds. With --mooncake-master the
     /// master's own lease replaces it when the first block's first key exists.
@@ -159,9 +152,6 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
     let layout = args.master.layout()?;
     if let Some(addr) = &args.master.mooncake_master {
         args.master.parse_addr(addr)?;
-    }
-    if !(args.lookup_prefetch_ttl_s.is_finite() && args.lookup_prefetch_ttl_s >= 0.0) {
-        return Err(Failure::usage("--lookup-prefetch-ttl-s must be at least 0"));
     }
     if !(args.lease_ttl_s.is_finite() && args.lease_ttl_s > 0.0) {
         return Err(Failure::usage("--lease-ttl-s must be above 0"));
@@ -279,6 +269,13 @@ async fn check_server(
                 ),
                 "give the block size the server uses (--block-size)",
             ),
+            Err(WireError::StoreUnavailable) => report.fail(
+                "wire",
+                "the server answered that it could not ask its store (the store-unavailable \
+                 error reply): the lookup channel works, the store behind it does not",
+                "check the server's log and its Mooncake master (lookup doctor \
+                 --mooncake-master ADDR)",
+            ),
             Err(e) => report.fail(
                 "wire",
                 &format!("the reply does not decode as {format}: {e}"),
@@ -393,7 +390,7 @@ fn check_ttl(
     reported: Result<Duration, String>,
     reachable: bool,
 ) {
-    let ttl = args.lookup_prefetch_ttl_s;
+    let ttl = args.settings.core.lookup_prefetch_ttl.as_secs_f64();
     let (lease, source) = match reported {
         Ok(lease) => (lease.as_secs_f64(), " (reported by the master)".to_owned()),
         Err(why) => (args.lease_ttl_s, format!(" (from {why})")),

@@ -44,17 +44,19 @@ mod doctor;
 mod exchange;
 mod hash;
 mod master;
+mod settings;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lookup_core::wire::{self, Format, LookupReply};
+use lookup_core::wire::{self, Format, LookupReply, WireError};
 
 use crate::args::{Master, Prompt, Target};
 use crate::exchange::{ensure_reachable, exchange};
 
 /// Exit status for a reply that did not come in time, a reset the server refused, an
-/// unavailable master, or a doctor's failed check.
+/// unavailable master (asked directly, or the server's store-unavailable reply), or a
+/// doctor's failed check.
 pub(crate) const EXIT_FAILED: u8 = 1;
 /// Exit status for arguments that do not make sense (clap uses it too).
 pub(crate) const EXIT_USAGE: u8 = 2;
@@ -183,7 +185,14 @@ async fn probe(args: ProbeArgs) -> Result<(), Failure> {
     let LookupReply {
         hit_tokens,
         boundaries,
-    } = wire::decode_lookup_reply(args.format, &reply).map_err(|e| malformed(e.to_string()))?;
+    } = wire::decode_lookup_reply(args.format, &reply).map_err(|e| match e {
+        // `spec/wire.md`, "Store unavailable": the server is up, its store is not.
+        WireError::StoreUnavailable => Failure {
+            code: EXIT_FAILED,
+            message: format!("{endpoint} could not ask its store: the answer is unavailable"),
+        },
+        e => malformed(e.to_string()),
+    })?;
     if hit_tokens > num_tokens {
         return Err(malformed(format!(
             "hit_tokens {hit_tokens} is above num_tokens {num_tokens}"
