@@ -28,9 +28,11 @@ coordinator, request: the wheel's own). The harness adds only:
   step (vLLM's `Request.is_prefill_chunk`) samples its next token from the scenario's
   `output_token_ids`; max_tokens = len(output_token_ids), so vLLM finishes it
   (FINISHED_LENGTH_CAPPED) with its last token.
-- observation hooks that record, without changing them, vLLM's calls to
-  `Scheduler._preempt_request` (preemption order) and
-  `KVCacheManager.record_prefix_cache_stats` (the local hit of each admission).
+- observation hooks that record, without changing them, the calls to
+  `Scheduler._preempt_request` (preemption order),
+  `KVCacheManager.record_prefix_cache_stats` (the local hit of each admission) and
+  the connector's `get_num_new_matched_tokens` (None answers) and
+  `update_state_after_alloc` (external tokens).
 
 Where this differs from the interchange format's words (vLLM's rule is followed):
 - the format samples when num_computed_tokens + scheduled tokens reaches the prompt
@@ -157,8 +159,6 @@ def make_connector_class(core):
             self.answers = answers  # request id -> connector dict of the scenario
             self.block_size = block_size
             self.probes = {}  # request id -> probes answered so far
-            self.skipped = []  # this step's (None) answers, in probe order
-            self.external = {}  # request id -> external tokens at its last allocation
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             bs = self.block_size
@@ -171,7 +171,6 @@ def make_connector_class(core):
             if answer["kind"] == "missing":
                 return 0, False
             if answer["kind"] == "pending" and n < answer["steps"]:
-                self.skipped.append(rid)
                 return None, False
             hit = min(answer["hit_tokens"], request.num_tokens // bs * bs)
             if hit >= request.num_tokens:
@@ -179,7 +178,7 @@ def make_connector_class(core):
             return max(0, hit - num_computed_tokens), False
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens):
-            self.external[request.request_id] = num_external_tokens
+            pass  # synchronous loads: nothing to track
 
         def build_connector_meta(self, scheduler_output):
             return core.KVConnectorMetadata()
@@ -210,12 +209,29 @@ def settings_with_defaults(core, s):
 
 
 class Observer:
-    """Records, without changing them, vLLM's calls that the step log reports: the
-    preemption order (`Scheduler._preempt_request`) and each admission's local hit
-    (`KVCacheManager.record_prefix_cache_stats`); both still run unchanged."""
+    """Records, without changing them, the calls that the step log reports: the
+    preemption order (`Scheduler._preempt_request`), each admission's local hit
+    (`KVCacheManager.record_prefix_cache_stats`), the connector's None answers
+    (`get_num_new_matched_tokens`) and external tokens (`update_state_after_alloc`);
+    all still run unchanged."""
 
     def __init__(self, sched):
-        self.preempted, self.local_hits = [], {}
+        self.preempted, self.local_hits, self.skipped, self.external = [], {}, [], {}
+        connector = sched.connector
+        real_probe = connector.get_num_new_matched_tokens
+        real_alloc = connector.update_state_after_alloc
+
+        def probe_hook(request, num_computed_tokens):
+            answer = real_probe(request, num_computed_tokens)
+            if answer[0] is None:
+                self.skipped.append(request.request_id)
+            return answer
+
+        def alloc_hook(request, blocks, num_external_tokens):
+            self.external[request.request_id] = num_external_tokens
+            return real_alloc(request, blocks, num_external_tokens)
+        connector.get_num_new_matched_tokens = probe_hook
+        connector.update_state_after_alloc = alloc_hook
         real_preempt = sched._preempt_request
         manager = sched.kv_cache_manager
         real_record = manager.record_prefix_cache_stats
@@ -233,6 +249,8 @@ class Observer:
     def clear(self):
         self.preempted.clear()
         self.local_hits.clear()
+        self.skipped.clear()
+        self.external.clear()
 
 
 def model_output(core, sched, out, outputs):
@@ -255,10 +273,12 @@ def model_output(core, sched, out, outputs):
                                   sampled_token_ids=sampled)
 
 
-def run(core, scenario, on_step=None):
+def run(core, scenario, on_step=None, connector=None, kv_transfer=None):
     """Yields the step log's objects (dicts), then the end line. `scenario`: the parsed
     JSON (validated here). `on_step(scheduler, line)`, if given, sees vLLM's Scheduler
-    after each step (tests read its queues).
+    after each step (tests read its queues). `connector` (with `kv_transfer`, see
+    vllm_core.build_scheduler) replaces ScenarioConnector, for example with vLLM's own
+    MooncakeStoreConnector; the scenario's connector answers are then not used.
 
     Each step is one turn of vLLM's own engine loop (engine_loop.EngineLoop, the
     wheel's EngineCore.step or, with async scheduling, step_with_batch_queue over 2
@@ -270,18 +290,16 @@ def run(core, scenario, on_step=None):
     reqs = scenario["requests"]
     answers = {r["request_id"]: r["connector"] for r in reqs}
     outputs = {r["request_id"]: r["output_token_ids"] for r in reqs}
-    cls = make_connector_class(core)
-    holder = {}
+    if connector is None:
+        cls = make_connector_class(core)
 
-    def make_connector(vllm_config, role, kv_cache_config):
-        holder["c"] = cls(vllm_config, role, kv_cache_config, answers, s["block_size"])
-        return holder["c"]
-
+        def connector(vllm_config, role, kv_cache_config):
+            return cls(vllm_config, role, kv_cache_config, answers, s["block_size"])
     try:
-        sched = vllm_core.build_scheduler(core, s, connector=make_connector)
+        sched = vllm_core.build_scheduler(core, s, connector=connector, kv_transfer=kv_transfer)
     except ValueError as e:  # vLLM's SchedulerConfig.verify_max_model_len
         raise ScenarioError(f"vLLM's SchedulerConfig refuses the settings: {e}") from e
-    connector, observer = holder["c"], Observer(sched)
+    observer = Observer(sched)
     pool = sched.kv_cache_manager.block_pool
     after_schedule = {}
 
@@ -293,7 +311,7 @@ def run(core, scenario, on_step=None):
             "admitted": admitted,
             "blocks_in_use": s["num_gpu_blocks"] - pool.get_num_free_blocks(),
             "local_hits": [[rid, observer.local_hits.get(rid, 0)] for rid in admitted],
-            "external_hits": [[rid, connector.external.get(rid, 0)] for rid in admitted],
+            "external_hits": [[rid, observer.external.get(rid, 0)] for rid in admitted],
             "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
             "running": len(sched.running),
         }
@@ -314,8 +332,6 @@ def run(core, scenario, on_step=None):
                 s["block_size"], arrival_time=float(r["arrival_step"])))
         running_before = {id(r) for r in sched.running}
         observer.clear()
-        connector.skipped.clear()
-        connector.external.clear()
         # A turn that schedules nothing reports the state it started from.
         after_schedule.clear()
         after_schedule.update(state(running_before), running_before=running_before)
@@ -328,7 +344,7 @@ def run(core, scenario, on_step=None):
             "admitted": st["admitted"],
             "preempted": list(observer.preempted),
             "finished": [],
-            "skipped_pending": list(connector.skipped),
+            "skipped_pending": list(observer.skipped),
             "blocks_in_use": st["blocks_in_use"],
             "local_hits": st["local_hits"],
             "external_hits": st["external_hits"],
@@ -342,6 +358,7 @@ def run(core, scenario, on_step=None):
             on_step(sched, line)
         yield line
         step += 1
+    sched.shutdown()  # as EngineCore.shutdown does
     yield {"end": True, "steps": step, "finished": finished_total}
 
 
