@@ -1,7 +1,6 @@
-//! Live counters behind a `Copy` stats snapshot, declared once:
-//! [`counters!`](crate::counters!) defines the `<Owner>Counters` struct (one relaxed
-//! `AtomicU64` per field of the same name in `<Owner>Stats`) and its snapshot, and
-//! [`bump`] adds to one of them (DESIGN.md,
+//! Live counters behind a `Copy` stats snapshot, declared once: `counters!` defines
+//! the `<Owner>Counters` struct (one relaxed `AtomicU64` per field of the same name in
+//! `<Owner>Stats`) and its snapshot, and [`bump`] adds to one of them (DESIGN.md,
 //! "Names"). This crate's master client and batcher use it, and so do lookup-server's
 //! server and Mooncake index (both already depend on this crate), so the
 //! atomics-to-snapshot code is written here only.

@@ -6,7 +6,7 @@
 //! (vLLM's scheduler from its wheel, with a stand-in model runner and connector)
 //! on it, runs lookup-sim's engine on the same scenario in step time
 //! (`lookup_sim::engine::stepped::run_steps`), compares the two step logs
-//! ([`compare`]), prints the first divergence with its context, and a summary per
+//! (`compare`), prints the first divergence with its context, and a summary per
 //! slice: steps, identical steps, TTFT p50/p99 in steps on each side and their
 //! ratio. Fails when a slice is below `--min-identical-pct`.
 //!

@@ -6,7 +6,7 @@
 //! too.
 //!
 //! Time is counted in steps: no step cost, no lookup server. The connector is a
-//! stand-in ([`Script`]) that answers as the scenario says (ready, pending for k
+//! stand-in (`Script`) that answers as the scenario says (ready, pending for k
 //! probes, missing); external tokens load synchronously (`load_kv_async = false`);
 //! scheduling is not asynchronous (one step in flight, its output processed before
 //! the next `schedule`). The prefix cache hashes vLLM's 16-token blocks, chained
