@@ -1,6 +1,6 @@
 //! `cargo xtask test` finds the checkout it runs in at run time: a binary built in one
 //! checkout (this one) and run from another (as when two checkouts share one target
-//! directory) installs into, and tests, the other one only.
+//! directory) installs into, tests and plots in the other one only.
 
 use std::path::Path;
 use std::process::Command;
@@ -83,4 +83,30 @@ fn outside_cargo_the_checkout_is_found_from_the_current_directory() {
     let root = second.path().canonicalize().unwrap();
     let lines = dry_run(&root.join("xtask/src"), None);
     assert_eq!(lines[0], format!("checkout: {}", root.display()));
+}
+
+#[test]
+fn the_simulators_plot_goes_into_the_checkout_it_runs_in() {
+    let second = second_checkout();
+    let root = second.path().canonicalize().unwrap();
+    let xtask_dir = root.join("xtask");
+    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["simulate", "--gen-requests", "20", "--repeats", "1"])
+        .args(["--no-recommend", "--modes", "sync"])
+        .current_dir(&xtask_dir)
+        .env("CARGO_MANIFEST_DIR", &xtask_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plot = root.join("target/simulate/ttft_cdf.png");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains(&format!("TTFT CDF and tail plot: {}\n", plot.display())),
+        "{stdout}"
+    );
+    assert!(plot.is_file());
 }

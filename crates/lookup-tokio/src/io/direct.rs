@@ -64,7 +64,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -535,17 +535,6 @@ impl Wire for DirectWire {
             Some(ended) => self.answer(ended),
             None => std::future::pending().await,
         }
-    }
-
-    fn decode(
-        &mut self,
-        reply: Reply,
-        _is_reset: bool,
-        _span: &Span,
-        _warn: &mut WarnLimiter,
-        _now: Instant,
-    ) -> Reply {
-        reply
     }
 
     fn close(&mut self) {

@@ -16,7 +16,6 @@ use tracing::Span;
 use super::peer::EndpointUnreachable;
 use super::{SendError, Wire, WireInput};
 use crate::clock;
-use crate::warn::WarnLimiter;
 
 /// How the fake server behaves; change it while a test runs through [`FakeWire::knobs`].
 #[derive(Clone, Debug)]
@@ -176,17 +175,6 @@ impl Wire for FakeWire {
             rpc_id,
             payload: reply,
         }
-    }
-
-    fn decode(
-        &mut self,
-        reply: Reply,
-        _is_reset: bool,
-        _span: &Span,
-        _warn: &mut WarnLimiter,
-        _now: Instant,
-    ) -> Reply {
-        reply
     }
 
     fn close(&mut self) {

@@ -14,7 +14,7 @@ mod wire;
 pub(crate) mod zmq;
 
 use wire::bump;
-pub(crate) use wire::{SendError, TransportStats, Wire, WireInput};
+pub(crate) use wire::{Payload, SendError, TransportStats, Wire, WireInput};
 
 #[cfg(test)]
 pub(crate) mod fake;

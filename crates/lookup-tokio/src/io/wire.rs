@@ -79,11 +79,26 @@ pub(crate) enum SendError {
     NotSent(String),
 }
 
+/// What a transport's reply carries until [`Wire::decode`]: a [`Reply`] already (the
+/// direct and fake transports decode as they read), or the frames only the wire can
+/// decode (ZeroMQ).
+pub(crate) trait Payload: Send {
+    /// The reply this payload already is, for the default [`Wire::decode`]; `None` for
+    /// frames, which their wire decodes itself.
+    fn decoded(self) -> Option<Reply>;
+}
+
+impl Payload for Reply {
+    fn decoded(self) -> Option<Reply> {
+        Some(self)
+    }
+}
+
 /// A transport as the I/O task drives it. Implementations keep only what their
 /// connection needs; every RPC's state is the task's [`Dispatcher`].
 pub(crate) trait Wire: Send + 'static {
     /// What a reply carries until [`decode`](Self::decode).
-    type Payload: Send;
+    type Payload: Payload;
 
     /// Where it leads, for logs (an endpoint URL, a master address).
     fn name(&self) -> &str;
@@ -115,15 +130,19 @@ pub(crate) trait Wire: Send + 'static {
     /// The next input. Cancel-safe: dropped before completion, it loses nothing.
     fn next(&mut self) -> impl Future<Output = WireInput<Self::Payload>> + Send;
 
-    /// Decodes a reply (`Reply::Malformed` when its bytes break the wire format).
+    /// Decodes a reply (`Reply::Malformed` when its bytes break the wire format). By
+    /// default the payload is the reply ([`Payload::decoded`]); a wire whose payload is
+    /// frames decodes them here.
     fn decode(
         &mut self,
         payload: Self::Payload,
-        is_reset: bool,
-        span: &Span,
-        warn: &mut WarnLimiter,
-        now: Instant,
-    ) -> Reply;
+        _is_reset: bool,
+        _span: &Span,
+        _warn: &mut WarnLimiter,
+        _now: Instant,
+    ) -> Reply {
+        payload.decoded().unwrap_or(Reply::Malformed)
+    }
 
     /// Drops the connection (replies on it can no longer arrive).
     fn close(&mut self);

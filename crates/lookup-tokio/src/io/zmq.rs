@@ -18,7 +18,7 @@ use lookup_core::{Outgoing, Reply, RpcBody, RpcId};
 use tracing::Span;
 
 use super::peer::{EndpointUnreachable, LIVENESS_BOUND, Monitor, PeerEvent, check_alive};
-use super::{SendError, Wire, WireInput};
+use super::{Payload, SendError, Wire, WireInput};
 use crate::Endpoint;
 use crate::warn::WarnLimiter;
 
@@ -199,6 +199,14 @@ impl ZmqWire {
                 None
             }
         }
+    }
+}
+
+/// A ZeroMQ reply is its frames: [`ZmqWire`]'s `decode` reads them (the format, the
+/// reset flag).
+impl Payload for Vec<Bytes> {
+    fn decoded(self) -> Option<Reply> {
+        None
     }
 }
 

@@ -24,8 +24,6 @@
 //! ([`check_client_ttl`](MooncakeIndex::check_client_ttl)): vLLM's wire cannot carry it
 //! to them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use std::time::Duration;
 
 use metrics::{Counter, Gauge};
@@ -183,19 +181,21 @@ pub struct IndexStats {
     pub batch: BatchStats,
 }
 
-/// The live counters behind [`IndexStats`], one atomic per field of the same name.
-#[derive(Debug, Default)]
-struct IndexCounters {
-    lookups: AtomicU64,
-    exists_calls: AtomicU64,
-    blocks_found: AtomicU64,
-    errors: AtomicU64,
-    unavailable: AtomicU64,
-    key_errors: AtomicU64,
-    resets_refused: AtomicU64,
-    resets_done: AtomicU64,
-    objects_removed: AtomicU64,
-    reset_errors: AtomicU64,
+mooncake_master::counters! {
+    /// The live counters behind [`IndexStats`], one atomic per field of the same name
+    /// (its `master` and `batch` come from the master client and the batcher).
+    struct IndexCounters => IndexStats {
+        lookups,
+        exists_calls,
+        blocks_found,
+        errors,
+        unavailable,
+        key_errors,
+        resets_refused,
+        resets_done,
+        objects_removed,
+        reset_errors,
+    }
 }
 
 /// Call timeouts in a row after which the index's master client replaces its
@@ -232,10 +232,7 @@ fn owner(
 /// How the lease warning names the clients' TTL.
 const CLIENT_TTL_SETTING: &str = "the clients' lookup_prefetch_ttl_s (--client-ttl-s)";
 
-/// Adds `n` and returns the new value.
-fn bump(counter: &AtomicU64, n: u64) -> u64 {
-    counter.fetch_add(n, Ordering::Relaxed) + n
-}
+use mooncake_master::counters::bump;
 
 fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
@@ -398,23 +395,12 @@ impl MooncakeIndex {
     /// The counters so far, with the master client's.
     #[must_use]
     pub fn stats(&self) -> IndexStats {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        IndexStats {
-            lookups: get(&c.lookups),
-            exists_calls: get(&c.exists_calls),
-            blocks_found: get(&c.blocks_found),
-            errors: get(&c.errors),
-            unavailable: get(&c.unavailable),
-            key_errors: get(&c.key_errors),
-            resets_refused: get(&c.resets_refused),
-            resets_done: get(&c.resets_done),
-            objects_removed: get(&c.objects_removed),
-            reset_errors: get(&c.reset_errors),
+        self.counters.snapshot_onto(IndexStats {
             reopens: self.master.stats().timeout_reopens,
             master: self.master.stats(),
             batch: self.lookup.batch_stats(),
-        }
+            ..IndexStats::default()
+        })
     }
 
     /// Counts a query that failed and turns it into the server's error (rule 17 is
