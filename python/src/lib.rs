@@ -104,6 +104,7 @@ fn reason(why: Unavailable) -> &'static str {
         Unavailable::Transport => "transport",
         Unavailable::NotSent => "not_sent",
         Unavailable::Malformed => "malformed",
+        Unavailable::Store => "store",
         Unavailable::Retrying => "retrying",
         Unavailable::Closed => "closed",
         _ => "other",

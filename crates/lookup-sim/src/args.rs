@@ -224,6 +224,15 @@ pub struct Args {
     /// in `cargo xtask replay`).
     #[arg(long)]
     pub no_local_prefix_cache: bool,
+    /// Tokens under one hash of the GPU's prefix cache: 16 (vLLM's own blocks) or a
+    /// multiple of 16 dividing 512 (coarser groups, hit and evicted whole).
+    #[arg(long, value_name = "TOKENS", default_value_t = EngineParams::default().prefix_hash_tokens)]
+    pub prefix_hash_tokens: u32,
+    /// vLLM 0.33's `scheduler_reserve_full_isl`: admit a waiting request only when
+    /// its whole prompt fits in free KV blocks (true, vLLM's default) or when its
+    /// first chunk does (false).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub scheduler_reserve_full_isl: bool,
 
     /// External store capacity in 512-token blocks.
     #[arg(long, default_value_t = StoreParams::default().capacity_blocks)]
@@ -323,6 +332,9 @@ impl Args {
                 batch_queue: self.batch_queue,
                 max_output_tokens: self.max_output_tokens,
                 local_prefix_cache: !self.no_local_prefix_cache,
+                prefix_hash_tokens: self.prefix_hash_tokens,
+                scheduler_reserve_full_isl: self.scheduler_reserve_full_isl,
+                load_kv_async: true,
             },
             store: StoreParams {
                 capacity_blocks: self.store_blocks,

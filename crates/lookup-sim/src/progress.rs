@@ -48,7 +48,7 @@ impl Progress {
             ProgressBar::hidden()
         };
         if let Ok(style) = ProgressStyle::with_template(
-            "{prefix} [{bar:24}] {percent:>3}% {elapsed} ({eta} left) {wide_msg}",
+            "{prefix} [{bar:20}] {percent:>3}% ({eta} left) {wide_msg}",
         ) {
             bar.set_style(style.progress_chars("=> "));
         }

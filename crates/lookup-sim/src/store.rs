@@ -24,35 +24,43 @@ pub const KV_PER_HASH: u64 = (TRACE_BLOCK_TOKENS / KV_BLOCK_TOKENS) as u64;
 /// The GPU KV-cache block pool with vLLM V1's prefix cache, counted in vLLM's 16-token
 /// blocks (vllm/v1/core/block_pool.py, kv_cache_manager.py, vLLM 0.33).
 ///
-/// A request holds *hashed* groups (a full 512-token trace block of prompt or
-/// generated tokens: 32 KV blocks under one hash, shareable, found by later requests)
-/// and *anonymous* blocks (its partial tail, or blocks still being loaded).
+/// A request holds *hashed* blocks (a full hash block of prompt or generated tokens:
+/// [`per_hash`](Self::per_hash) KV blocks under one hash, shareable, found by later
+/// requests) and *anonymous* blocks (its partial tail, or blocks still being
+/// loaded). The hash block is vLLM's own 16-token block
+/// ([`with_hash_tokens`](Self::with_hash_tokens)`(_, 16)`) or a 512-token group of
+/// 32 KV blocks ([`new`](Self::new)), evicted and hit whole (vLLM would still hit a
+/// group's first 16-token blocks).
 ///
-/// Free blocks are vLLM's `FreeKVCacheBlockQueue`, in its order:
-/// - blocks never used (or left from an evicted group) come first;
-/// - then freed blocks in the order they were freed: a request's blocks are freed in
-///   reverse (`KVCacheManager.free` → `BlockPool.free_blocks(reversed(blocks))`),
-///   its anonymous tail first, then its hashed groups from last to first;
+/// Free blocks are vLLM's `FreeKVCacheBlockQueue`, in its order
+/// (vllm/v1/core/block_pool.py `free_blocks`, kv_cache_utils.py `prepend_n` /
+/// `append_n`):
+/// - blocks holding no hash (never used, left from an evicted group, or freed
+///   without a hash) come first: vLLM prepends freed blocks without a hash;
+/// - then freed cached blocks in the order they were freed: a request's blocks are
+///   freed in reverse (`KVCacheManager.free` → `BlockPool.free_blocks(reversed(blocks))`),
+///   its hashed blocks from last to first;
 /// - a cached block keeps its hash until it is taken from the queue's head for a new
 ///   allocation (`BlockPool.get_new_blocks` → `_maybe_evict_cached_block`), so a
 ///   request preempted a moment ago finds its blocks again;
 /// - a cached block hit by a new request leaves the queue (`touch`).
-///
-/// A group is evicted whole: a hit needs the whole 512-token group, as the traces'
-/// hashes do (vLLM would still hit the group's first 16-token blocks).
 #[derive(Debug)]
 pub struct LocalCache {
     capacity: u64,
     /// KV blocks held by requests under no hash.
     anonymous: u64,
-    /// Free blocks at the queue's head holding nothing a request could hit.
+    /// Free blocks at the queue's head holding no hash (nothing a request could hit).
     fresh: u64,
     entries: HashMap<u64, Entry>,
-    /// The rest of the free queue, by the stamp of when it was freed.
-    queue: BTreeMap<u64, Freed>,
+    /// The rest of the free queue: cached hashes ([`per_hash`](Self::per_hash) blocks
+    /// each), by the stamp of when they were freed.
+    queue: BTreeMap<u64, u64>,
     /// KV blocks in `queue`.
     queued: u64,
     clock: u64,
+    /// KV blocks per prefix-cache hash: 1 (vLLM's own 16-token blocks) or
+    /// [`KV_PER_HASH`] (512-token groups).
+    per_hash: u64,
 }
 
 #[derive(Debug)]
@@ -62,19 +70,28 @@ struct Entry {
     freed_at: u64,
 }
 
-/// A run of the free queue.
-#[derive(Debug, Clone, Copy)]
-enum Freed {
-    /// Anonymous blocks freed together (a request's partial tail).
-    Anonymous(u64),
-    /// A cached group (its hash), [`KV_PER_HASH`] blocks.
-    Cached(u64),
-}
-
 impl LocalCache {
-    /// An empty pool of `capacity` KV blocks (16 tokens each).
+    /// An empty pool of `capacity` KV blocks (16 tokens each) that caches 512-token
+    /// groups ([`KV_PER_HASH`] blocks under one hash, the traces' granularity).
     pub fn new(capacity: u64) -> Self {
+        Self::with_hash_tokens(capacity, TRACE_BLOCK_TOKENS)
+    }
+
+    /// An empty pool of `capacity` KV blocks (16 tokens each) that caches blocks of
+    /// `hash_tokens` tokens under one hash: [`KV_BLOCK_TOKENS`] is vLLM's own
+    /// prefix cache (every full 16-token block hashed, `BlockPool.cache_full_blocks`,
+    /// vllm/v1/core/block_pool.py), [`TRACE_BLOCK_TOKENS`] the coarser 512-token groups.
+    ///
+    /// # Panics
+    /// `hash_tokens` not a positive multiple of [`KV_BLOCK_TOKENS`] (a caller's bug;
+    /// [`EngineParams::validate`](crate::engine::SimParams::validate) checks the flag).
+    pub fn with_hash_tokens(capacity: u64, hash_tokens: u32) -> Self {
+        assert!(
+            hash_tokens > 0 && hash_tokens % KV_BLOCK_TOKENS == 0,
+            "hash blocks are whole KV blocks"
+        );
         Self {
+            per_hash: u64::from(hash_tokens / KV_BLOCK_TOKENS),
             capacity,
             anonymous: 0,
             fresh: capacity,
@@ -102,7 +119,7 @@ impl LocalCache {
             .iter()
             .filter(|h| self.entries.get(h).is_some_and(|e| e.refs == 0))
             .count() as u64;
-        self.fresh + self.queued - pinned_free * KV_PER_HASH >= new_blocks
+        self.fresh + self.queued - pinned_free * self.per_hash >= new_blocks
     }
 
     /// Takes a reference on each cached group of `hits` (a local prefix hit): a free
@@ -112,7 +129,7 @@ impl LocalCache {
             let e = self.entries.get_mut(h).expect("hits are cached blocks");
             if e.refs == 0 {
                 self.queue.remove(&e.freed_at);
-                self.queued -= KV_PER_HASH;
+                self.queued -= self.per_hash;
             }
             e.refs += 1;
         }
@@ -129,42 +146,30 @@ impl LocalCache {
         self.fresh -= take;
         need -= take;
         while need > 0 {
-            let (stamp, run) = self.queue.pop_first().expect("checked above");
-            match run {
-                Freed::Anonymous(c) => {
-                    let t = c.min(need);
-                    need -= t;
-                    self.queued -= t;
-                    if c > t {
-                        self.queue.insert(stamp, Freed::Anonymous(c - t));
-                    }
-                }
-                Freed::Cached(h) => {
-                    self.entries.remove(&h);
-                    self.queued -= KV_PER_HASH;
-                    let t = KV_PER_HASH.min(need);
-                    need -= t;
-                    self.fresh += KV_PER_HASH - t;
-                }
-            }
+            let (_, h) = self.queue.pop_first().expect("checked above");
+            self.entries.remove(&h);
+            self.queued -= self.per_hash;
+            let t = self.per_hash.min(need);
+            need -= t;
+            self.fresh += self.per_hash - t;
         }
         self.anonymous += n;
         true
     }
 
-    /// [`KV_PER_HASH`] anonymous blocks of a request became the full trace block
+    /// [`per_hash`](Self::per_hash) anonymous blocks of a request became the full block
     /// `hash` (`BlockPool.cache_full_blocks`): it joins the prefix cache, or, when
     /// another request cached the same block meanwhile, references that one and frees
     /// its own.
     pub fn promote(&mut self, hash: u64) {
-        self.anonymous -= KV_PER_HASH;
+        self.anonymous -= self.per_hash;
         if let Some(e) = self.entries.get_mut(&hash) {
             if e.refs == 0 {
                 self.queue.remove(&e.freed_at);
-                self.queued -= KV_PER_HASH;
+                self.queued -= self.per_hash;
             }
             e.refs += 1;
-            self.fresh += KV_PER_HASH;
+            self.fresh += self.per_hash;
         } else {
             self.entries.insert(
                 hash,
@@ -176,25 +181,25 @@ impl LocalCache {
         }
     }
 
-    /// A request released its blocks (finished or preempted): freed in reverse order,
-    /// as vLLM's `KVCacheManager.free` does: its `anonymous` tail first, then its
-    /// `hashed` groups (in prompt order) from the last; a group still referenced by
-    /// another request stays.
+    /// A request released its blocks (finished or preempted), as vLLM 0.33's
+    /// `KVCacheManager.free` → `BlockPool.free_blocks(reversed(blocks))` does
+    /// (vllm/v1/core/single_type_kv_cache_manager.py `free`, block_pool.py
+    /// `free_blocks`): its `anonymous` blocks (no hash, nothing a request could hit)
+    /// go to the *front* of the free queue, reused first (`prepend_n`, "LIFO reuse of
+    /// non-cached blocks"); its `hashed` blocks (in prompt order) are appended from
+    /// the last, so a prefix's tail is evicted before its head (`append_n`). A hashed
+    /// block still referenced by another request stays.
     pub fn release(&mut self, hashed: &[u64], anonymous: u64) {
         self.anonymous -= anonymous;
-        if anonymous > 0 {
-            self.clock += 1;
-            self.queue.insert(self.clock, Freed::Anonymous(anonymous));
-            self.queued += anonymous;
-        }
+        self.fresh += anonymous;
         for h in hashed.iter().rev() {
             let e = self.entries.get_mut(h).expect("held blocks are cached");
             e.refs -= 1;
             if e.refs == 0 {
                 self.clock += 1;
                 e.freed_at = self.clock;
-                self.queue.insert(self.clock, Freed::Cached(*h));
-                self.queued += KV_PER_HASH;
+                self.queue.insert(self.clock, *h);
+                self.queued += self.per_hash;
             }
         }
     }
@@ -209,10 +214,20 @@ impl LocalCache {
         self.capacity
     }
 
+    /// KV blocks under one prefix-cache hash (1 or [`KV_PER_HASH`]).
+    pub fn per_hash(&self) -> u64 {
+        self.per_hash
+    }
+
+    /// Tokens under one prefix-cache hash (16 or 512).
+    pub fn hash_tokens(&self) -> u32 {
+        self.per_hash as u32 * KV_BLOCK_TOKENS
+    }
+
     /// KV blocks in use or cached.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
-        self.anonymous + self.entries.len() as u64 * KV_PER_HASH
+        self.anonymous + self.entries.len() as u64 * self.per_hash
     }
 }
 
@@ -253,17 +268,19 @@ pub struct Held {
 }
 
 impl Held {
-    /// KV blocks held (16 tokens each).
+    /// KV blocks held (16 tokens each), with `per_hash` KV blocks under each hash
+    /// ([`LocalCache::per_hash`]).
     #[must_use]
-    pub fn blocks(&self) -> u64 {
-        self.hashed.len() as u64 * KV_PER_HASH + self.anonymous
+    pub fn blocks(&self, per_hash: u64) -> u64 {
+        self.hashed.len() as u64 * per_hash + self.anonymous
     }
 
     /// Makes the request hold blocks for its first `end` positions, reusing the local
     /// prefix hit `hits` (cached groups; only when it holds nothing yet), the new ones
     /// anonymous. False, with nothing changed, when they do not fit.
     pub fn allocate(&mut self, cache: &mut LocalCache, hits: &[u64], end: u32) -> bool {
-        let new = blocks_for(end).saturating_sub(self.blocks() + hits.len() as u64 * KV_PER_HASH);
+        let per = cache.per_hash();
+        let new = blocks_for(end).saturating_sub(self.blocks(per) + hits.len() as u64 * per);
         if !cache.can_allocate(hits, new) {
             return false;
         }
@@ -273,6 +290,17 @@ impl Held {
         debug_assert!(ok, "can_allocate said it fits");
         self.anonymous += new;
         true
+    }
+
+    /// True when [`allocate`](Self::allocate)`(cache, hits, end)` would fit with
+    /// `reserved` more free blocks left over: vLLM's check in
+    /// `KVCacheManager.allocate_slots` (new blocks plus the hit blocks taken off the
+    /// free queue, against `free blocks - reserved_blocks`).
+    #[must_use]
+    pub fn fits(&self, cache: &LocalCache, hits: &[u64], end: u32, reserved: u64) -> bool {
+        let per = cache.per_hash();
+        let new = blocks_for(end).saturating_sub(self.blocks(per) + hits.len() as u64 * per);
+        cache.can_allocate(hits, new.saturating_add(reserved))
     }
 
     /// The anonymous blocks that are now full join the prefix cache: every group
@@ -285,11 +313,12 @@ impl Held {
         known: u32,
         hash: impl Fn(usize) -> u64,
     ) {
-        let full = (known / TRACE_BLOCK_TOKENS) as usize;
-        while self.hashed.len() < full && self.anonymous >= KV_PER_HASH {
+        let full = (known / cache.hash_tokens()) as usize;
+        let per = cache.per_hash();
+        while self.hashed.len() < full && self.anonymous >= per {
             let h = hash(self.hashed.len());
             cache.promote(h);
-            self.anonymous -= KV_PER_HASH;
+            self.anonymous -= per;
             self.hashed.push(h);
         }
     }
@@ -415,12 +444,13 @@ mod tests {
         assert_eq!(c.used(), 2 * G);
     }
 
-    /// vLLM's free queue: blocks freed later are evicted later, whatever they hold. A
-    /// request's partial tail (anonymous) freed after another request's cached group
-    /// is taken after that group: the group is evicted first, its leftover blocks
-    /// reused before the tail.
+    /// vLLM 0.33's free queue (vllm/v1/core/block_pool.py `free_blocks`): freed
+    /// blocks without a hash go to the front and are reused first; cached blocks
+    /// wait at the back in the order they were freed. A request's partial tail
+    /// (anonymous) freed after another request's cached group is taken before that
+    /// group, which stays cached.
     #[test]
-    fn freed_blocks_are_taken_in_the_order_they_were_freed() {
+    fn freed_blocks_without_a_hash_are_taken_first() {
         let mut c = LocalCache::new(2 * G + 5);
         assert!(c.allocate(G));
         c.promote(7);
@@ -428,12 +458,33 @@ mod tests {
         assert!(c.allocate(G + 5));
         // Everything never used is gone: 0 fresh, the group 7 cached in the queue.
         c.release(&[], G + 5);
-        // 5 blocks: group 7 (freed first) goes, 27 of its blocks stay free.
+        // 5 blocks: taken from the tail freed last (at the front), group 7 stays.
         assert!(c.allocate(5));
-        assert_eq!(c.hit_blocks(&[7], 1), 0);
+        assert_eq!(c.hit_blocks(&[7], 1), 1);
         assert_eq!(c.held(), 5);
-        assert!(c.can_allocate(&[], 2 * G));
-        assert!(!c.can_allocate(&[], 2 * G + 1));
+        // G + 1 more: the rest of the tail, then group 7 is evicted for the last one.
+        assert!(c.allocate(G + 1));
+        assert_eq!(c.hit_blocks(&[7], 1), 0);
+        assert_eq!(c.held(), G + 6);
+        assert!(c.can_allocate(&[], G - 1));
+        assert!(!c.can_allocate(&[], G));
+    }
+
+    /// vLLM's own 16-token prefix cache: one KV block per hash, evicted one by one.
+    #[test]
+    fn sixteen_token_hash_blocks_are_evicted_one_by_one() {
+        let mut c = LocalCache::with_hash_tokens(4, KV_BLOCK_TOKENS);
+        assert_eq!(c.per_hash(), 1);
+        assert!(c.allocate(3));
+        for h in [1, 2, 3] {
+            c.promote(h);
+        }
+        // Freed in reverse: 3, 2, 1 queue in that order.
+        c.release(&[1, 2, 3], 0);
+        assert!(c.allocate(2));
+        // The never-used block, then 3 (the tail) went.
+        assert_eq!(c.hit_blocks(&[1, 2, 3], 3), 2);
+        assert_eq!(c.held(), 2);
     }
 
     #[test]

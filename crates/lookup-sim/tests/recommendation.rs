@@ -16,7 +16,7 @@ use lookup_sim::margin::paired;
 use lookup_sim::mechanism::{Mechanism, diagnose};
 use lookup_sim::mode::Mode;
 use lookup_sim::progress::Progress;
-use lookup_sim::recommend::{Decision, Problem, Setting, describe, search};
+use lookup_sim::recommend::{Decision, Problem, Scored, Setting, describe, search};
 use lookup_sim::report::{ModeSummary, summarise};
 use lookup_sim::stability::Verdict;
 use lookup_sim::sweep::{Axis, cell, grid, label, panels, table};
@@ -315,11 +315,11 @@ fn the_search_tries_the_lookup_levers_and_confirms_on_fresh_reruns() {
     };
     let r = search(&problem, Vec::new()).unwrap();
     let tried = |f: &dyn Fn(&Setting) -> bool| r.tried.iter().any(|t| f(&t.setting));
+    // vLLM's connector follows discard only: nothing else is searched.
     for m in modes {
-        for p in [OnPreemption::Discard, OnPreemption::KeepWait] {
-            assert!(tried(&|s| s.mode == m && s.on_preemption == p), "{m} {p}");
-        }
+        assert!(tried(&|s| s.mode == m));
     }
+    assert!(!tried(&|s| s.on_preemption != OnPreemption::Discard));
     assert!(tried(&|s| s.mode == Mode::Async && s.concurrency == 4));
     assert!(!tried(&|s| s.mode == Mode::Sync && s.concurrency == 4));
     assert!(tried(
@@ -364,7 +364,17 @@ fn the_search_tries_the_lookup_levers_and_confirms_on_fresh_reruns() {
     for c in &r.capacity {
         assert_eq!(c.ratio, paired(r.fresh(&rec).unwrap(), &c.verdict));
     }
-    let fresh_runs: usize = r.confirmed.len() * 3 + r.capacity.len() * 3;
+    // keep_wait at the recommended setting, reported apart.
+    let kept = r.keep_wait.as_ref().unwrap();
+    assert_eq!(
+        kept.setting,
+        Setting {
+            on_preemption: OnPreemption::KeepWait,
+            ..rec
+        }
+    );
+    assert_eq!(kept.ratio, paired(r.fresh(&rec).unwrap(), &kept.verdict));
+    let fresh_runs: usize = r.confirmed.len() * 3 + (r.capacity.len() + 1) * 3;
     assert_eq!(
         r.runs,
         r.tried.iter().map(|t| t.verdict.runs).sum::<usize>() + fresh_runs
@@ -382,7 +392,12 @@ fn the_search_tries_the_lookup_levers_and_confirms_on_fresh_reruns() {
         ),
         "{text}"
     );
-    eprintln!("{text}");
+    assert!(
+        text.contains(
+            "  not followed by vLLM's connector (at the recommended setting, fresh reruns):\n    lookup_on_preemption keep_wait (lookup-core's own drivers; vLLM's connector follows discard): TTFT p99 "
+        ),
+        "{text}"
+    );
 }
 
 /// The decision from fresh reruns: a pick ahead of the cheapest setting in 9 of 10
@@ -422,4 +437,16 @@ fn only_a_margin_beyond_the_noise_on_fresh_reruns_beats_the_cheapest_setting() {
     );
     let d = Decision::of(None, &cheapest, None, Some(&loser));
     assert_eq!((d, d.pick(None, &cheapest)), (Decision::NoneStable, None));
+    // A setting vLLM's connector does not follow is never chosen, however fast.
+    let scored = |setting: Setting| Scored {
+        setting,
+        verdict: winner.clone(),
+        screened_out: false,
+    };
+    assert!(scored(pick).eligible());
+    let kept = Setting {
+        on_preemption: OnPreemption::KeepWait,
+        ..pick
+    };
+    assert!(!kept.vllm_follows() && !scored(kept).eligible());
 }

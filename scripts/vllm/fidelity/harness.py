@@ -28,16 +28,22 @@ coordinator, request: the wheel's own). The harness adds only:
   step (vLLM's `Request.is_prefill_chunk`) samples its next token from the scenario's
   `output_token_ids`; max_tokens = len(output_token_ids), so vLLM finishes it
   (FINISHED_LENGTH_CAPPED) with its last token.
-- observation hooks that record, without changing them, vLLM's calls to
-  `Scheduler._preempt_request` (preemption order) and
-  `KVCacheManager.record_prefix_cache_stats` (the local hit of each admission).
+- observation hooks that record, without changing them, the calls to
+  `Scheduler._preempt_request` (preemption order),
+  `KVCacheManager.record_prefix_cache_stats` (the local hit of each admission) and
+  the connector's `get_num_new_matched_tokens` (None answers) and
+  `update_state_after_alloc` (external tokens).
 
 Where this differs from the interchange format's words (vLLM's rule is followed):
 - the format samples when num_computed_tokens + scheduled tokens reaches the prompt
   length; vLLM samples when they reach the request's length, prompt plus the output
   tokens it already has, so a preempted request samples again only once its
   recomputation covers its earlier output (`is_prefill_chunk`, scheduler.py line 1863);
-- the format calls `async_scheduling: false` vLLM 0.33's setting; it is not (below).
+- the format calls `async_scheduling: false` vLLM 0.33's setting; it is not (below);
+- a prompt of max_model_len tokens or more is a bad scenario (vLLM's input processor
+  refuses it); a shorter one whose output would pass max_model_len is run, and vLLM
+  finishes it when it reaches max_model_len tokens (sched/utils.py check_stop), with
+  fewer output tokens than the scenario lists.
 
 Choices the interchange format leaves open (the Rust side must make the same):
 - a step is logged for every turn from step 0, also when nothing is scheduled
@@ -54,11 +60,10 @@ Async scheduling: `async_scheduling` true runs vLLM's AsyncScheduler in vLLM's o
 EngineCore.step_with_batch_queue (engine_loop.py; 2 batches in flight: a step
 schedules batch k, then processes batch k - 1's output, so "finished" lags a step),
 with max_concurrent_batches 2, which makes the scheduler defer block frees of a KV
-consumer (kv_both here). vLLM
-0.33 itself resolves `async_scheduling` None to True for a generate model on the
-uniproc or multiproc executor without pipeline parallelism (config/vllm.py lines
-1685-1719), a connector or not: the format's `false` is not what vLLM 0.33 picks by
-default for one GPU.
+consumer (kv_both here). vLLM 0.33 itself resolves `async_scheduling` None to True
+for a generate model on the uniproc or multiproc executor without pipeline
+parallelism (config/vllm.py lines 1685-1719), a connector or not: the format's
+`false` is not what vLLM 0.33 picks by default for one GPU.
 """
 
 import argparse
@@ -92,6 +97,8 @@ def validate(scenario):
     if not isinstance(scenario, dict) or "settings" not in scenario or "requests" not in scenario:
         raise ScenarioError("the scenario must be an object with 'settings' and 'requests'")
     s = scenario["settings"]
+    if not isinstance(s, dict) or not isinstance(scenario["requests"], list):
+        raise ScenarioError("'settings' must be an object and 'requests' a list")
     for k, t in SETTING_KEYS.items():
         if k not in s:
             if k == "scheduler_reserve_full_isl":
@@ -106,6 +113,8 @@ def validate(scenario):
     bs, seen = s["block_size"], set()
     for i, r in enumerate(scenario["requests"]):
         where = f"requests[{i}]"
+        if not isinstance(r, dict):
+            raise ScenarioError(f"{where} must be an object")
         for k in ("request_id", "arrival_step", "prompt_token_ids", "output_token_ids",
                   "connector"):
             if k not in r:
@@ -121,9 +130,12 @@ def validate(scenario):
             if not isinstance(toks, list) or len(toks) < least or not all(
                     type(t) is int and 0 <= t < 2**31 for t in toks):
                 raise ScenarioError(f"{where}.{k} must be a non-empty list of ints in [0, 2^31)")
-        if len(r["prompt_token_ids"]) + len(r["output_token_ids"]) > s["max_model_len"]:
-            # vLLM's input processor rejects such a request before the scheduler.
-            raise ScenarioError(f"{where}: prompt + output tokens exceed settings.max_model_len")
+        if len(r["prompt_token_ids"]) >= s["max_model_len"]:
+            # vLLM's input processor rejects it before the scheduler
+            # (v1/engine/input_processor.py _validate_prompt_len).
+            raise ScenarioError(
+                f"{where}: the prompt (length {len(r['prompt_token_ids'])}) plus at least one "
+                f"output token is longer than settings.max_model_len {s['max_model_len']}")
         c = r["connector"]
         kind = c.get("kind") if isinstance(c, dict) else None
         if kind not in ("missing", "ready", "pending"):
@@ -147,8 +159,6 @@ def make_connector_class(core):
             self.answers = answers  # request id -> connector dict of the scenario
             self.block_size = block_size
             self.probes = {}  # request id -> probes answered so far
-            self.skipped = []  # this step's (None) answers, in probe order
-            self.external = {}  # request id -> external tokens at its last allocation
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             bs = self.block_size
@@ -161,7 +171,6 @@ def make_connector_class(core):
             if answer["kind"] == "missing":
                 return 0, False
             if answer["kind"] == "pending" and n < answer["steps"]:
-                self.skipped.append(rid)
                 return None, False
             hit = min(answer["hit_tokens"], request.num_tokens // bs * bs)
             if hit >= request.num_tokens:
@@ -169,7 +178,7 @@ def make_connector_class(core):
             return max(0, hit - num_computed_tokens), False
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens):
-            self.external[request.request_id] = num_external_tokens
+            pass  # synchronous loads: nothing to track
 
         def build_connector_meta(self, scheduler_output):
             return core.KVConnectorMetadata()
@@ -200,12 +209,29 @@ def settings_with_defaults(core, s):
 
 
 class Observer:
-    """Records, without changing them, vLLM's calls that the step log reports: the
-    preemption order (`Scheduler._preempt_request`) and each admission's local hit
-    (`KVCacheManager.record_prefix_cache_stats`); both still run unchanged."""
+    """Records, without changing them, the calls that the step log reports: the
+    preemption order (`Scheduler._preempt_request`), each admission's local hit
+    (`KVCacheManager.record_prefix_cache_stats`), the connector's None answers
+    (`get_num_new_matched_tokens`) and external tokens (`update_state_after_alloc`);
+    all still run unchanged."""
 
     def __init__(self, sched):
-        self.preempted, self.local_hits = [], {}
+        self.preempted, self.local_hits, self.skipped, self.external = [], {}, [], {}
+        connector = sched.connector
+        real_probe = connector.get_num_new_matched_tokens
+        real_alloc = connector.update_state_after_alloc
+
+        def probe_hook(request, num_computed_tokens):
+            answer = real_probe(request, num_computed_tokens)
+            if answer[0] is None:
+                self.skipped.append(request.request_id)
+            return answer
+
+        def alloc_hook(request, blocks, num_external_tokens):
+            self.external[request.request_id] = num_external_tokens
+            return real_alloc(request, blocks, num_external_tokens)
+        connector.get_num_new_matched_tokens = probe_hook
+        connector.update_state_after_alloc = alloc_hook
         real_preempt = sched._preempt_request
         manager = sched.kv_cache_manager
         real_record = manager.record_prefix_cache_stats
@@ -223,6 +249,8 @@ class Observer:
     def clear(self):
         self.preempted.clear()
         self.local_hits.clear()
+        self.skipped.clear()
+        self.external.clear()
 
 
 def model_output(core, sched, out, outputs):
@@ -245,10 +273,12 @@ def model_output(core, sched, out, outputs):
                                   sampled_token_ids=sampled)
 
 
-def run(core, scenario, on_step=None):
+def run(core, scenario, on_step=None, connector=None, kv_transfer=None):
     """Yields the step log's objects (dicts), then the end line. `scenario`: the parsed
     JSON (validated here). `on_step(scheduler, line)`, if given, sees vLLM's Scheduler
-    after each step (tests read its queues).
+    after each step (tests read its queues). `connector` (with `kv_transfer`, see
+    vllm_core.build_scheduler) replaces ScenarioConnector, for example with vLLM's own
+    MooncakeStoreConnector; the scenario's connector answers are then not used.
 
     Each step is one turn of vLLM's own engine loop (engine_loop.EngineLoop, the
     wheel's EngineCore.step or, with async scheduling, step_with_batch_queue over 2
@@ -260,18 +290,16 @@ def run(core, scenario, on_step=None):
     reqs = scenario["requests"]
     answers = {r["request_id"]: r["connector"] for r in reqs}
     outputs = {r["request_id"]: r["output_token_ids"] for r in reqs}
-    cls = make_connector_class(core)
-    holder = {}
+    if connector is None:
+        cls = make_connector_class(core)
 
-    def make_connector(vllm_config, role, kv_cache_config):
-        holder["c"] = cls(vllm_config, role, kv_cache_config, answers, s["block_size"])
-        return holder["c"]
-
+        def connector(vllm_config, role, kv_cache_config):
+            return cls(vllm_config, role, kv_cache_config, answers, s["block_size"])
     try:
-        sched = vllm_core.build_scheduler(core, s, connector=make_connector)
+        sched = vllm_core.build_scheduler(core, s, connector=connector, kv_transfer=kv_transfer)
     except ValueError as e:  # vLLM's SchedulerConfig.verify_max_model_len
         raise ScenarioError(f"vLLM's SchedulerConfig refuses the settings: {e}") from e
-    connector, observer = holder["c"], Observer(sched)
+    observer = Observer(sched)
     pool = sched.kv_cache_manager.block_pool
     after_schedule = {}
 
@@ -283,7 +311,7 @@ def run(core, scenario, on_step=None):
             "admitted": admitted,
             "blocks_in_use": s["num_gpu_blocks"] - pool.get_num_free_blocks(),
             "local_hits": [[rid, observer.local_hits.get(rid, 0)] for rid in admitted],
-            "external_hits": [[rid, connector.external.get(rid, 0)] for rid in admitted],
+            "external_hits": [[rid, observer.external.get(rid, 0)] for rid in admitted],
             "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
             "running": len(sched.running),
         }
@@ -304,8 +332,6 @@ def run(core, scenario, on_step=None):
                 s["block_size"], arrival_time=float(r["arrival_step"])))
         running_before = {id(r) for r in sched.running}
         observer.clear()
-        connector.skipped.clear()
-        connector.external.clear()
         # A turn that schedules nothing reports the state it started from.
         after_schedule.clear()
         after_schedule.update(state(running_before), running_before=running_before)
@@ -318,7 +344,7 @@ def run(core, scenario, on_step=None):
             "admitted": st["admitted"],
             "preempted": list(observer.preempted),
             "finished": [],
-            "skipped_pending": list(connector.skipped),
+            "skipped_pending": list(observer.skipped),
             "blocks_in_use": st["blocks_in_use"],
             "local_hits": st["local_hits"],
             "external_hits": st["external_hits"],
@@ -332,6 +358,7 @@ def run(core, scenario, on_step=None):
             on_step(sched, line)
         yield line
         step += 1
+    sched.shutdown()  # as EngineCore.shutdown does
     yield {"end": True, "steps": step, "finished": finished_total}
 
 
@@ -369,7 +396,10 @@ def main(argv=None):
     stage = "reading the scenario"
     try:
         with open(a.scenario) as f:
-            scenario = json.load(f)
+            try:
+                scenario = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ScenarioError(f"not JSON: {e}") from e
         stage = "loading vLLM 0.33.0's scheduler from the wheel"
         core = vllm_core.load(a.wheel)
         stage = "running the scenario"

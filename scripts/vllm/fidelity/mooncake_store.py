@@ -34,13 +34,13 @@ VERBATIM = [f"{STORE}.connector", f"{STORE}.scheduler", f"{STORE}.coordinator",
 def _worker_prelude(module):
     """MooncakeStoreWorker moves KV blocks with torch and the Mooncake client (worker
     role only): an empty class; the lookup channel's classes run verbatim."""
-    si._placeholder(module, "MooncakeStoreWorker")
+    si.placeholder(module, "MooncakeStoreWorker")
 
 
 def _metrics_prelude(module):
     """Prometheus metric classes: annotations of the Prometheus helpers (log_stats
     off); KVConnectorStats (a dataclass) runs verbatim."""
-    si._placeholder(module, "Gauge", "Counter", "Histogram")
+    si.placeholder(module, "Gauge", "Counter", "Histogram")
 
 
 PARTIAL = {
@@ -63,14 +63,14 @@ def _distributed(module):
     the worker's lookup channel reads none of it (the rank helpers the worker imports
     raise when called)."""
     module.__path__ = []
-    si._refuse(module, "get_dcp_group", "get_pcp_group", "get_tensor_model_parallel_rank",
+    si.refuse(module, "get_dcp_group", "get_pcp_group", "get_tensor_model_parallel_rank",
                "get_tensor_model_parallel_world_size", "get_pp_group", "get_world_group",
                "get_tp_group")
 
 
 def _forward_context(module):
     """vllm.forward_context: the model forward's context (worker role); annotation."""
-    si._placeholder(module, "ForwardContext")
+    si.placeholder(module, "ForwardContext")
 
 
 STANDINS = {"vllm.distributed": _distributed, "vllm.forward_context": _forward_context}

@@ -190,6 +190,15 @@ def test_async_scheduling_schedules_a_step_before_the_last_output_is_processed(c
     assert [x["finished"] for x in sync[:-1]] == [[], [], ["r1"], ["r0"]]
 
 
+def test_an_output_past_max_model_len_is_cut_there_by_vllm(core):
+    # 64 prompt tokens, 10 listed outputs, max_model_len 70: check_stop finishes the
+    # request when it holds 70 tokens, after 6 outputs.
+    scenario = {"settings": settings(max_model_len=70), "requests": [req("r0", 0, range(64), 10)]}
+    log = steps(core, scenario)
+    assert log[-1] == {"end": True, "steps": 7, "finished": 1}
+    assert log[6]["finished"] == ["r0"]
+
+
 def test_the_same_scenario_gives_the_same_log(core):
     scenario = {"settings": settings(scheduler_reserve_full_isl=False), "requests": GATE}
     assert steps(core, scenario) == steps(core, scenario)
@@ -203,7 +212,8 @@ def test_the_same_scenario_gives_the_same_log(core):
      "multiple of 16"),
     (lambda s: s["requests"][0].update(prompt_token_ids=[-1]), "prompt_token_ids"),
     (lambda s: s["requests"].append(dict(s["requests"][0])), "unique"),
-    (lambda s: s["settings"].update(max_model_len=70), "exceed settings.max_model_len"),
+    (lambda s: s["requests"].append("r9"), r"requests\[2\] must be an object"),
+    (lambda s: s["settings"].update(max_model_len=80), r"requests\[1\]: the prompt \(length 80\)"),
     # vLLM's own SchedulerConfig check (verify_max_model_len).
     (lambda s: s["settings"].update(max_num_seqs=64), r"must be greater than or equal to "
      r"max_num_seqs \(64\)"),
@@ -232,6 +242,9 @@ def test_the_command_writes_the_log_and_exits_2_on_a_bad_scenario(wheel, tmp_pat
     done = subprocess.run([*cmd, "--scenario", str(bad)], capture_output=True, text=True)
     assert done.returncode == 2
     assert "settings.block_size is missing" in done.stderr
+    bad.write_text('{"settings": ')
+    done = subprocess.run([*cmd, "--scenario", str(bad)], capture_output=True, text=True)
+    assert done.returncode == 2 and "not JSON" in done.stderr
 
 
 def test_a_generated_scenario_runs_to_the_end(core):

@@ -278,7 +278,7 @@ def vllm_config(core, s, with_connector, kv_transfer=None):
                                   "data_parallel_index": 0, "world_size": 1}),
         observability_config=Strict(**{**d["ObservabilityConfig"],
                                        "_what": "ObservabilityConfig"}),
-        ec_manager_config=si._NoEncoderCacheManagerConfig(),
+        ec_manager_config=si.NoEncoderCacheManagerConfig(),
         aux_output_config=Strict(_what="AuxOutputConfig", enabled=False),
         # VllmConfig.max_concurrent_batches (config/vllm.py line 588): 2 with async
         # scheduling (V1 model runner, no pipeline parallelism), else 1.

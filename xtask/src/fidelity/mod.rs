@@ -38,7 +38,10 @@
 //! measured one; with KV limits, preemptions (total) within 25 % or 5, and the
 //! time-averaged KV blocks held and waiting requests within 20 % (or 1 request).
 
+mod compare;
+pub mod scenario;
 mod series;
+pub mod vllm;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -63,9 +66,24 @@ use crate::simulate::runner::{Job, perturbed, run_jobs};
 use crate::simulate::stability::Range;
 use crate::simulate::trace::{self, TraceRequest, TraceSource};
 
+/// What the simulator is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Against {
+    /// `cargo xtask replay` (real lookups, the same block pool).
+    Replay,
+    /// vLLM 0.33's own scheduler from its wheel, step by step ([`vllm`]).
+    Vllm,
+}
+
 /// Flags of `cargo xtask fidelity`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
+    /// What to compare with: replay (the default) or vLLM 0.33's own scheduler.
+    #[arg(long, value_enum, default_value_t = Against::Replay)]
+    pub against: Against,
+    /// Flags of `--against vllm`.
+    #[command(flatten)]
+    pub vllm: vllm::VllmArgs,
     /// Mooncake-format JSONL trace (without it, the generated one).
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
@@ -382,6 +400,9 @@ pub fn targets(sides: &[Side], kv_limits: bool) -> Vec<Target> {
 /// A bad flag or trace; the replay's peers cannot start (naming the install step); a
 /// run fails; the JSON cannot be written.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.against == Against::Vllm {
+        return vllm::run(&args.vllm, args.seed);
+    }
     if args.limit == 0 || args.repeats == 0 {
         bail!("--limit and --repeats must be at least 1");
     }

@@ -102,6 +102,11 @@ impl EngineModel {
             batch_queue: 1,
             max_output_tokens,
             local_prefix_cache: self.prefix_cache,
+            // Replay's GPU model (`replay::gpu`) caches 512-token groups and admits
+            // on the first chunk: the simulator is set the same for the comparison.
+            prefix_hash_tokens: TRACE_BLOCK_TOKENS,
+            scheduler_reserve_full_isl: false,
+            load_kv_async: true,
         }
     }
 

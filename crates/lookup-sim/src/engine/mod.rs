@@ -49,11 +49,14 @@
 //! computed the last prompt token (the first token is then emitted). Queue wait =
 //! arrival to the first scheduling (blocks allocated for compute or for a load).
 
+mod admit;
 mod params;
 mod replica;
 mod result;
 mod sample;
 mod scheduler;
+mod script;
+pub mod stepped;
 mod world;
 
 use anyhow::{Context, bail};
@@ -110,7 +113,12 @@ where
             shared.clone(),
         );
         let conn = Connector::new(config, server).context("lookup configuration")?;
-        engines.push(Engine::new(conn, e.gpu_kv_blocks, e.local_prefix_cache));
+        engines.push(Engine::new(
+            conn,
+            e.gpu_kv_blocks,
+            e.local_prefix_cache,
+            e.prefix_hash_tokens,
+        ));
     }
     let feed = Feed::new(Box::new(trace.into_iter()));
     let mut world = World::new(feed, mode, params, on_finished);

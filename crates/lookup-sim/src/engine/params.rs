@@ -6,6 +6,8 @@ use serde::Serialize;
 
 use crate::mode::LookupParams;
 use crate::server::ServerParams;
+use crate::store::KV_BLOCK_TOKENS;
+use crate::trace::TRACE_BLOCK_TOKENS;
 
 /// When new requests are handled by the engine thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -113,6 +115,23 @@ pub struct EngineParams {
     /// (every prefix comes from the external store, as in `cargo xtask replay`).
     /// Default on.
     pub local_prefix_cache: bool,
+    /// Tokens under one hash of the GPU's prefix cache: 16 is vLLM's own (every full
+    /// 16-token block hashed, `BlockPool.cache_full_blocks`, vllm/v1/core/block_pool.py;
+    /// a trace's 512-token block then holds 32 hashes derived from its id), 512 the
+    /// trace's coarser groups (hit and evicted whole). A multiple of 16 dividing 512.
+    /// Default 16.
+    pub prefix_hash_tokens: u32,
+    /// vLLM 0.33's admission gate `scheduler_reserve_full_isl` (vllm/config/scheduler.py,
+    /// default true): a waiting request is admitted only when the KV blocks of its
+    /// whole prompt (beyond its local hit) fit in the free blocks, not only its first
+    /// chunk's (`allocate_slots(..., full_sequence_must_fit=True)`, vLLM PR #37307).
+    /// Default true.
+    pub scheduler_reserve_full_isl: bool,
+    /// External tokens load asynchronously (vLLM `load_kv_async`: the request waits
+    /// in `WAITING_FOR_REMOTE_KVS` until loaded, then is scheduled) or synchronously
+    /// (counted as computed at allocation and scheduled in the same step). Default
+    /// true, the Mooncake connector's.
+    pub load_kv_async: bool,
 }
 
 impl Default for EngineParams {
@@ -135,6 +154,9 @@ impl Default for EngineParams {
             batch_queue: 2,
             max_output_tokens: None,
             local_prefix_cache: true,
+            prefix_hash_tokens: 16,
+            scheduler_reserve_full_isl: true,
+            load_kv_async: true,
         }
     }
 }
@@ -251,6 +273,15 @@ impl SimParams {
         }
         if e.batch_queue == 0 {
             bail!("--batch-queue must be at least 1");
+        }
+        if e.prefix_hash_tokens == 0
+            || e.prefix_hash_tokens % KV_BLOCK_TOKENS != 0
+            || TRACE_BLOCK_TOKENS % e.prefix_hash_tokens != 0
+        {
+            bail!(
+                "--prefix-hash-tokens must be a multiple of {KV_BLOCK_TOKENS} dividing {TRACE_BLOCK_TOKENS}, got {}",
+                e.prefix_hash_tokens
+            );
         }
         if e.max_output_tokens == Some(0) {
             bail!("--max-output-tokens must be at least 1");

@@ -60,6 +60,11 @@ pub(super) struct Engine {
     /// The engine clock when the last `schedule` call began: a load that ended
     /// during that call (while it blocked on sync lookups) was not seen by it.
     pub(super) schedule_began: u64,
+    /// A step-driven run's record of the current step's decisions
+    /// ([`stepped`](super::stepped)); `None` in a timed run.
+    pub(super) log: Option<super::script::Decisions>,
+    /// A step-driven run's stand-in connector answers; `None`: the real connector.
+    pub(super) script: Option<super::script::Script>,
 }
 
 /// Steps an engine may launch without producing a single output token before the run
@@ -69,10 +74,15 @@ pub(super) struct Engine {
 pub(super) const STALL_STEPS: u64 = 20_000;
 
 impl Engine {
-    pub(super) fn new(conn: Connector, gpu_kv_blocks: u64, prefix_cache: bool) -> Self {
+    pub(super) fn new(
+        conn: Connector,
+        gpu_kv_blocks: u64,
+        prefix_cache: bool,
+        hash_tokens: u32,
+    ) -> Self {
         Self {
             conn,
-            local: LocalCache::new(gpu_kv_blocks),
+            local: LocalCache::with_hash_tokens(gpu_kv_blocks, hash_tokens),
             prefix_cache,
             unfinished: 0,
             state: State::Top,
@@ -101,6 +111,8 @@ impl Engine {
             waiting_peak: 0,
             steps_without_output: 0,
             schedule_began: 0,
+            log: None,
+            script: None,
         }
     }
 
@@ -261,7 +273,7 @@ impl Engine {
             format!(
                 "; the head of the queue needs {} tokens and holds {} KV blocks, phase {:?}",
                 r.prefill_len,
-                r.held.blocks(),
+                r.held.blocks(self.local.per_hash()),
                 r.phase
             )
         });
@@ -288,7 +300,7 @@ impl Engine {
     }
 
     /// vLLM `add_request`: into the waiting queue, and the connector's `on_new_request`.
-    fn handle_arrival(&mut self, now: u64, w: &mut World<'_>) {
+    pub(super) fn handle_arrival(&mut self, now: u64, w: &mut World<'_>) {
         let idx = self.arrivals.pop_front().expect("an arrival is due");
         let submitted = self.conn.stats().lookups_arrival;
         let rpc = self.conn.on_new_request(&w.reqs[idx].core, now, &w.store);
@@ -315,7 +327,7 @@ impl Engine {
 
     /// vLLM `update_from_output` at the engine thread's time: first tokens, prefill
     /// ends (blocks written to the store), finished requests.
-    fn process_output(&mut self, step: Step, w: &mut World<'_>) {
+    pub(super) fn process_output(&mut self, step: Step, w: &mut World<'_>) {
         let now = self.t;
         for en in step.entries {
             let Some(r) = w.reqs.get_mut(en.req, en.seq) else {
@@ -345,6 +357,9 @@ impl Engine {
                     self.running.remove(pos);
                 }
                 self.conn.on_finished(id, now, &w.store);
+                if let Some(log) = &mut self.log {
+                    log.finished.push(r.seq);
+                }
                 self.unfinished -= 1;
                 self.makespan_ns = self.makespan_ns.max(now);
                 w.finish(en.req, now);

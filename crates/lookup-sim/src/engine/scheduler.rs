@@ -1,21 +1,40 @@
-//! One call of vLLM's `Scheduler.schedule`: running requests, then the waiting
-//! queue with its probes, block allocation, preemption, and the step's cost.
+//! One call of vLLM's `Scheduler.schedule` (vllm/v1/core/sched/scheduler.py, vLLM
+//! 0.33), in its named steps: the running requests ([`Engine::schedule_running`],
+//! with recompute preemption), then, unless the step preempted, the waiting queue
+//! ([`Engine::schedule_waiting`], in `admit.rs`), then the step's cost. Block
+//! allocation and release on the GPU's pool are here too.
 
-use lookup_core::{BlockHashes, Probe};
+use lookup_core::BlockHashes;
 
-use super::params::PendingPolicy;
 use super::replica::Engine;
-use super::world::{Entry, Phase, Req, Step, World};
-use crate::mode::Mode;
+use super::world::{Entry, Req, Step, World};
 use crate::server::nanos;
 use crate::store::{LocalCache, group_hash};
 use crate::trace::TRACE_BLOCK_TOKENS;
 
+/// What one `schedule` call builds while it runs: vLLM's locals of `schedule()`.
+pub(super) struct Pass {
+    /// The engine thread's clock (ns): sync lookups and waits move it.
+    pub(super) now: u64,
+    /// Tokens left in this step (`token_budget`).
+    pub(super) budget: u32,
+    /// The step's requests and their tokens (`num_scheduled_tokens`).
+    pub(super) entries: Vec<Entry>,
+    /// A request was preempted in this step (`preempted_reqs` non-empty).
+    pub(super) preempted: bool,
+    /// Probes of waiting requests in this call: each costs engine-thread time.
+    pub(super) probes: u64,
+    /// prefetch+wait: what is left of this step's wait budget (ns), set at the first
+    /// wait: the budget is per step, so a long waiting queue of pending lookups
+    /// cannot hold the engine thread for a budget each.
+    pub(super) wait_left: Option<u64>,
+}
+
 impl Engine {
-    /// Makes request `idx` hold blocks for its first `end` positions, reusing the local
-    /// hit `hits` (only when it holds nothing yet). Full prompt blocks join the prefix
-    /// cache unless `promote` is false (blocks still being loaded). False, with nothing
-    /// changed, when the blocks do not fit.
+    /// Makes request `r` hold blocks for its first `end` positions, reusing the local
+    /// hit `hits` (only when it holds nothing yet). Full blocks join the prefix
+    /// cache unless `promote` is false (blocks still being loaded). False, with
+    /// nothing changed, when the blocks do not fit.
     pub(super) fn allocate(&mut self, r: &mut Req, hits: &[u64], end: u32, promote: bool) -> bool {
         if !r.held.allocate(&mut self.local, hits, end) {
             return false;
@@ -33,7 +52,7 @@ impl Engine {
     /// (`cache_blocks`, vllm/v1/core/kv_cache_manager.py), generated tokens included.
     pub(super) fn promote_full(local: &mut LocalCache, r: &mut Req, end: u32) {
         let known = end.min(r.input + r.outputs);
-        let (hashes, seq) = (&r.hashes, r.seq);
+        let (hashes, seq) = (&r.kv_hashes, r.seq);
         r.held
             .promote_full(local, known, |k| group_hash(hashes, seq, k));
     }
@@ -42,8 +61,9 @@ impl Engine {
         r.held.release(local);
     }
 
-    /// Recompute preemption (vLLM `_preempt_request`): blocks freed, back to the head
-    /// of the waiting queue; its prompt now includes the outputs produced so far.
+    /// Recompute preemption (vLLM `Scheduler._preempt_request`): blocks freed
+    /// (`KVCacheManager.free`), `num_computed_tokens` back to 0, prepended to the
+    /// waiting queue; its prompt now includes the outputs produced so far.
     pub(super) fn preempt(&mut self, idx: usize, now: u64, w: &mut World<'_>) {
         let r = &mut w.reqs[idx];
         Self::release(&mut self.local, r);
@@ -56,39 +76,62 @@ impl Engine {
         let full = (r.prefill_len / TRACE_BLOCK_TOKENS) as usize;
         r.core.block_hashes = BlockHashes::from_u64s(&r.chain(full));
         r.epoch += 1;
-        r.phase = Phase::Waiting;
+        r.phase = super::world::Phase::Waiting;
         r.preemptions += 1;
         let id = r.core.request_id;
+        let seq = r.seq;
         self.preemptions += 1;
         self.waiting.push_front(idx);
+        if let Some(log) = &mut self.log {
+            log.preempted.push(seq);
+        }
         self.conn.on_preempted(id, now, &w.store);
     }
 
     /// One call of vLLM's `Scheduler.schedule` at the engine thread's time. Advances
     /// the engine clock by the time blocked on sync lookups and, when a step is built,
     /// by the scheduler's cost.
+    ///
+    /// # Errors
+    /// A sync lookup that never answers (`Connector::wait_ready`).
     pub(super) fn schedule(&mut self, w: &mut World<'_>) -> anyhow::Result<Option<Step>> {
-        let mut now = self.t;
-        self.schedule_began = now;
-        let mut budget = w.p.engine.max_num_batched_tokens;
-        let mut entries = Vec::new();
-        let mut preempted = false;
-        // Probes of waiting requests in this call: each costs engine-thread time.
-        let mut probes: u64 = 0;
+        let mut pass = Pass {
+            now: self.t,
+            budget: w.p.engine.max_num_batched_tokens,
+            entries: Vec::new(),
+            preempted: false,
+            probes: 0,
+            wait_left: None,
+        };
+        self.schedule_began = pass.now;
         self.waiting_peak = self.waiting_peak.max(self.waiting.len());
+        self.schedule_running(&mut pass, w);
+        // vLLM: `if not preempted_reqs`: no waiting request is admitted in a step
+        // that preempted.
+        if !pass.preempted {
+            self.schedule_waiting(&mut pass, w)?;
+        }
+        Ok(self.build_step(pass, w))
+    }
 
-        // Running requests first.
+    /// vLLM `schedule()`, "First, schedule the RUNNING requests": in order, each
+    /// gets the rest of its prefill (chunked by the budget) or one decode token;
+    /// when its blocks do not fit, the last running request is preempted
+    /// (`self.running.pop()`, FCFS) until they do, or until it preempted itself,
+    /// which ends the pass (`break`).
+    fn schedule_running(&mut self, pass: &mut Pass, w: &mut World<'_>) {
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && pass.budget > 0 {
             let idx = self.running[i];
             let r = &w.reqs[idx];
             if r.num_computed >= r.target {
-                // Its last token is computing; it ends with that step's output.
+                // Async scheduling: its last token is computing; it ends with that
+                // step's output (vLLM's `num_output_placeholders` check).
                 i += 1;
                 continue;
             }
             let new = if r.num_computed < r.prefill_len {
-                (r.prefill_len - r.num_computed).min(budget)
+                (r.prefill_len - r.num_computed).min(pass.budget)
             } else {
                 1
             };
@@ -96,8 +139,8 @@ impl Engine {
             let mut fits = true;
             while !self.allocate(&mut w.reqs[idx], &[], end, true) {
                 let victim = self.running.pop().expect("the request itself is running");
-                self.preempt(victim, now, w);
-                preempted = true;
+                self.preempt(victim, pass.now, w);
+                pass.preempted = true;
                 if victim == idx {
                     fits = false;
                     break;
@@ -107,7 +150,7 @@ impl Engine {
                 break;
             }
             let r = &mut w.reqs[idx];
-            entries.push(Entry {
+            pass.entries.push(Entry {
                 req: idx,
                 seq: r.seq,
                 epoch: r.epoch,
@@ -115,237 +158,25 @@ impl Engine {
                 new,
             });
             r.num_computed = end;
-            budget -= new;
+            pass.budget -= new;
             i += 1;
         }
+    }
 
-        // Then the waiting queue, unless this step preempted.
-        if !preempted {
-            let mut skipped = Vec::new();
-            // prefetch+wait: what is left of this step's wait budget (ns), set at the
-            // first wait: the budget is per step, so a long waiting queue of pending
-            // lookups cannot hold the engine thread for a budget each.
-            let mut wait_left: Option<u64> = None;
-            while budget > 0 && !self.waiting.is_empty() {
-                if self.running.len() >= w.p.engine.max_num_seqs as usize {
-                    break;
-                }
-                let idx = *self.waiting.front().expect("non-empty");
-                let mut computed = w.reqs[idx].num_computed;
-                let mut hits: Vec<u64> = Vec::new();
-                let mut local_tokens = 0;
-                let mut external_tokens = 0;
-                match w.reqs[idx].phase {
-                    Phase::Loading { done_at, .. } if done_at > now => {
-                        self.waiting.pop_front();
-                        skipped.push(idx);
-                        continue;
-                    }
-                    Phase::Loading { tokens, .. } => {
-                        let r = &mut w.reqs[idx];
-                        if self.prefix_cache {
-                            Self::promote_full(&mut self.local, r, tokens);
-                        }
-                        r.num_computed = tokens;
-                        r.phase = Phase::Waiting;
-                        computed = tokens;
-                    }
-                    _ => {}
-                }
-                if computed == 0 {
-                    let r = &mut w.reqs[idx];
-                    let cap_blocks = ((r.prefill_len - 1) / TRACE_BLOCK_TOKENS) as usize;
-                    // After a preemption the chain covers the generated tokens too.
-                    let chain = r.chain(cap_blocks);
-                    let hit_blocks = if w.p.engine.local_prefix_cache {
-                        self.local.hit_blocks(&chain, cap_blocks)
-                    } else {
-                        0
-                    };
-                    local_tokens = hit_blocks as u32 * TRACE_BLOCK_TOKENS;
-                    hits = chain[..hit_blocks].to_vec();
-                    let first_probe = !r.probed;
-                    r.probed = true;
-                    r.first_probe.get_or_insert(now);
-                    if first_probe && let Some(rpc) = r.prefetch_rpc {
-                        let useless = local_tokens >= cap_blocks as u32 * TRACE_BLOCK_TOKENS;
-                        self.conn.prefetch_probed(rpc, useless);
-                    }
-                    let refreshes = self.conn.stats().ttl_refreshes;
-                    probes += 1;
-                    let mut answer =
-                        self.conn
-                            .probe(&w.reqs[idx].core, local_tokens, now, &w.store);
-                    if first_probe && answer == Probe::Pending {
-                        let why = &mut self.first_pending;
-                        if self.conn.stats().ttl_refreshes > refreshes {
-                            why.expired += 1;
-                        } else if w.reqs[idx].prefetched {
-                            why.on_the_wire += 1;
-                            if self.running.is_empty() && self.in_flight.is_empty() {
-                                why.on_the_wire_idle += 1;
-                            }
-                        } else {
-                            why.not_prefetched += 1;
-                        }
-                    }
-                    if answer == Probe::Pending
-                        && w.mode == Mode::PrefetchWait
-                        && wait_left != Some(0)
-                    {
-                        // Its lookup is queued or on the wire (a Pending probe always
-                        // leaves one): a short wait beats deferring a whole step. Once
-                        // the step's budget is spent, no wait starts (one would end
-                        // at once, with nothing delivered: every reply due by now
-                        // was, during the waits that spent it).
-                        let budget_ns = *wait_left.get_or_insert_with(|| {
-                            nanos(w.p.lookup.wait_budget.seconds(self.conn.recent_on_wire()))
-                        });
-                        let (ready, at) = self.conn.wait_ready_until(
-                            &w.reqs[idx].core,
-                            local_tokens,
-                            now,
-                            now + budget_ns,
-                            &w.store,
-                        );
-                        self.waits.started += 1;
-                        self.waits.budget_ns += budget_ns;
-                        self.waits.waited_ns += at - now;
-                        if ready != Probe::Pending {
-                            self.waits.caught += 1;
-                        }
-                        wait_left = Some(budget_ns.saturating_sub(at - now));
-                        self.blocked_ns += at - now;
-                        now = at;
-                        answer = ready;
-                    }
-                    let id = w.reqs[idx].core.request_id;
-                    let preempted_ns = self.conn.wait_budget(id);
-                    if answer == Probe::Pending && preempted_ns > 0 {
-                        // Rule 8 (`wait`): a preempted request is waited for, not
-                        // overtaken by the younger requests behind it.
-                        let (ready, at) = self.conn.wait_ready_until(
-                            &w.reqs[idx].core,
-                            local_tokens,
-                            now,
-                            now.saturating_add(preempted_ns),
-                            &w.store,
-                        );
-                        let pw = &mut self.preempted_waits;
-                        pw.started += 1;
-                        pw.budget_ns += preempted_ns;
-                        pw.waited_ns += at - now;
-                        if ready != Probe::Pending {
-                            pw.caught += 1;
-                        }
-                        self.blocked_ns += at - now;
-                        now = at;
-                        answer = ready;
-                    }
-                    if answer == Probe::Pending {
-                        if w.mode == Mode::Sync {
-                            let (ready, at) = self.conn.wait_ready(
-                                &w.reqs[idx].core,
-                                local_tokens,
-                                now,
-                                &w.store,
-                            )?;
-                            self.blocked_ns += at - now;
-                            now = at;
-                            answer = ready;
-                        } else {
-                            self.deferred += 1;
-                            if w.p.engine.on_pending == PendingPolicy::Wait {
-                                break;
-                            }
-                            self.waiting.pop_front();
-                            skipped.push(idx);
-                            continue;
-                        }
-                    }
-                    if let Probe::Ready {
-                        external_tokens: ext,
-                        ..
-                    } = answer
-                    {
-                        external_tokens = ext;
-                    }
-                    computed = local_tokens;
-                }
-                w.reqs[idx].ready_at.get_or_insert(now);
-                let id = w.reqs[idx].core.request_id;
-                if external_tokens > 0 {
-                    // Load asynchronously: blocks now, compute once loaded.
-                    let end = local_tokens + external_tokens;
-                    if !self.allocate(&mut w.reqs[idx], &hits, end, false) {
-                        break;
-                    }
-                    self.conn.on_allocated(id, now, &w.store);
-                    let blocks = u64::from(external_tokens / TRACE_BLOCK_TOKENS);
-                    let start = now.max(self.load_free);
-                    let done_at = start
-                        + nanos(w.p.store.load_fixed_s)
-                        + blocks * nanos(w.p.store.load_block_s);
-                    self.load_free = done_at;
-                    let r = &mut w.reqs[idx];
-                    let first = hits.len();
-                    w.store.touch(&r.hashes[first..first + blocks as usize]);
-                    r.phase = Phase::Loading {
-                        done_at,
-                        tokens: end,
-                    };
-                    r.first_scheduled.get_or_insert(now);
-                    r.load_done.get_or_insert(done_at);
-                    r.local_hit_tokens += local_tokens;
-                    r.external_hit_tokens += external_tokens;
-                    self.local_hit_tokens += u64::from(local_tokens);
-                    self.external_hit_tokens += u64::from(external_tokens);
-                    self.waiting.pop_front();
-                    skipped.push(idx);
-                    continue;
-                }
-                let r = &w.reqs[idx];
-                let new = (r.prefill_len - computed).min(budget);
-                let end = computed + new;
-                if !self.allocate(&mut w.reqs[idx], &hits, end, true) {
-                    break;
-                }
-                self.conn.on_allocated(id, now, &w.store);
-                self.local_hit_tokens += u64::from(local_tokens);
-                let r = &mut w.reqs[idx];
-                r.local_hit_tokens += local_tokens;
-                r.first_scheduled.get_or_insert(now);
-                r.first_compute.get_or_insert(now);
-                r.phase = Phase::Running;
-                entries.push(Entry {
-                    req: idx,
-                    seq: r.seq,
-                    epoch: r.epoch,
-                    before: computed,
-                    new,
-                });
-                r.num_computed = end;
-                budget -= new;
-                self.waiting.pop_front();
-                self.running.push(idx);
-            }
-            for idx in skipped.into_iter().rev() {
-                self.waiting.push_front(idx);
-            }
-        }
-
-        // The probes' time passes whether or not a step comes of it.
-        self.t = now + probes * nanos(w.p.engine.scheduler_probe_s);
-        if entries.is_empty() {
-            return Ok(None);
+    /// The step the pass built, if any, and the engine thread's time for it: the
+    /// probes' time passes whether or not a step comes of it.
+    fn build_step(&mut self, pass: Pass, w: &World<'_>) -> Option<Step> {
+        self.t = pass.now + pass.probes * nanos(w.p.engine.scheduler_probe_s);
+        if pass.entries.is_empty() {
+            return None;
         }
         self.t += nanos(w.p.engine.scheduler_s);
-        let cost = Self::step_cost(&entries, w);
+        let cost = Self::step_cost(&pass.entries, w);
         let start = self.t.max(self.gpu_free);
-        Ok(Some(Step {
+        Some(Step {
             end: start + cost,
-            entries,
-        }))
+            entries: pass.entries,
+        })
     }
 
     pub(super) fn step_cost(entries: &[Entry], w: &World<'_>) -> u64 {

@@ -16,7 +16,7 @@ use super::params::Router;
 use super::result::{Breakdown, ModeResult, RequestRecord};
 use crate::mode::Mode;
 use crate::store::{ExternalStore, Held, KV_BLOCK_TOKENS, group_hash};
-use crate::trace::{TraceError, TraceRequest};
+use crate::trace::{TRACE_BLOCK_TOKENS, TraceError, TraceRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -34,7 +34,12 @@ pub(super) struct Req {
     pub(super) seq: u64,
     pub(super) engine: u32,
     pub(super) core: Request,
+    /// The trace's ids of its full 512-token prompt blocks: the external store's keys.
     pub(super) hashes: Vec<u64>,
+    /// Prefix-cache hashes of its full prompt blocks at the GPU cache's granularity
+    /// ([`EngineParams::prefix_hash_tokens`](super::EngineParams::prefix_hash_tokens));
+    /// blocks past them hash uniquely to the request ([`group_hash`]).
+    pub(super) kv_hashes: Vec<u64>,
     pub(super) arrival: u64,
     pub(super) input: u32,
     pub(super) output: u32,
@@ -72,12 +77,25 @@ pub(super) struct Req {
 }
 
 impl Req {
-    fn new(seq: u64, engine: u32, mut tr: TraceRequest, arrival: u64, cap: Option<u32>) -> Self {
+    pub(super) fn new(
+        seq: u64,
+        engine: u32,
+        mut tr: TraceRequest,
+        arrival: u64,
+        cap: Option<u32>,
+        hash_tokens: u32,
+    ) -> Self {
         if let Some(cap) = cap {
             tr.output_length = tr.output_length.min(cap);
         }
         let hashes = tr.hash_ids[..tr.full_blocks()].to_vec();
+        let kv_hashes = if hash_tokens == TRACE_BLOCK_TOKENS {
+            hashes.clone()
+        } else {
+            kv_hashes_of(&tr, hash_tokens)
+        };
         Self {
+            kv_hashes,
             seq,
             engine,
             core: Request {
@@ -124,6 +142,14 @@ impl Req {
         (0..blocks).map(|k| self.block_hash(k)).collect()
     }
 
+    /// The prefix-cache hashes of its first `blocks` blocks at the GPU cache's
+    /// granularity ([`kv_hashes`](Self::kv_hashes), then unique ones).
+    pub(super) fn kv_chain(&self, blocks: usize) -> Vec<u64> {
+        (0..blocks)
+            .map(|k| group_hash(&self.kv_hashes, self.seq, k))
+            .collect()
+    }
+
     /// The first token is out at `now`: TTFT and where it went.
     pub(super) fn first_token(&mut self, now: u64) {
         let ttft = now - self.arrival;
@@ -158,6 +184,29 @@ impl Req {
     }
 }
 
+/// The prefix-cache hashes of `tr`'s full prompt blocks of `hash_tokens` tokens
+/// (dividing 512): block `j` of the trace's block with id `h` hashes to
+/// [`sub_block_hash`]`(h, j)`, for every block wholly inside the prompt and inside a
+/// trace block with an id, the partial last trace block included (its full blocks are
+/// full in vLLM too). Equal ids at equal positions are equal prefixes, so equal
+/// hashes are equal token blocks, as vLLM's chained block hashes
+/// (`hash_block_tokens`, vllm/v1/core/kv_cache_utils.py) would find them.
+pub(super) fn kv_hashes_of(tr: &TraceRequest, hash_tokens: u32) -> Vec<u64> {
+    let per = (TRACE_BLOCK_TOKENS / hash_tokens) as usize;
+    let full = (tr.input_length / hash_tokens) as usize;
+    let n = full.min(tr.hash_ids.len() * per);
+    (0..n)
+        .map(|b| sub_block_hash(tr.hash_ids[b / per], b % per))
+        .collect()
+}
+
+/// The hash of block `j` inside the trace block with id `id`: top bit clear, apart
+/// from the request-unique hashes of [`group_hash`].
+#[must_use]
+pub(super) fn sub_block_hash(id: u64, j: usize) -> u64 {
+    mix(id.wrapping_mul(1024) ^ j as u64 ^ 0x5bd1_e995) >> 1
+}
+
 /// One request's part of a step.
 #[derive(Debug)]
 pub(super) struct Entry {
@@ -185,7 +234,7 @@ pub(super) struct Slab {
 }
 
 impl Slab {
-    fn insert(&mut self, r: Req) -> usize {
+    pub(super) fn insert(&mut self, r: Req) -> usize {
         self.live += 1;
         match self.free.pop() {
             Some(i) => {
@@ -410,7 +459,10 @@ impl<'a> World<'a> {
         let engine = route(seq, &r, e.engines, e.router, self.p.route_offset);
         self.result.trace_span_ns = self.result.trace_span_ns.max(arrival);
         let cap = self.p.engine.max_output_tokens;
-        let slot = self.reqs.insert(Req::new(seq, engine, r, arrival, cap));
+        let hash_tokens = self.p.engine.prefix_hash_tokens;
+        let slot = self
+            .reqs
+            .insert(Req::new(seq, engine, r, arrival, cap, hash_tokens));
         Some((engine as usize, slot))
     }
 

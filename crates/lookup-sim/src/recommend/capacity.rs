@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use super::setting::Setting;
 use crate::engine::SimParams;
 use crate::margin::Paired;
 use crate::stability::Verdict;
@@ -73,11 +74,15 @@ impl Capacity {
     }
 }
 
-/// What one capacity lever gave at the recommended setting, on the fresh reruns.
+/// What one lever reported apart from the choice gave at the recommended setting, on
+/// the fresh reruns: a capacity lever, or a lookup setting the vLLM connector does
+/// not follow (`lookup_on_preemption = keep_wait`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct CapacityLever {
+pub struct Lever {
     /// The lever in words.
     pub lever: String,
+    /// The lookup setting it ran with.
+    pub setting: Setting,
     /// The engine settings it ran with.
     pub capacity: Capacity,
     /// Its reruns.

@@ -1,7 +1,7 @@
 //! The recommendation at the end of a run: the lookup setting an operator should use
 //! (mode, `lookup_on_preemption`, prefetch limit, TTL, wait budget, server
 //! concurrency; [`Setting`]), honest about how it was chosen, with what the engine's
-//! capacity levers would buy reported apart ([`CapacityLever`]).
+//! capacity levers would buy reported apart ([`Lever`]).
 //!
 //! 1. **Selection** on the run's `repeats` perturbed reruns (`0..repeats`): a
 //!    coordinate descent over the lookup settings (`stages`), ranked by the stable
@@ -19,8 +19,11 @@
 //!    cheapest setting on the fresh reruns by more than the noise (the 95 % interval
 //!    of the paired median lies above 1). Otherwise no lookup setting moves TTFT p99
 //!    by more than the noise, and the cheapest is recommended.
-//! 4. **Capacity** at the recommended setting, on the fresh reruns: 2x the GPU KV
-//!    blocks, half and twice `max_num_seqs` ([`Capacity::levers`]).
+//! 4. **Apart** from the choice, at the recommended setting on the fresh reruns: the
+//!    capacity levers, 2x the GPU KV blocks, half and twice `max_num_seqs`
+//!    ([`Capacity::levers`]), and `lookup_on_preemption = keep_wait`, which this
+//!    project's lookup-core drivers follow but vLLM's connector does not
+//!    ([`Setting::vllm_follows`]): only settings the connector follows are chosen.
 //! 5. **Losses**: why each other mode lost ([`crate::mechanism`]), from the selection
 //!    reruns.
 
@@ -31,6 +34,8 @@ mod setting;
 mod stages;
 mod text;
 
+use lookup_core::OnPreemption;
+
 use crate::engine::SimParams;
 use crate::margin::paired;
 use crate::mechanism::diagnose;
@@ -38,7 +43,7 @@ use crate::mode::Mode;
 use crate::progress::Progress;
 use crate::trace::TraceSource;
 
-pub use self::capacity::{Capacity, CapacityLever};
+pub use self::capacity::{Capacity, Lever};
 pub use self::outcome::{Confirmed, Decision, Loss, Margin, Recommendation};
 use self::runs::Runs;
 use self::setting::best_of;
@@ -126,7 +131,7 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
         }
     }
     let name = format!(
-        "confirm {}/{} (fresh reruns)",
+        "search {}/{} fresh reruns",
         STAGES.len() + 1,
         STAGES.len() + 2
     );
@@ -174,29 +179,48 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
         }
     }
     let mut capacity = Vec::new();
+    let mut keep_wait = None;
     if let Some(r) = recommended {
-        let levers = Capacity::levers(base);
+        let mut levers: Vec<(String, Setting, Capacity)> = Capacity::levers(base)
+            .into_iter()
+            .map(|(l, c)| (l, r, c))
+            .collect();
+        let kept = Setting {
+            on_preemption: OnPreemption::KeepWait,
+            ..r
+        };
+        levers.push((
+            "lookup_on_preemption keep_wait (lookup-core's own drivers; vLLM's connector follows discard)".to_owned(),
+            kept,
+            own,
+        ));
         let name = format!(
-            "capacity {}/{} (fresh reruns)",
+            "search {}/{} capacity levers",
             STAGES.len() + 2,
             STAGES.len() + 2
         );
-        let items: Vec<(Setting, Capacity)> = levers.iter().map(|(_, c)| (r, *c)).collect();
+        let items: Vec<(Setting, Capacity)> = levers.iter().map(|&(_, s, c)| (s, c)).collect();
         let verdicts = runs.fresh(&name, &items)?;
         let at = fresh(&r);
-        for ((lever, c), verdict) in levers.into_iter().zip(verdicts) {
-            capacity.push(CapacityLever {
+        for ((lever, setting, c), verdict) in levers.into_iter().zip(verdicts) {
+            let l = Lever {
                 ratio: at.and_then(|a| paired(a, &verdict)),
                 lever,
+                setting,
                 capacity: c,
                 verdict,
-            });
+            };
+            if setting == r {
+                capacity.push(l);
+            } else {
+                keep_wait = Some(l);
+            }
         }
     }
     let mut losses = Vec::new();
     if let Some(b) = &best {
         for &m in problem.modes.iter().filter(|&&m| m != b.setting.mode) {
-            if let Some(l) = best_of(&tried, &|t| t.setting.mode == m) {
+            if let Some(l) = best_of(&tried, &|t| t.setting.mode == m && t.setting.vllm_follows()) {
                 let mechanism = diagnose(&l.verdict, &b.verdict);
                 losses.push(Loss {
                     setting: l.setting,
@@ -216,6 +240,7 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
         confirmed,
         margins,
         capacity,
+        keep_wait,
         losses,
         tried,
         runs: runs.runs,

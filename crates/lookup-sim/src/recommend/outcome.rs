@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::capacity::CapacityLever;
+use super::capacity::Lever;
 use super::setting::{Scored, Setting};
 use crate::margin::{Paired, paired};
 use crate::mechanism::Mechanism;
@@ -85,7 +85,10 @@ pub struct Recommendation {
     pub margins: Vec<Margin>,
     /// What the engine's capacity levers buy at the recommended setting, on the
     /// fresh reruns.
-    pub capacity: Vec<CapacityLever>,
+    pub capacity: Vec<Lever>,
+    /// The recommended setting with `lookup_on_preemption = keep_wait` (which
+    /// vLLM's connector does not follow), on the fresh reruns.
+    pub keep_wait: Option<Lever>,
     /// Each other mode searched, at its best setting, and why it lost.
     pub losses: Vec<Loss>,
     /// Every setting tried on the selection reruns, in the order tried.

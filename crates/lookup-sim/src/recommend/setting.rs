@@ -17,7 +17,7 @@ use crate::stability::Verdict;
 /// wait budget, `lookup_on_preemption` and the lookup server's concurrency. The
 /// engine's own settings (KV capacity, `max_num_seqs`, what a `Pending` probe does to
 /// the waiting loop) are not among them: they are the run's, and what other values
-/// would buy is reported apart ([`super::CapacityLever`]).
+/// would buy is reported apart ([`super::Lever`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Setting {
     /// The lookup mode.
@@ -75,6 +75,16 @@ impl Setting {
         p
     }
 
+    /// Whether vLLM 0.33's connector with this project's client
+    /// (`python/mooncake_lookup`, `prefetch_extra_config`) follows it: the drop-in
+    /// reads each answer once, as vLLM's client does, so it refuses a
+    /// `lookup_on_preemption` that keeps or waits for a preempted request's lookup.
+    /// Only such settings are recommended; `keep_wait`'s effect is reported apart.
+    #[must_use]
+    pub fn vllm_follows(&self) -> bool {
+        self.on_preemption == OnPreemption::Discard
+    }
+
     /// Whether the mode prefetches (so the prefetch limit and TTL matter).
     #[must_use]
     pub fn prefetches(&self) -> bool {
@@ -122,10 +132,11 @@ impl Scored {
         self.verdict.p99_ms.max
     }
 
-    /// Rerun, stable and healthy in every rerun.
+    /// Rerun, stable and healthy in every rerun, and a setting vLLM's connector
+    /// follows ([`Setting::vllm_follows`]).
     #[must_use]
     pub fn eligible(&self) -> bool {
-        self.verdict.stable && !self.screened_out
+        self.verdict.stable && !self.screened_out && self.setting.vllm_follows()
     }
 
     /// Ranks before `other`: eligible first, then the lower stable p99, then the

@@ -1,7 +1,8 @@
 //! The search over the lookup settings: coordinate descent from the run's own
 //! settings, one lever at a time, each stage keeping the best value found so far, on
-//! the selection reruns only. Per mode: `lookup_on_preemption` {discard, keep_wait};
-//! server concurrency {1, 4} (not sync, whose single blocking probe uses one); prefetch
+//! the selection reruns only. Per mode: `lookup_on_preemption` discard (vLLM's, the
+//! one its connector follows: the run's own `keep_wait` runs are kept but not
+//! chosen, [`Setting::vllm_follows`]); server concurrency {1, 4} (not sync, whose single blocking probe uses one); prefetch
 //! limit {8, 32, 128} and TTL {1, 2, 5} s (prefetch modes); the wait budget {auto,
 //! 2 ms, 5 ms} (`prefetch+wait`).
 //!
@@ -67,13 +68,7 @@ impl Search<'_, '_> {
             })
             .unwrap_or(1) as u32;
         if !fresh.is_empty() {
-            let name = format!(
-                "search {}/{} ({}, {} settings)",
-                step + 1,
-                STAGES.len() + 2,
-                STAGES[step],
-                fresh.len()
-            );
+            let name = format!("search {}/{} {}", step + 1, STAGES.len() + 2, STAGES[step]);
             let scored = self.runs.screen(&name, &fresh, bar, probe)?;
             self.tried.extend(scored);
         }
@@ -100,13 +95,11 @@ impl Search<'_, '_> {
     /// Every stage of the module docs, in order.
     pub(crate) fn run(&mut self, auto: WaitBudget) -> anyhow::Result<()> {
         let not_sync = |s: &Setting| s.mode != Mode::Sync;
-        // Rule 8's policy first: it decides whether the asynchronous modes collapse.
+        // Rule 8's policy first: vLLM's connector follows `discard` only.
         self.stage(
             0,
             &|_| true,
-            &vary(&[OnPreemption::Discard, OnPreemption::KeepWait], |s, v| {
-                s.on_preemption = v;
-            }),
+            &vary(&[OnPreemption::Discard], |s, v| s.on_preemption = v),
         )?;
         self.stage(1, &not_sync, &vary(&[1, 4], |s, v| s.concurrency = v))?;
         self.stage(

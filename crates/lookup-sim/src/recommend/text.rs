@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 
+use super::capacity::Lever;
 use super::outcome::{Decision, Recommendation};
 use crate::margin::Paired;
 
@@ -13,6 +14,27 @@ fn interval(p: &Paired) -> String {
         "{:.3}x (95 % interval {:.3}-{:.3}x)",
         p.median, p.interval.0, p.interval.1
     )
+}
+
+fn lever_line(out: &mut String, c: &Lever) {
+    let _ = write!(
+        out,
+        "    {}: TTFT p99 {:.1}-{:.1} ms",
+        c.lever, c.verdict.p99_ms.min, c.verdict.p99_ms.max
+    );
+    match &c.ratio {
+        Some(p) => {
+            let _ = write!(out, ", {} of the recommendation's", interval(p));
+            if p.within_noise {
+                out.push_str(" (inside the noise)");
+            }
+        }
+        None => out.push_str(", not paired"),
+    }
+    if !c.verdict.stable {
+        out.push_str("; UNSTABLE or unhealthy");
+    }
+    out.push('\n');
 }
 
 /// The recommendation as printed: its first line is the headline.
@@ -134,25 +156,14 @@ pub fn describe(r: &Recommendation) -> String {
             "  capacity, not lookup settings (what more hardware or another engine setting would buy at the recommended setting, fresh reruns):\n",
         );
         for c in &r.capacity {
-            let _ = write!(
-                out,
-                "    {}: TTFT p99 {:.1}-{:.1} ms",
-                c.lever, c.verdict.p99_ms.min, c.verdict.p99_ms.max
-            );
-            match &c.ratio {
-                Some(p) => {
-                    let _ = write!(out, ", {} of the recommendation's", interval(p));
-                    if p.within_noise {
-                        out.push_str(" (inside the noise)");
-                    }
-                }
-                None => out.push_str(", not paired"),
-            }
-            if !c.verdict.stable {
-                out.push_str("; UNSTABLE or unhealthy");
-            }
-            out.push('\n');
+            lever_line(&mut out, c);
         }
+    }
+    if let Some(k) = &r.keep_wait {
+        out.push_str(
+            "  not followed by vLLM's connector (at the recommended setting, fresh reruns):\n",
+        );
+        lever_line(&mut out, k);
     }
     if !r.losses.is_empty() {
         out.push_str("  why the other modes lost (each at its best setting, selection reruns):\n");

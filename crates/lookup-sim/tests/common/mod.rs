@@ -50,6 +50,9 @@ pub(crate) fn tiny_params(engines: u32) -> SimParams {
             batch_queue: 2,
             max_output_tokens: None,
             local_prefix_cache: true,
+            prefix_hash_tokens: 16,
+            scheduler_reserve_full_isl: true,
+            load_kv_async: true,
         },
         store: StoreParams {
             capacity_blocks: 100,

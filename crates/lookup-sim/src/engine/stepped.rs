@@ -1,0 +1,310 @@
+//! The engine driven step by step, for comparison with vLLM 0.33's own `Scheduler`
+//! (`cargo xtask fidelity --against vllm`): a [`Scenario`] (settings, requests with
+//! token ids and a scripted connector answer each) goes through one engine's
+//! `schedule` and output processing, one call per step, and every step's decisions
+//! come out as a [`StepLine`], in the interchange format the vLLM harness writes
+//! too.
+//!
+//! Time is counted in steps: no step cost, no lookup server. The connector is a
+//! stand-in ([`Script`]) that answers as the scenario says (ready, pending for k
+//! probes, missing); external tokens load synchronously (`load_kv_async = false`);
+//! scheduling is not asynchronous (one step in flight, its output processed before
+//! the next `schedule`). The prefix cache hashes vLLM's 16-token blocks, chained
+//! over the scenario's token ids, so equal prefixes hash equal here exactly when
+//! they do in vLLM.
+
+use std::collections::VecDeque;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use super::replica::Engine;
+pub use super::script::ConnectorAnswer;
+use super::script::{Decisions, Script};
+use super::world::{Feed, Phase, Req, World, mix};
+use super::{EngineParams, SimParams};
+use crate::connector::Connector;
+use crate::mode::Mode;
+use crate::server::LookupServer;
+use crate::trace::TraceRequest;
+
+/// A scenario file: settings and requests (the interchange format).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scenario {
+    /// The scheduler's settings.
+    pub settings: Settings,
+    /// The requests, in arrival order.
+    pub requests: Vec<ScenarioRequest>,
+}
+
+/// The scheduler's settings, as vLLM's `SchedulerConfig` / `CacheConfig` name them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Tokens per KV block (`block_size`); 16.
+    pub block_size: u32,
+    /// Usable KV blocks in the pool (vLLM is given one more: its null block).
+    pub num_gpu_blocks: u64,
+    /// Most running requests.
+    pub max_num_seqs: u32,
+    /// Token budget per step.
+    pub max_num_batched_tokens: u32,
+    /// Longest sequence (tokens).
+    pub max_model_len: u32,
+    /// Chunked prefill (must be true here).
+    pub enable_chunked_prefill: bool,
+    /// The GPU's prefix cache.
+    pub enable_prefix_caching: bool,
+    /// vLLM's cap on one prefill chunk (0: none; must be 0 here).
+    pub long_prefill_token_threshold: u32,
+    /// Async scheduling (must be false here).
+    pub async_scheduling: bool,
+    /// The full-prompt admission gate.
+    pub scheduler_reserve_full_isl: bool,
+    /// Steps at most.
+    pub max_steps: u64,
+}
+
+/// One request of a scenario.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScenarioRequest {
+    /// Its id (`r0`, `r1`, ...).
+    pub request_id: String,
+    /// The step before whose `schedule` it is added.
+    pub arrival_step: u64,
+    /// The prompt's token ids.
+    pub prompt_token_ids: Vec<u32>,
+    /// The tokens the stand-in model emits, one per output (at least one).
+    pub output_token_ids: Vec<u32>,
+    /// What the stand-in connector answers.
+    pub connector: ConnectorAnswer,
+}
+
+/// One line of a step log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepLine {
+    /// Step number, from 0.
+    pub step: u64,
+    /// Request id → tokens scheduled, sorted by id.
+    pub scheduled: Vec<(String, u32)>,
+    /// Moved waiting → running, in order.
+    pub admitted: Vec<String>,
+    /// Preempted, in order.
+    pub preempted: Vec<String>,
+    /// Finished by this step's output.
+    pub finished: Vec<String>,
+    /// Waiting requests whose connector answered `None`, in order.
+    pub skipped_pending: Vec<String>,
+    /// KV blocks held by requests after `schedule`.
+    pub blocks_in_use: u64,
+    /// Per admission: local prefix-cache hit tokens.
+    pub local_hits: Vec<(String, u32)>,
+    /// Per admission: the connector's external tokens used.
+    pub external_hits: Vec<(String, u32)>,
+    /// Waiting requests after `schedule`.
+    pub waiting: u64,
+    /// Running requests after `schedule`.
+    pub running: u64,
+}
+
+/// The last line of a step log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndLine {
+    /// Always true.
+    pub end: bool,
+    /// Steps run.
+    pub steps: u64,
+    /// Requests finished.
+    pub finished: u64,
+}
+
+/// The chained prefix-cache hashes of the full `block_size`-token blocks of
+/// `tokens`: each block's hash covers its parent's and its tokens, as vLLM's
+/// `hash_block_tokens` (vllm/v1/core/kv_cache_utils.py) chains them, so two requests
+/// share a block hash exactly when their prefixes up to it are equal. The top bit is
+/// clear, apart from the request-unique hashes of generated blocks.
+#[must_use]
+pub fn token_block_hashes(tokens: &[u32], block_size: u32) -> Vec<u64> {
+    let mut parent = 0x9e37_79b9_7f4a_7c15_u64;
+    tokens
+        .chunks_exact(block_size as usize)
+        .map(|block| {
+            let mut h = parent;
+            for &t in block {
+                h = mix(h ^ u64::from(t));
+            }
+            parent = h;
+            h >> 1
+        })
+        .collect()
+}
+
+impl Scenario {
+    /// Checks what the step-driven engine cannot run.
+    ///
+    /// # Errors
+    /// Settings outside what it models (block size not 16, chunked prefill off, a
+    /// long-prefill threshold, async scheduling), an empty prompt or output, a
+    /// request that cannot fit the pool alone, or duplicate ids.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let s = &self.settings;
+        if s.block_size != crate::store::KV_BLOCK_TOKENS {
+            bail!("block_size must be 16, got {}", s.block_size);
+        }
+        if !s.enable_chunked_prefill || s.long_prefill_token_threshold != 0 || s.async_scheduling {
+            bail!(
+                "the step-driven engine models chunked prefill, no long_prefill_token_threshold \
+                 and no async scheduling"
+            );
+        }
+        if s.max_num_seqs == 0 || s.max_num_batched_tokens == 0 {
+            bail!("max_num_seqs and max_num_batched_tokens must be at least 1");
+        }
+        let mut ids = std::collections::HashSet::new();
+        for r in &self.requests {
+            if r.prompt_token_ids.is_empty() || r.output_token_ids.is_empty() {
+                bail!("request {}: empty prompt or output", r.request_id);
+            }
+            let positions = (r.prompt_token_ids.len() + r.output_token_ids.len() - 1) as u64;
+            if positions.div_ceil(16) > s.num_gpu_blocks || positions >= u64::from(s.max_model_len)
+            {
+                bail!(
+                    "request {}: {positions} positions do not fit {} KV blocks / max_model_len {}",
+                    r.request_id,
+                    s.num_gpu_blocks,
+                    s.max_model_len
+                );
+            }
+            if !ids.insert(&r.request_id) {
+                bail!("request id {} appears twice", r.request_id);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `scenario` through one engine, step by step: at each step the requests
+/// arriving by it are added, `schedule` runs, and the step's output is processed at
+/// once. Returns one [`StepLine`] per step and the [`EndLine`]; it stops when every
+/// request finished or at `max_steps`.
+///
+/// # Errors
+/// A scenario that does not validate ([`Scenario::validate`]).
+pub fn run_steps(scenario: &Scenario) -> anyhow::Result<(Vec<StepLine>, EndLine)> {
+    scenario.validate()?;
+    let s = &scenario.settings;
+    let params = SimParams {
+        engine: EngineParams {
+            engines: 1,
+            max_num_batched_tokens: s.max_num_batched_tokens,
+            max_num_seqs: s.max_num_seqs,
+            gpu_kv_blocks: s.num_gpu_blocks,
+            local_prefix_cache: s.enable_prefix_caching,
+            prefix_hash_tokens: s.block_size,
+            scheduler_reserve_full_isl: s.scheduler_reserve_full_isl,
+            load_kv_async: false,
+            batch_queue: 1,
+            ..EngineParams::default()
+        },
+        ..SimParams::default()
+    };
+    params.validate()?;
+    let mode = Mode::Async;
+    let server = LookupServer::new(params.server.clone(), 0, None);
+    let conn =
+        Connector::new(mode.config(&params.lookup, 1), server).context("lookup configuration")?;
+    let mut engine = Engine::new(
+        conn,
+        s.num_gpu_blocks,
+        s.enable_prefix_caching,
+        s.block_size,
+    );
+    engine.script = Some(Script {
+        answers: scenario.requests.iter().map(|r| r.connector).collect(),
+        probes: vec![0; scenario.requests.len()],
+        block_size: s.block_size,
+    });
+    let no_trace = std::iter::empty();
+    let on_finished = |_: &super::RequestRecord| {};
+    let mut w = World::new(Feed::new(Box::new(no_trace)), mode, &params, &on_finished);
+    let ids: Vec<&str> = scenario
+        .requests
+        .iter()
+        .map(|r| r.request_id.as_str())
+        .collect();
+    let mut order: VecDeque<usize> = {
+        let mut o: Vec<usize> = (0..scenario.requests.len()).collect();
+        o.sort_by_key(|&i| scenario.requests[i].arrival_step);
+        o.into()
+    };
+    let mut lines = Vec::new();
+    let mut finished = 0u64;
+    let mut step = 0u64;
+    let name = |seq: u64| ids[seq as usize].to_owned();
+    let named = |v: &[(u64, u32)]| v.iter().map(|&(q, n)| (name(q), n)).collect::<Vec<_>>();
+    while step < s.max_steps && (finished as usize) < scenario.requests.len() {
+        engine.t = step * 1_000_000;
+        while order
+            .front()
+            .is_some_and(|&i| scenario.requests[i].arrival_step <= step)
+        {
+            let i = order.pop_front().expect("checked");
+            let slot = w
+                .reqs
+                .insert(request(&scenario.requests[i], i as u64, s.block_size));
+            engine.route(slot);
+            engine.handle_arrival(engine.t, &mut w);
+        }
+        engine.log = Some(Decisions::default());
+        let built = engine.schedule(&mut w)?;
+        let blocks_in_use = engine.local.held();
+        let (waiting, running) = (engine.waiting.len() as u64, engine.running.len() as u64);
+        let mut scheduled = Vec::new();
+        if let Some(st) = built {
+            scheduled = st.entries.iter().map(|e| (name(e.seq), e.new)).collect();
+            engine.steps += 1;
+            engine.process_output(st, &mut w);
+        }
+        scheduled.sort();
+        let mut d = engine.log.take().unwrap_or_default();
+        d.finished
+            .sort_by(|a, b| ids[*a as usize].cmp(ids[*b as usize]));
+        finished += d.finished.len() as u64;
+        lines.push(StepLine {
+            step,
+            scheduled,
+            admitted: d.admitted.iter().map(|&q| name(q)).collect(),
+            preempted: d.preempted.iter().map(|&q| name(q)).collect(),
+            finished: d.finished.iter().map(|&q| name(q)).collect(),
+            skipped_pending: d.skipped_pending.iter().map(|&q| name(q)).collect(),
+            blocks_in_use,
+            local_hits: named(&d.local_hits),
+            external_hits: named(&d.external_hits),
+            waiting,
+            running,
+        });
+        step += 1;
+    }
+    Ok((
+        lines,
+        EndLine {
+            end: true,
+            steps: step,
+            finished,
+        },
+    ))
+}
+
+/// The engine's request for scenario request `r` (number `seq`): its prompt hashed
+/// in `block_size`-token blocks from its token ids.
+fn request(r: &ScenarioRequest, seq: u64, block_size: u32) -> Req {
+    let tr = TraceRequest {
+        timestamp: 0,
+        input_length: r.prompt_token_ids.len() as u32,
+        output_length: r.output_token_ids.len() as u32,
+        hash_ids: Vec::new(),
+    };
+    let mut req = Req::new(seq, 0, tr, 0, None, block_size);
+    req.kv_hashes = token_block_hashes(&r.prompt_token_ids, block_size);
+    req.phase = Phase::NotArrived;
+    req
+}
