@@ -408,8 +408,9 @@ impl NativeClient {
 
     /// What `req_id`'s last answer rested on: `(kind, hit_tokens, reason)` with kind
     /// `"hit"`, `"miss"`, `"not_needed"` or `"unavailable"` (then `reason` is
-    /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"retrying"` or
-    /// `"closed"`), `None` when it has none (rule 11).
+    /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"store"` (the
+    /// server's store-unavailable reply, `spec/wire.md`), `"retrying"` or `"closed"`),
+    /// `None` when it has none (rule 11).
     fn answer_of(&self, req_id: &str) -> Option<(&'static str, u32, Option<&'static str>)> {
         self.slots
             .get(req_id)

@@ -1,4 +1,4 @@
-//! Live counters behind a `Copy` stats snapshot, declared once: [`counters!`] defines
+//! Live counters behind a `Copy` stats snapshot, declared once: `counters!` defines
 //! the `<Owner>Counters` struct (one relaxed `AtomicU64` per field of the same name in
 //! `<Owner>Stats`) and its snapshot, and [`bump`] adds to one of them (DESIGN.md,
 //! "Names"). This crate's master client and batcher use it, and so do lookup-server's

@@ -26,10 +26,19 @@
 //!   those behind it, which may overtake it. A request with external tokens allocates
 //!   its blocks and waits for the load (`WAITING_FOR_REMOTE_KVS`, the default
 //!   `load_async = true`), keeping its place; once loaded it is scheduled without a
-//!   new probe. An allocation failure ends the waiting loop (`break`).
-//! - **GPU KV cache** (`store::LocalCache`): 512-token blocks with a prefix cache of
-//!   every full block, generated tokens included (vLLM V1 hashes them all), so a
-//!   preempted request finds its own blocks again while they are not evicted.
+//!   new probe. Requests holding blocks are served first (vLLM 0.33's
+//!   `kv_holding_waiting`), and a load is admitted only beside the blocks in-flight
+//!   prefills still need (`_inflight_prefill_reserved_blocks`). A waiting request is
+//!   admitted only when its whole prompt fits in free KV (`scheduler_reserve_full_isl`,
+//!   default true, vllm/config/scheduler.py). An allocation failure ends the waiting
+//!   loop (`break`). The steps are named in `scheduler.rs` and `admit.rs`;
+//!   [`stepped`] drives them step by step for the comparison with vLLM's own
+//!   scheduler (`cargo xtask fidelity --against vllm`).
+//! - **GPU KV cache** (`store::LocalCache`): 16-token KV blocks with a prefix cache of
+//!   every full block (512-token groups by default, vLLM's 16-token blocks with
+//!   `prefix_hash_tokens = 16`), generated tokens included (vLLM V1 hashes them
+//!   all), so a preempted request finds its own blocks again while they are not
+//!   evicted; freed blocks without a hash are reused first (`BlockPool.free_blocks`).
 //! - **Step cost** ([`EngineParams`]): fixed + per prefill token + per attended
 //!   (query, context) pair of prefill + per decode sequence + per context token read
 //!   by decode.
