@@ -176,8 +176,14 @@ class LookupKeyClient:
 
     def prefetch(self, req_id, num_tokens, block_hashes):
         """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent
-        only while ``lookup_prefetch_limit`` allows (0 by default: announce only)."""
+        only while ``lookup_prefetch_limit`` allows (0 by default: announce only), at
+        this client's next call of any kind (``flush`` sends it at once): the arrivals
+        before a scheduler step wake the I/O thread once."""
         self._native.prefetch(str(req_id), int(num_tokens), block_hashes)
+
+    def flush(self):
+        """Send the prefetches not sent yet (the connector calls it once per step)."""
+        self._native.flush()
 
     def answer_of(self, req_id):
         """``Answer`` of ``req_id``'s last lookup, or ``None``: tells a miss from an

@@ -101,9 +101,11 @@ class SchedulerPrefetch:
 
     def on_step(self, scheduler_output):
         """Before ``build_connector_meta``: drops the lookups of the step's preempted
-        requests (``discard``)."""
+        requests (``discard``) and sends the step's prefetches not sent yet."""
         for req_id in scheduler_output.preempted_req_ids or ():
             self.client.on_preempted(req_id)
+        # The step's arrivals not sent by one of its probes go now, together.
+        self.client.flush()
 
     def close(self):
         """Stops the drop-in's I/O (idempotent)."""

@@ -380,7 +380,8 @@ impl NativeClient {
     }
 
     /// Starts `req_id`'s lookup ahead of its first `lookup` (a prefetch: sent when
-    /// `lookup_prefetch_limit` allows, rules 1-3). Never blocks.
+    /// `lookup_prefetch_limit` allows, rules 1-3), at this client's next call of any
+    /// kind (`flush`). Never blocks.
     fn prefetch(
         &mut self,
         req_id: &str,
@@ -391,10 +392,18 @@ impl NativeClient {
             return Ok(());
         }
         let request = self.new_request(req_id, num_tokens, block_hashes)?;
-        // Called directly, not through the handle: the prefetch goes out now.
-        self.client.on_new_request_with_id(&request, req_id);
+        // Handed to the I/O task at the next call (a probe of the step, or `flush`):
+        // a step's arrivals wake it once, not once each.
+        self.client.on_new_request_deferred(&request, req_id);
         self.hold(req_id, request);
         Ok(())
+    }
+
+    /// Hands every prefetch not sent yet to the I/O task (the connector calls it once
+    /// per scheduler step, in `build_connector_meta`; any other call does it too).
+    /// Never blocks.
+    fn flush(&mut self) {
+        self.client.drive();
     }
 
     /// What `req_id`'s last answer rested on: `(kind, hit_tokens, reason)` with kind

@@ -116,6 +116,9 @@ def test_prefetch_sends_at_arrival_and_lookup_reads_it(vllm_server):
         vllm_config(BS, lookup_prefetch_limit=4, lookup_prefetch_ttl_s=30.0))
     try:
         ours.prefetch("p", 4 * BS + 1, PRESENT)
+        # Handed to the I/O thread at the next call; flush is the connector's, once a
+        # scheduler step.
+        ours.flush()
         for _ in range(10_000):
             if vllm_server.lookups == 1:
                 break

@@ -126,6 +126,19 @@ impl Drop for Step<'_> {
 }
 
 impl LookupClient {
+    /// An arrival whose prefetch RPC (if any, rules 1-3) is handed to the I/O task at
+    /// the client's next call of any kind ([`drive`](Self::drive) to send it now),
+    /// not at once: the arrivals before a scheduler step then wake the I/O task once,
+    /// at the step's first probe, instead of once each. Reads the clock; applies
+    /// nothing the I/O task reported. Never blocks.
+    pub fn on_new_request_deferred(&mut self, req: &Request, caller_id: &str) {
+        let now = crate::clock::now();
+        self.core
+            .observer_mut()
+            .arrived(req.request_id, Some(Arc::from(caller_id)));
+        self.core.on_new_request(req, now);
+    }
+
     /// [`Step::probe_and_finish`] as a call of its own: one clock read and one pass
     /// over the reports for the probe, the answer's basis and the request's end
     /// (the Python drop-in's `lookup`). Never blocks.
@@ -229,6 +242,21 @@ mod tests {
         step.on_finished(a.request_id);
         drop(step);
         assert_eq!(client.core().tracked_requests(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deferred_arrival_goes_out_at_the_next_call() {
+        let mut client = client();
+        let (a, b) = (req(1), req(2));
+        client.on_new_request_deferred(&a, "a");
+        client.on_new_request_deferred(&b, "b");
+        tokio::time::sleep(7 * MS).await;
+        // Nothing went out yet; the probe hands both RPCs over.
+        assert_eq!(client.probe(&a, 0), Probe::Pending);
+        tokio::time::sleep(6 * MS).await;
+        assert_eq!(client.probe(&a, 0), READY);
+        assert_eq!(client.probe(&b, 0), READY);
+        assert_eq!(client.stats().rpcs_sent, 2);
     }
 
     #[tokio::test(start_paused = true)]

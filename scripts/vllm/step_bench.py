@@ -1,0 +1,342 @@
+"""What a scheduler step pays for its lookups, in vLLM 0.33.0's own loop, on CPU.
+
+vLLM's own Scheduler, KVCacheManager and BlockPool (scripts/vllm/fidelity/vllm_core.py,
+from the wheel) run one engine step at a time (fidelity/engine_loop.py: the wheel's
+EngineCore.step, with a stand-in model runner that samples one token per request past
+its prefill), with one of three scheduler-side KV connectors, all real classes:
+
+- `vllm_sync`: vLLM's MooncakeStoreConnector with its own LookupKeyClient,
+  `lookup_async` false (each probe waits for its round trip);
+- `vllm_async`: the same, `lookup_async` true (a probe submits to the client's one
+  executor thread and polls its future);
+- `drop_in`: mooncake_lookup.vllm's MooncakeLookupConnector (vLLM's connector with the
+  drop-in client, prefetch at arrival).
+
+All ask one `lookup-server` (the project's, release) whose index answers every call
+after `--delays-us` (a thread's sleep: `--index-delay-us`); the store is empty, so
+every lookup is a miss and no KV is loaded. Prompts are 64 blocks of 16 tokens, each
+request's own tokens; every request samples `--max-tokens` tokens. Between two steps
+the loop sleeps `--forward-ms` (the model's forward pass), during which lookups go on.
+
+Per step it times the scheduler thread's time inside the connector's hooks (every
+method the scheduler calls on it: on_new_request in add_request,
+get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
+request_finished, ...; nested calls counted once) and the step itself (the step's
+add_request calls plus one EngineCore.step), each with time.perf_counter_ns.
+
+Workloads, per queue length Q of `--queues`:
+- `steady`: Q requests wait at every step (each step tops the queue up to Q before it
+  runs: arrivals at the rate the scheduler admits); `--warmup-steps` steps unmeasured,
+  then `--steps` measured;
+- `burst`: Q requests arrive in one step, into an empty scheduler; every step until
+  the queue is empty is measured (at most `--burst-steps`).
+
+Prints one JSON object: {"settings": {...}, "runs": [{client, delay_us, workload,
+queue, conn_ns: [...], step_ns: [...], waiting: [...]}, ...], "summary": [...]}, and a
+table on stderr.
+
+Usage: step_bench.py --wheel VLLM_WHEEL --lookup-server PATH [--queues 32,256,1024]
+       [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in]
+scripts/vllm/step_bench.sh builds what it needs and runs it.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "fidelity"))
+
+import mooncake_store  # noqa: E402
+import vllm_core  # noqa: E402
+from engine_loop import EngineLoop  # noqa: E402
+
+BLOCK = 16
+BLOCKS = 64
+CLIENTS = ("vllm_sync", "vllm_async", "drop_in")
+# Every scheduler-side method vLLM 0.33's Scheduler calls on its connector.
+HOOKS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc",
+         "build_connector_meta", "request_finished", "request_finished_all_groups",
+         "update_connector_output", "take_events", "has_pending_block_frees",
+         "get_loaded_kv_cache_group_ids", "get_external_cache_hit_sources",
+         "get_kv_connector_stats", "has_pending_push_work", "register_finished_partial_tail",
+         "get_finished_count")
+
+
+def pct(values, q):
+    """Nearest rank: index round(q * (n - 1)) of the sorted values (the bench's rule)."""
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else 0
+
+
+class HookClock:
+    """The scheduler thread's time inside the connector's hooks since `take()`."""
+
+    def __init__(self, connector):
+        self.ns, self.depth, self.calls = 0, 0, 0
+        clock = time.perf_counter_ns
+        for name in HOOKS:
+            orig = getattr(connector, name, None)
+            if orig is None:
+                continue
+
+            def timed(*a, _orig=orig, **k):
+                if self.depth:
+                    return _orig(*a, **k)
+                self.depth += 1
+                t0 = clock()
+                try:
+                    return _orig(*a, **k)
+                finally:
+                    self.ns += clock() - t0
+                    self.depth -= 1
+                    self.calls += 1
+
+            setattr(connector, name, timed)
+
+    def take(self):
+        ns, self.ns = self.ns, 0
+        return ns
+
+
+def settings(args, queue):
+    """The scheduler's settings: room for every running request, 8 prompts per step."""
+    return {
+        "block_size": BLOCK, "num_gpu_blocks": args.gpu_blocks, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "max_model_len": 4096,
+        "enable_chunked_prefill": True, "enable_prefix_caching": True,
+        "long_prefill_token_threshold": 0, "async_scheduling": False,
+        "scheduler_reserve_full_isl": True,
+    }
+
+
+def model_output(core, sched, out):
+    """One sampled token per scheduled request past its prefill (token 7)."""
+    ids = list(out.num_scheduled_tokens)
+    sampled = [[] if sched.requests[rid].is_prefill_chunk else [7] for rid in ids]
+    return core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
+                                  sampled_token_ids=sampled)
+
+
+def connector_for(core, client, endpoint, rpc_port, args):
+    """(connector class or factory, kv_transfer fields) of `client`. The role is
+    kv_consumer: a producer's request_finished holds a finished request's blocks
+    until the worker reports its save, which no worker here does (the KV cache would
+    fill and admissions stop); a consumer's lookups are the same."""
+    extra = {"lookup_rpc_port": rpc_port, "load_async": False}
+    role = {"kv_role": "kv_consumer"}
+    if client == "vllm_sync":
+        return core.MooncakeStoreConnector, {**role, "kv_connector_extra_config": {
+            **extra, "lookup_async": False}}
+    if client == "vllm_async":
+        return core.MooncakeStoreConnector, {**role, "kv_connector_extra_config": {
+            **extra, "lookup_async": True}}
+    from mooncake_lookup.vllm import MooncakeLookupConnector
+    return MooncakeLookupConnector, {**role, "kv_connector": "MooncakeLookupConnector",
+                                     "kv_connector_extra_config": {
+        **extra, "lookup_async": True, "lookup_endpoint": endpoint,
+        "lookup_prefetch_limit": args.prefetch_limit, "max_in_flight": args.max_in_flight}}
+
+
+class Requests:
+    """vLLM Requests made ahead of the timed steps (vLLM hashes each block at
+    construction: 64 SHA-256 per request)."""
+
+    def __init__(self, core, prefix, count, max_tokens):
+        self.reqs = [vllm_core.make_request(
+            core, f"{prefix}{i}", [(i * BLOCKS * BLOCK + t) % 30000 + 1
+                                   for t in range(BLOCKS * BLOCK)],
+            max_tokens, BLOCK) for i in range(count)]
+        self.next = 0
+
+    def take(self, n):
+        got = self.reqs[self.next:self.next + n]
+        if len(got) < n:
+            raise RuntimeError(f"the run needs more than the {len(self.reqs)} requests made")
+        self.next += n
+        return got
+
+
+def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
+    """One run: per-step connector time, step time, waiting requests."""
+    factory, kv = connector_for(core, client, endpoint, rpc_port, args)
+    sched = vllm_core.build_scheduler(core, settings(args, queue), connector=factory,
+                                      kv_transfer=kv)
+    hooks = HookClock(sched.connector)
+    engine = EngineLoop(core.wheel, sched, lambda out: model_output(core, sched, out))
+    # A step admits at most max_num_batched_tokens / 1,024 prompts (8): 12 a step is
+    # room to spare.
+    need = queue + (args.warmup_steps + args.steps) * 12 if workload == "steady" else queue
+    reqs = Requests(core, f"{tag}-", need, args.max_tokens)
+    clock = time.perf_counter_ns
+    out = {"client": client, "workload": workload, "queue": queue,
+           "conn_ns": [], "step_ns": [], "waiting": [], "hook_calls": 0}
+
+    def step(arrivals):
+        made = reqs.take(arrivals)
+        hooks.take()
+        calls0 = hooks.calls
+        t0 = clock()
+        for r in made:
+            sched.add_request(r)
+        waiting = len(sched.waiting)
+        engine.turn()
+        step_ns = clock() - t0
+        conn_ns = hooks.take()
+        time.sleep(args.forward_ms / 1e3)
+        return conn_ns, step_ns, waiting, hooks.calls - calls0
+
+    def keep(got):
+        conn_ns, step_ns, waiting, calls = got
+        out["conn_ns"].append(conn_ns)
+        out["step_ns"].append(step_ns)
+        out["waiting"].append(waiting)
+        out["hook_calls"] += calls
+
+    try:
+        if workload == "steady":
+            for i in range(args.warmup_steps + args.steps):
+                got = step(max(0, queue - len(sched.waiting)))
+                if i >= args.warmup_steps:
+                    keep(got)
+        else:
+            keep(step(queue))
+            while sched.waiting and len(out["conn_ns"]) < args.burst_steps:
+                keep(step(0))
+    finally:
+        conn = sched.connector
+        prefetch = getattr(conn, "lookup_prefetch", None)
+        if prefetch is not None:
+            prefetch.close()
+        else:
+            # vLLM's close() shuts its executor down without waiting and closes the
+            # socket under a lookup still running there, which aborts libzmq
+            # (signaler.cpp assertion): let the running one end first.
+            client = conn.connector_scheduler.client
+            executor = getattr(client, "executor", None)
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
+            client.close()
+    return out
+
+
+def summary(runs):
+    """Per (delay, workload, queue, client): p50/p99/max of the connector's time per
+    step (µs), the step's p50 (µs), the connector's share of the step (p50 of the
+    per-step shares); per (delay, workload, queue): the drop-in's ratios to vLLM's
+    clients (p50 against p50; for a burst, the largest per-step ratio to vLLM's async
+    client over the steps both ran)."""
+    rows, by = [], {}
+    for r in runs:
+        c, s = r["conn_ns"], r["step_ns"]
+        shares = [a / b for a, b in zip(c, s) if b]
+        row = {k: r[k] for k in ("client", "delay_us", "workload", "queue")}
+        row.update(conn_p50_us=pct(c, 0.5) / 1e3, conn_p99_us=pct(c, 0.99) / 1e3,
+                   conn_max_us=max(c, default=0) / 1e3, step_p50_us=pct(s, 0.5) / 1e3,
+                   share_p50=pct(shares, 0.5), steps=len(c))
+        rows.append(row)
+        by[(r["delay_us"], r["workload"], r["queue"], r["client"])] = r
+    ratios = []
+    for (delay, workload, queue, client), r in by.items():
+        if client != "drop_in":
+            continue
+        ours = pct(r["conn_ns"], 0.5)
+        got = {"delay_us": delay, "workload": workload, "queue": queue}
+        for other in ("vllm_sync", "vllm_async"):
+            o = by.get((delay, workload, queue, other))
+            if o:
+                got[f"{other}_over_drop_in_p50"] = pct(o["conn_ns"], 0.5) / max(ours, 1)
+        a = by.get((delay, workload, queue, "vllm_async"))
+        if a:
+            n = min(len(a["conn_ns"]), len(r["conn_ns"]))
+            got["drop_in_over_vllm_async_max_step"] = max(
+                (r["conn_ns"][k] / max(a["conn_ns"][k], 1) for k in range(n)), default=0)
+        ratios.append(got)
+    return rows, ratios
+
+
+def table(rows, ratios):
+    lines = [f"{'delay':>6} {'load':<6} {'queue':>5} {'client':<10} {'conn p50':>9} "
+             f"{'p99':>9} {'max':>9} {'step p50':>9} {'share':>6}  (µs)"]
+    for r in rows:
+        lines.append(f"{r['delay_us']:>6} {r['workload']:<6} {r['queue']:>5} {r['client']:<10} "
+                     f"{r['conn_p50_us']:>9.1f} {r['conn_p99_us']:>9.1f} {r['conn_max_us']:>9.1f} "
+                     f"{r['step_p50_us']:>9.1f} {r['share_p50'] * 100:>5.1f}%")
+    for g in ratios:
+        lines.append(
+            f"delay {g['delay_us']} {g['workload']} {g['queue']}: vLLM sync / drop-in "
+            f"{g.get('vllm_sync_over_drop_in_p50', float('nan')):.1f}x, vLLM async / drop-in "
+            f"{g.get('vllm_async_over_drop_in_p50', float('nan')):.1f}x, worst step drop-in / "
+            f"vLLM async {g.get('drop_in_over_vllm_async_max_step', float('nan')):.3f}")
+    return "\n".join(lines)
+
+
+def start_server(binary, base, delay_us):
+    proc = subprocess.Popen(
+        [binary, "--base-path", base, "--hostname", socket.gethostname(), "--block-size",
+         str(BLOCK), "--index-delay-us", str(delay_us), "--max-concurrency", "1024"],
+        stdout=subprocess.PIPE, text=True)
+    endpoint = proc.stdout.readline().strip()
+    if not endpoint:
+        proc.kill()
+        raise RuntimeError(f"{binary} printed no endpoint (exit {proc.wait()})")
+    return proc, endpoint
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wheel", required=True)
+    ap.add_argument("--lookup-server", required=True)
+    ap.add_argument("--queues", default="32,256,1024")
+    ap.add_argument("--delays-us", default="100,500")
+    ap.add_argument("--clients", default=",".join(CLIENTS))
+    ap.add_argument("--workloads", default="steady,burst")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup-steps", type=int, default=20)
+    ap.add_argument("--burst-steps", type=int, default=400)
+    ap.add_argument("--forward-ms", type=float, default=5.0)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--gpu-blocks", type=int, default=16384)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--prefetch-limit", type=int, default=64)
+    ap.add_argument("--max-in-flight", type=int, default=16)
+    args = ap.parse_args()
+    for c in args.clients.split(","):
+        if c not in CLIENTS:
+            ap.error(f"--clients: {c!r} is not one of {', '.join(CLIENTS)}")
+    base = tempfile.mkdtemp(prefix="step-bench-")
+    os.environ["VLLM_RPC_BASE_PATH"] = base
+    core = mooncake_store.load(args.wheel)
+    core.get_zmq_rpc_path_lookup.__globals__["envs"].VLLM_RPC_BASE_PATH = base
+    runs = []
+    for delay in [int(d) for d in args.delays_us.split(",")]:
+        server, endpoint = start_server(args.lookup_server, base, delay)
+        try:
+            for workload in args.workloads.split(","):
+                for queue in [int(q) for q in args.queues.split(",")]:
+                    for client in args.clients.split(","):
+                        t = time.time()
+                        r = run_one(core, client, workload, queue, endpoint, 0, args,
+                                    f"{client}-{delay}-{workload}-{queue}")
+                        r["delay_us"] = delay
+                        runs.append(r)
+                        print(f"  {delay} us {workload} {queue} {client}: {len(r['conn_ns'])} "
+                              f"steps, {time.time() - t:.1f} s", file=sys.stderr, flush=True)
+        finally:
+            server.kill()
+            server.wait()
+    rows, ratios = summary(runs)
+    print(table(rows, ratios), file=sys.stderr)
+    cfg = {k: v for k, v in vars(args).items() if k not in ("wheel", "lookup_server")}
+    cfg.update(python=sys.version.split()[0], vllm="0.33.0", blocks=BLOCKS, block_size=BLOCK)
+    print(json.dumps({"settings": cfg, "runs": runs, "summary": rows, "ratios": ratios}))
+
+
+if __name__ == "__main__":
+    main()
