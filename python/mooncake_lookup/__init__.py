@@ -74,7 +74,9 @@ class Answer(NamedTuple):
     """What a request's last answer rested on (``answer_of``): ``kind`` is ``"hit"``,
     ``"miss"``, ``"not_needed"`` or ``"unavailable"``; ``hit_tokens`` the tokens stored
     for a hit (else 0); ``reason`` why the store was unavailable (``"timed_out"``,
-    ``"transport"``, ``"not_sent"``, ``"malformed"``, ``"retrying"``, ``"closed"``)."""
+    ``"transport"``, ``"not_sent"``, ``"malformed"``, ``"store"`` (the lookup server
+    could not ask its store: spec/wire.md, "Store unavailable"), ``"retrying"``,
+    ``"closed"``)."""
 
     kind: str
     hit_tokens: int

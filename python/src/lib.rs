@@ -14,9 +14,10 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
+use lookup_core::Table;
 use lookup_tokio::{
-    Answer, BlockHashes, Deadline, KeyLayout, LookupClient, LookupHandle, Probe, Request,
-    RequestId, ResetOutcome, Unavailable,
+    Answer, BlockHashes, Deadline, KeyLayout, LookupClient, Probe, Request, RequestId,
+    ResetOutcome, Unavailable,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -66,15 +67,14 @@ struct Slot {
 #[pyclass(module = "mooncake_lookup._native")]
 struct NativeClient {
     client: LookupClient,
-    /// Announces into `client`, applied at its next call: a read answer's end rides on
-    /// the call that follows instead of a call of its own.
-    handle: LookupHandle,
     /// Builds the Python result of a hit length (`set_result_factory`); each hit
     /// length's result is built once and kept in `results`.
     result_factory: Option<Py<PyAny>>,
     results: HashMap<u32, Py<PyAny>>,
-    /// Every caller id with a lookup held or a last answer kept.
-    slots: HashMap<String, Slot>,
+    /// Every caller id with a lookup held or a last answer kept. The core's table
+    /// (foldhash): every poll hashes its id once, and SipHash's cost on a 40-byte
+    /// vLLM id was a third of the ready poll's.
+    slots: Table<String, Slot>,
     /// Slots with a lookup held (`tracked_requests`).
     held: usize,
     next_id: u64,
@@ -104,6 +104,7 @@ fn reason(why: Unavailable) -> &'static str {
         Unavailable::Transport => "transport",
         Unavailable::NotSent => "not_sent",
         Unavailable::Malformed => "malformed",
+        Unavailable::Store => "store",
         Unavailable::Retrying => "retrying",
         Unavailable::Closed => "closed",
         _ => "other",
@@ -285,11 +286,10 @@ impl NativeClient {
             .connect_lazy_with_handle(rt.handle())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
-            handle: client.handle(),
             result_factory: None,
             results: HashMap::new(),
             client,
-            slots: HashMap::new(),
+            slots: Table::default(),
             held: 0,
             next_id: 0,
         })
@@ -310,41 +310,64 @@ impl NativeClient {
         block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
     ) -> PyResult<Option<Py<PyAny>>> {
-        let Self { slots, client, .. } = self;
-        let probe = match slots.get(req_id).and_then(|s| s.request.as_ref()) {
-            // Held: a poll; the hashes passed again are not read.
-            Some(request) => (
-                request.request_id,
-                probe_once(py, client, request, non_block)?,
-            ),
-            None => {
-                // First sight: announced, then probed (which starts the lookup).
-                let request = self.new_request(req_id, num_tokens, block_hashes)?;
-                self.client.on_new_request_with_id(&request, req_id);
-                let probe = probe_once(py, &mut self.client, &request, non_block)?;
-                let request_id = request.request_id;
-                self.hold(req_id, request);
-                (request_id, probe)
-            }
-        };
-        match probe {
-            (_, Probe::Pending) => Ok(None),
-            (request_id, Probe::Ready { .. }) => {
-                // The answer is read: kept for `answer_of`; the request ends so that a
-                // later lookup of the same id asks again (vLLM pops its future).
-                let answer = self.client.answer_of(request_id);
-                // Applied at the client's next call (a done lookup holds no slot meanwhile).
-                let _ = self.handle.on_finished(request_id);
-                if let Some(slot) = self.slots.get_mut(req_id)
-                    && slot.request.take().is_some()
-                {
-                    self.held -= 1;
+        let Self {
+            slots,
+            client,
+            held,
+            ..
+        } = self;
+        let (probe, answer) = match slots.get_mut(req_id) {
+            // Held: a poll (the hashes passed again are not read). A non-blocking one
+            // probes, reads the answer and ends the request in one client call, on
+            // one clock read.
+            Some(slot) if slot.request.is_some() => {
+                let request = slot.request.as_ref().expect("checked");
+                let (probe, answer) = if non_block {
+                    client.probe_and_finish(request, 0)
+                } else {
+                    let probe = probe_once(py, client, request, false)?;
+                    let answer = client.answer_of(request.request_id);
+                    client.on_finished(request.request_id);
+                    (probe, answer)
+                };
+                if probe != Probe::Pending {
+                    // The answer is read: kept for `answer_of`; the request ended, so
+                    // that a later lookup of the same id asks again (vLLM pops its
+                    // future).
+                    slot.request = None;
+                    *held -= 1;
                     if answer.is_some() {
                         slot.answer = answer;
                     }
                 }
-                self.result(py, hit_length(answer)).map(Some)
+                (probe, answer)
             }
+            _ => {
+                // First sight: announced and probed (which starts the lookup) on one
+                // clock read.
+                let request = self.new_request(req_id, num_tokens, block_hashes)?;
+                let (probe, answer) = if non_block {
+                    let mut step = self.client.step();
+                    step.on_new_request_with_id(&request, req_id);
+                    step.probe_and_finish(&request, 0)
+                } else {
+                    self.client.on_new_request_with_id(&request, req_id);
+                    let probe = probe_once(py, &mut self.client, &request, false)?;
+                    let answer = self.client.answer_of(request.request_id);
+                    self.client.on_finished(request.request_id);
+                    (probe, answer)
+                };
+                if probe == Probe::Pending {
+                    self.hold(req_id, request);
+                } else if answer.is_some() {
+                    self.slots.entry(req_id.to_owned()).or_default().answer = answer;
+                }
+                (probe, answer)
+            }
+        };
+        match probe {
+            Probe::Pending => Ok(None),
+            Probe::Ready { .. } => self.result(py, hit_length(answer)).map(Some),
         }
     }
 
@@ -376,8 +399,9 @@ impl NativeClient {
 
     /// What `req_id`'s last answer rested on: `(kind, hit_tokens, reason)` with kind
     /// `"hit"`, `"miss"`, `"not_needed"` or `"unavailable"` (then `reason` is
-    /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"retrying"` or
-    /// `"closed"`), `None` when it has none (rule 11).
+    /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"store"` (the
+    /// server's store-unavailable reply, `spec/wire.md`), `"retrying"` or `"closed"`),
+    /// `None` when it has none (rule 11).
     fn answer_of(&self, req_id: &str) -> Option<(&'static str, u32, Option<&'static str>)> {
         self.slots
             .get(req_id)

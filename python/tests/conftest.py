@@ -9,7 +9,9 @@ stand-ins for the imports it names (`envs`, `logger`, `make_zmq_socket`).
 
 Environment: MOONCAKE_LOOKUP_VLLM_WHEEL (the wheel; default
 <repo>/target/vllm-wheel/vllm-0.33.0-*.whl, fetched by scripts/python/test.sh),
-LOOKUP_SERVER_BIN (default <CARGO_TARGET_DIR or repo/target>/debug/lookup-server).
+LOOKUP_SERVER_BIN (default <CARGO_TARGET_DIR or repo/target>/debug/lookup-server),
+MOONCAKE_MASTER_BIN (the real master, for `mooncake_master`; default
+<repo>/.venv/bin/mooncake_master, from scripts/mooncake/install.sh).
 """
 
 import ast
@@ -157,7 +159,8 @@ def load_vllm_classes(wheel):
             exec(compile(module, f"vllm-0.33.0/{name}", "exec"), ns)  # noqa: S102
     names = [k for names in WANTED.values() for k in names]
     names += [cls + m for (_, cls), methods in WANTED_METHODS.items() for m in methods]
-    return SimpleNamespace(**{k: ns[k] for k in names})
+    # The logger stand-in too: what vLLM's code logged (its failure paths) can be read.
+    return SimpleNamespace(**{k: ns[k] for k in names}, logger=ns["logger"])
 
 
 def vllm_config(block_size=16, **extra):
@@ -232,19 +235,42 @@ def lookup_server_bin():
 
 
 @pytest.fixture
+def mooncake_master():
+    """Starts the real `mooncake_master` with scripts/mooncake/start-master.sh; yields
+    (its pid, its `host:port`); killed at the end if still running."""
+    binary = os.environ.get("MOONCAKE_MASTER_BIN", os.path.join(ROOT, ".venv", "bin", "mooncake_master"))
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"{binary} missing: install it with `bash scripts/mooncake/install.sh`")
+    out = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "mooncake", "start-master.sh")],
+        env={**os.environ, "MOONCAKE_MASTER_BIN": binary},
+        check=True, capture_output=True, text=True,
+    ).stdout
+    started = dict(part.split("=", 1) for part in out.split())
+    pid = int(started["MOONCAKE_MASTER_PID"])
+    yield pid, started["MOONCAKE_MASTER_ADDR"]
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
 def lookup_server(rpc_base, tmp_path):
     """Starts `lookup-server` at vLLM's ipc path for lookup_rpc_port 0, dp rank 0, with
-    the given hex hashes preloaded; yields its endpoint."""
+    the given hex hashes preloaded, or answering from the Mooncake master at `master`
+    (`host:port`); yields its endpoint."""
     import socket
 
     procs = []
 
-    def start(present_hex, block_size=16):
+    def start(present_hex, block_size=16, master=None):
         preload = tmp_path / "present.txt"
         preload.write_text("".join(h + "\n" for h in present_hex))
+        index = ["--mooncake-master", master] if master else ["--preload", str(preload)]
         proc = subprocess.Popen(
             [lookup_server_bin(), "--base-path", str(rpc_base), "--hostname", socket.gethostname(),
-             "--block-size", str(block_size), "--preload", str(preload)],
+             "--block-size", str(block_size), *index],
             stdout=subprocess.PIPE, text=True,
         )
         procs.append(proc)

@@ -161,6 +161,43 @@ def test_answers_equal_vllms_client_on_lookup_server(vllm_classes, lookup_server
         theirs.close()
 
 
+def test_killed_master_behind_lookup_server_is_0_for_vllm_and_unavailable_for_ours(
+        vllm_classes, lookup_server, mooncake_master):
+    """spec/wire.md, "Store unavailable": with the real master killed behind
+    `lookup-server`, vLLM 0.33's own client reads the server's error reply as 0 hit
+    tokens (and its REQ socket keeps working), ours as unavailable within one call
+    timeout of the master client (1 s), never as a miss."""
+    import os
+    import signal
+
+    pid, addr = mooncake_master
+    lookup_server([], master=addr)
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    theirs = vllm_classes.LookupKeyClient(vllm_config(BS))
+    try:
+        # The master is up and holds nothing: a true miss for both.
+        assert theirs.lookup("v0", 4 * BS + 1, PRESENT).hit_length == 0
+        assert ours.lookup("o0", 4 * BS + 1, PRESENT).hit_length == 0
+        assert ours.answer_of("o0") == mooncake_lookup.Answer("miss", 0, None)
+
+        logged = len(vllm_classes.logger.lines)
+        os.kill(pid, signal.SIGKILL)
+        started = time.monotonic()
+        got = ours.lookup("o1", 4 * BS + 1, PRESENT)
+        took = time.monotonic() - started
+        assert got.hit_length == 0
+        assert ours.answer_of("o1") == mooncake_lookup.Answer("unavailable", 0, "store")
+        assert took < 1.0, took
+        for i in range(3):
+            assert theirs.lookup(f"v{i + 1}", 4 * BS + 1, PRESENT) == vllm_classes.MooncakeLookupResult(0)
+        # vLLM took its own failure path: decode_lookup_response raised, lookup() caught.
+        failures = [line for line in vllm_classes.logger.lines[logged:] if "Invalid Mooncake lookup response" in line]
+        assert len(failures) == 3, vllm_classes.logger.lines[logged:]
+    finally:
+        ours.close()
+        theirs.close()
+
+
 def test_lookup_endpoint_key_chooses_a_tcp_server(lookup_server):
     lookup_server([x.hex() for x in PRESENT])
     # The same server through the endpoint key (its ipc URL, given explicitly).

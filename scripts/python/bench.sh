@@ -20,8 +20,11 @@ source "$ROOT/scripts/python/env.sh"
 
 echo "== building lookup-server (release)" >&2
 cargo build --quiet --release -p lookup-cli --bin lookup-server
-echo "== pip install ./python (release profile)" >&2
+echo "== pip install ./python (release profile; maturin builds the Rust extension, several" \
+    "minutes on 2 cores the first time, pip shows no progress meanwhile)" >&2
+started=$SECONDS
 MATURIN_PEP517_ARGS="--profile release" "${PIP[@]}" install --quiet --force-reinstall --no-deps "$ROOT/python"
+echo "== pip install ./python: done in $((SECONDS - started)) s" >&2
 
 cd "$ROOT"
 exec "$VENV/bin/python" bench/python/drop_in_vs_vllm.py \

@@ -20,8 +20,12 @@ source "$ROOT/scripts/python/env.sh"
 
 echo "== building lookup-server" >&2
 cargo build --quiet -p lookup-cli --bin lookup-server
-echo "== pip install ./python (debug profile: the tests need no optimised build)" >&2
+echo "== pip install ./python (debug profile: the tests need no optimised build; maturin" \
+    "builds the Rust extension, a few minutes on 2 cores the first time, pip shows no" \
+    "progress meanwhile)" >&2
+started=$SECONDS
 MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:---profile dev}" "${PIP[@]}" install --quiet --force-reinstall --no-deps "$ROOT/python"
+echo "== pip install ./python: done in $((SECONDS - started)) s" >&2
 
 # From the repository root, not python/: `python -m pytest` puts the working folder on
 # sys.path, and python/mooncake_lookup there (no built extension) would shadow the

@@ -127,6 +127,12 @@ pub fn hit(format: Format, reply: &[Bytes]) -> u32 {
     reply.hit_tokens
 }
 
+/// Whether a lookup reply is the server's store-unavailable error reply
+/// (`spec/wire.md`, "Store unavailable": the single byte `0x00` in `tagged-blob`).
+pub fn store_unavailable(format: Format, reply: &[Bytes]) -> bool {
+    wire::decode_lookup_reply(format, reply) == Err(wire::WireError::StoreUnavailable)
+}
+
 /// Inserts blocks `ids` in every namespace of `layout`.
 pub fn store(index: &InMemoryIndex, layout: &KeyLayout, ids: &[u64]) {
     index.insert_chain(layout, &BlockHashes::from_u64s(ids), ids.len());

@@ -3,6 +3,8 @@
 
 #[path = "direct/batch.rs"]
 mod batch;
+#[path = "direct/faults.rs"]
+mod faults;
 #[path = "direct/lease.rs"]
 mod lease;
 #[path = "direct/master.rs"]

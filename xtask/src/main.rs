@@ -51,7 +51,14 @@ enum Task {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
-        Task::Simulate(args) => xtask::simulate::run(&args),
+        Task::Simulate(mut args) => {
+            // The plot goes under the checkout this runs in, not the one that built it.
+            if args.plot.is_none() {
+                let root = mooncake_peers::workspace_root();
+                args.plot = Some(root.join("target/simulate/ttft_cdf.png"));
+            }
+            xtask::simulate::run(&args)
+        }
         Task::Bench(args) => xtask::bench::run(&args),
         Task::Replay(args) => xtask::replay::run(&args),
         Task::Calibrate(args) => xtask::calibrate::run(&args),

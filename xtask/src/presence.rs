@@ -12,7 +12,7 @@
 //! the lease (`--lease-s`, 10 s: the master's `default_kv_lease_ttl`) and `--max-age-s`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -89,7 +89,7 @@ pub struct Saving {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut traces = args.trace.clone();
     if traces.is_empty() {
-        let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+        let shared = mooncake_peers::workspace_root().join("../shared/traces");
         for name in ["conversation_trace.jsonl", "synthetic_trace.jsonl"] {
             let path = shared.join(name);
             if path.is_file() {

@@ -33,8 +33,8 @@ pub struct Config {
     /// *Ours* (`lookup_timeout_s`): how long an RPC may stay unanswered after it was
     /// sent before it fails open with 0 hits (rule 17). A value beyond any deadline
     /// the clock can hold means "never" (deadlines saturate); zero fails each RPC as
-    /// it is released (vLLM's key must be a positive number of seconds, so only a
-    /// value below 1 ns read from it gives zero). Default 5 s.
+    /// it is released (the key `lookup_timeout_s` must be positive: its reader
+    /// refuses 0, `settings::Check::PositiveWhenRead`). Default 5 s.
     pub lookup_timeout: Duration,
     /// Lookup alignment in tokens, `B` (vLLM default 16; Mooncake traces 512). Required.
     pub block_size: u32,
@@ -173,31 +173,26 @@ impl Config {
         }
     }
 
-    /// Checks every field.
+    /// Checks every field: `block_size`, then each of [`SETTINGS`](crate::settings::SETTINGS)
+    /// by its [`Check`](crate::settings::Check), the one place a setting's validation
+    /// is written.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the key: `block_size` 0; `max_in_flight` or
-    /// `max_queued` 0; a zero `max_pending_age_s`. (A negative, NaN or infinite number of seconds cannot be a
-    /// [`Duration`], and a `lookup_timeout_s` of 0: the reader of vLLM's keys rejects
-    /// them, naming the key.)
+    /// `max_queued` 0; a zero `max_pending_age_s`. (A negative, NaN or infinite
+    /// number of seconds cannot be a [`Duration`], and a `lookup_timeout_s` of 0 is
+    /// a [`Config`]'s to hold: the reader of vLLM's keys rejects them, naming the
+    /// key.)
     pub fn validate(&self) -> Result<(), Error> {
-        let bad = |key: &'static str, why: String| Err(Error::InvalidConfig { key, why });
         if self.block_size == 0 {
-            return bad("block_size", "must be at least 1 token".into());
+            return Err(Error::InvalidConfig {
+                key: "block_size",
+                why: "must be at least 1 token".into(),
+            });
         }
-        if self.max_in_flight == 0 {
-            return bad("max_in_flight", "must be at least 1".into());
-        }
-        if self.max_queued == 0 {
-            return bad("max_queued", "must be at least 1".into());
-        }
-        if self.max_pending_age.is_zero() {
-            return bad(
-                "max_pending_age_s",
-                "must be positive (0 would fail every queued lookup unsent)".into(),
-            );
-        }
-        Ok(())
+        crate::settings::SETTINGS
+            .iter()
+            .try_for_each(|s| s.validate(self))
     }
 
     /// True when lookups start at arrival: `enable_lookup`, `lookup_async` and a

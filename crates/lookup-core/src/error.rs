@@ -86,6 +86,13 @@ pub enum WireError {
     /// 4 + 8k bytes (k ≥ 0); `msgpack-hex` exactly 4 (`spec/wire.md`, lookup reply).
     #[error("malformed lookup reply of {0} bytes")]
     ReplyLength(usize),
+    /// Peer (its store): a `tagged-blob` lookup reply that is the server's error reply,
+    /// the single byte `0x00` (vLLM's `RESP_ERR`): the server is up and could not ask
+    /// its store (master down, timed out, no leader). Not a broken reply: a client
+    /// reads it as unavailable, never as a miss nor as malformed (`spec/wire.md`,
+    /// "Store unavailable", an extension; vLLM 0.33's own client reads it as 0 hits).
+    #[error("the lookup server could not ask its store (error reply 0x00)")]
+    StoreUnavailable,
     /// Peer protocol violation: the hash frame of a `tagged-blob` lookup does not split
     /// into hashes of `hash_len` bytes (or is not empty while `hash_len` is 0).
     #[error("{bytes} bytes of block hashes do not split into hashes of {hash_len} bytes")]

@@ -93,6 +93,7 @@ mod endpoint;
 mod error;
 mod hashes;
 mod lookups;
+pub mod settings;
 pub mod timer;
 mod types;
 pub mod wire;

@@ -242,6 +242,11 @@ pub enum Reply {
     },
     /// The reply's bytes did not decode (`spec/wire.md`): a failed lookup, never trusted.
     Malformed,
+    /// A lookup's reply was the server's error reply (`spec/wire.md`, "Store
+    /// unavailable": the single byte `0x00`, vLLM's `RESP_ERR`): the server is up but
+    /// could not ask its store (master down, timed out, no leader). A failed lookup,
+    /// never a miss (rule 11).
+    StoreUnavailable,
 }
 
 /// Why an RPC failed without a usable reply (rule 11, rule 17).
@@ -253,6 +258,10 @@ pub enum RpcFailure {
     Transport,
     /// The driver dropped it without sending it (for example on close).
     NotSent,
+    /// The server replied, but only to say that its store could not answer
+    /// ([`Reply::StoreUnavailable`], `spec/wire.md`, "Store unavailable"). Made by
+    /// [`Lookups`](crate::Lookups) from that reply; a driver never reports it.
+    StoreUnavailable,
 }
 
 /// One RPC ended on the wire: made by the driver's [`Dispatcher`](crate::Dispatcher),
@@ -348,6 +357,10 @@ pub enum Unavailable {
     /// The reply broke the wire format or a guard of rule 11.
     #[error("the store's answer is unavailable: the reply was malformed")]
     Malformed,
+    /// The lookup server replied that it could not ask its store (master down, timed
+    /// out, no leader: `spec/wire.md`, "Store unavailable").
+    #[error("the store's answer is unavailable: the lookup server could not ask its store")]
+    Store,
     /// The request's last lookup failed and a retry waits for the failure backoff
     /// (rule 11), or another failed request's retry is on its way.
     #[error("the store's answer is unavailable: the last lookup failed and a retry is pending")]
@@ -373,6 +386,9 @@ impl Answer {
                 Self::Unavailable(Unavailable::Transport)
             }
             LookupOutcome::Failed(RpcFailure::NotSent) => Self::Unavailable(Unavailable::NotSent),
+            LookupOutcome::Failed(RpcFailure::StoreUnavailable) => {
+                Self::Unavailable(Unavailable::Store)
+            }
         }
     }
 
@@ -482,6 +498,9 @@ pub struct Stats {
     pub failed_malformed: u64,
     /// Lookups lost to a transport error or dropped unsent by the driver.
     pub failed_transport: u64,
+    /// Lookups the server answered with its error reply: it could not ask its store
+    /// ([`Reply::StoreUnavailable`], `spec/wire.md`, "Store unavailable").
+    pub failed_store_unavailable: u64,
     /// Results looked up again because they outlived the TTL (rule 6).
     pub ttl_refreshes: u64,
     /// Lookups dropped because the probe's token count or chain changed (rule 7).

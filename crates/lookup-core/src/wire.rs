@@ -7,7 +7,7 @@
 //! | side | encode | decode |
 //! |---|---|---|
 //! | client | [`encode_lookup`], [`encode_reset`] | [`decode_lookup_reply`], [`decode_reset_reply`] |
-//! | server | [`encode_lookup_reply`], [`encode_reset_reply`], [`unknown_tag_reply`] | [`decode_request`] |
+//! | server | [`encode_lookup_reply`], [`encode_store_unavailable`], [`encode_reset_reply`], [`unknown_tag_reply`] | [`decode_request`] |
 //!
 //! Decoders never panic and never trust a length field: every claimed count or length is
 //! checked against [`MAX_HASHES`], [`MAX_HASH_LEN`] and the bytes actually present before
@@ -46,6 +46,9 @@ const RESET_TAG: &[u8] = b"reset";
 const RESET_OK: u8 = 0x01;
 /// Reset reply byte: the wipe failed; also the whole reply to an unknown tag.
 const RESET_FAILED: u8 = 0x00;
+/// The whole `tagged-blob` reply to a lookup the server could not ask its store
+/// about: vLLM's `RESP_ERR` (`spec/wire.md`, "Store unavailable").
+const STORE_UNAVAILABLE: u8 = 0x00;
 /// Bytes of one tail-key boundary entry in a `tagged-blob` reply: two u32.
 const BOUNDARY_BYTES: usize = 8;
 /// Bytes of the `hit_tokens` field that starts every lookup reply.
@@ -224,10 +227,16 @@ pub fn encode_reset(format: Format) -> Result<Vec<Bytes>, Error> {
 ///
 /// # Errors
 /// [`WireError::WrongFrameCount`] unless there is exactly one frame;
-/// [`WireError::ReplyLength`] for a `tagged-blob` frame below 4 bytes or not 4 + 8k
-/// bytes, or a `msgpack-hex` frame that is not 4 bytes (`spec/wire.md`, lookup reply).
+/// [`WireError::StoreUnavailable`] for the `tagged-blob` error reply, the single byte
+/// `0x00` ([`encode_store_unavailable`]: the server could not ask its store);
+/// [`WireError::ReplyLength`] for any other `tagged-blob` frame below 4 bytes or not
+/// 4 + 8k bytes, or a `msgpack-hex` frame that is not 4 bytes (`spec/wire.md`, lookup
+/// reply).
 pub fn decode_lookup_reply(format: Format, frames: &[Bytes]) -> Result<LookupReply, WireError> {
     let frame = single_frame(frames)?;
+    if format == Format::TaggedBlob && frame.as_ref() == [STORE_UNAVAILABLE] {
+        return Err(WireError::StoreUnavailable);
+    }
     let (hit, rest) = frame
         .split_first_chunk::<HIT_BYTES>()
         .ok_or(WireError::ReplyLength(frame.len()))?;
@@ -526,6 +535,28 @@ pub fn encode_lookup_reply(format: Format, reply: &LookupReply) -> Bytes {
         out.put_u32(boundary.boundary_tokens);
     }
     out.freeze()
+}
+
+/// Encodes the reply to a lookup the server could not ask its store about (master
+/// down, timed out, no leader): `spec/wire.md`, "Store unavailable", an extension.
+///
+/// - `tagged-blob`: the single byte `0x00`, vLLM's `RESP_ERR`. vLLM 0.33's
+///   `decode_lookup_response` raises `ValueError` on a reply shorter than 4 bytes and
+///   its `LookupKeyClient.lookup` answers 0 hit tokens on any exception, so vLLM reads
+///   it as 0, as it reads its own server's answer to a failed store; this project's
+///   client reads it as unavailable ([`WireError::StoreUnavailable`]).
+/// - `msgpack-hex`: `hit_tokens = 0` (4 bytes): how that older client would read a
+///   1-byte reply is not checked against its source, so it keeps the reference answer
+///   (`spec/wire.md`, "What the server computes", step 5).
+#[must_use]
+pub fn encode_store_unavailable(format: Format) -> Bytes {
+    match format {
+        Format::TaggedBlob => {
+            const ERR: &[u8] = &[STORE_UNAVAILABLE];
+            Bytes::from_static(ERR)
+        }
+        Format::MsgpackHex => encode_lookup_reply(format, &LookupReply::default()),
+    }
 }
 
 /// Encodes a reset reply: the single byte `0x01` when the store was wiped (`ok`),

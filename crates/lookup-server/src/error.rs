@@ -45,7 +45,8 @@ pub enum Error {
     },
     /// The store behind an index failed, as the nested [`IndexError`] says (I/O, the
     /// store's answer, or an operation it cannot do). A server never returns it (a
-    /// failed index call is a miss); it lets code that calls a
+    /// failed index call gets the store-unavailable error reply); it lets code that
+    /// calls a
     /// [`BlockIndex`](crate::BlockIndex) itself use `?` into this one type.
     #[error(transparent)]
     Index(#[from] IndexError),
@@ -53,9 +54,10 @@ pub enum Error {
 
 /// Why an index call failed: the store's fault (I/O or its answers) or a request it
 /// cannot serve. Nested in [`Error::Index`]; [`BlockIndex`](crate::BlockIndex) calls
-/// return it on its own. The server answers such a lookup with 0 hit tokens (a miss),
-/// never with an error frame, and counts it (`spec/wire.md`, "What the server
-/// computes", step 5).
+/// return it on its own. The server answers such a lookup with the error reply of
+/// `spec/wire.md`, "Store unavailable" (the single byte `0x00` in `tagged-blob`, which
+/// vLLM 0.33's client reads as 0 hit tokens and this project's as unavailable; 0 hit
+/// tokens in `msgpack-hex`), never as a miss, and counts it in `index_errors`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IndexError {

@@ -344,14 +344,18 @@ fn handle(
             let shared = Arc::clone(shared);
             Some((
                 async move {
-                    let hit = answer_lookup(&shared, num_tokens, &block_hashes).await;
-                    let reply = LookupReply {
-                        hit_tokens: hit,
-                        boundaries: Vec::new(),
+                    let reply = match answer_lookup(&shared, num_tokens, &block_hashes).await {
+                        Ok(hit) => wire::encode_lookup_reply(
+                            format,
+                            &LookupReply {
+                                hit_tokens: hit,
+                                boundaries: Vec::new(),
+                            },
+                        ),
+                        // `spec/wire.md`, "Store unavailable": never a miss.
+                        Err(StoreFailed) => wire::encode_store_unavailable(format),
                     };
-                    routing.push_back(Message::from(
-                        wire::encode_lookup_reply(format, &reply).as_ref(),
-                    ));
+                    routing.push_back(Message::from(reply.as_ref()));
                     routing
                 }
                 .boxed(),
@@ -432,10 +436,23 @@ fn key_bytes(shared: &Shared, num_tokens: u32, block_hashes: &BlockHashes) -> us
     blocks.saturating_mul(per_block)
 }
 
+/// A lookup the index could not answer (its error is counted and logged where it
+/// happened): the reply is [`wire::encode_store_unavailable`].
+struct StoreFailed;
+
 /// Hit tokens of one well-formed lookup (`spec/wire.md`, "What the server computes"):
 /// one [`BlockIndex::leading_blocks`] call over every namespace key of the blocks in
-/// question (by default one batched existence call); any index failure is a miss.
-async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHashes) -> u32 {
+/// question (by default one batched existence call).
+///
+/// # Errors
+/// [`StoreFailed`] when the index fails (master down, timed out, no leader, a store
+/// error, a panic): counted in `index_errors` and answered with the error reply of
+/// `spec/wire.md`, "Store unavailable", never as a miss.
+async fn answer_lookup(
+    shared: &Shared,
+    num_tokens: u32,
+    block_hashes: &BlockHashes,
+) -> Result<u32, StoreFailed> {
     let blocks = blocks_to_check(
         num_tokens,
         shared.block_size,
@@ -448,7 +465,7 @@ async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHas
             hit_tokens = 0,
             "lookup"
         );
-        return 0;
+        return Ok(0);
     }
     let keys = shared.layout.chain_keys(block_hashes, blocks);
     let namespaces = shared.layout.namespaces().len();
@@ -476,9 +493,18 @@ async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHas
         Err(e) => {
             let n = bump(&shared.counters.index_errors, 1);
             if worth_a_warning(n) {
-                tracing::warn!(error = %e, count = n, "index call failed; answering 0 hit tokens");
+                tracing::warn!(
+                    error = %e,
+                    count = n,
+                    "index call failed; answering the store-unavailable error reply"
+                );
             }
-            0
+            tracing::debug!(
+                num_tokens,
+                blocks = block_hashes.len(),
+                "lookup: store unavailable"
+            );
+            return Err(StoreFailed);
         }
     };
     bump(&shared.counters.hit_tokens, u64::from(hit));
@@ -488,5 +514,5 @@ async fn answer_lookup(shared: &Shared, num_tokens: u32, block_hashes: &BlockHas
         hit_tokens = hit,
         "lookup"
     );
-    hit
+    Ok(hit)
 }

@@ -1,8 +1,6 @@
 //! What a server counts: the live atomic counters its socket task and request futures
 //! bump, and the [`ServerStats`] snapshot read from them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 /// A snapshot of a server's counters since it was bound.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerStats {
@@ -26,7 +24,8 @@ pub struct ServerStats {
     /// come from a REQ or well-behaved DEALER client, and have no routing envelope.
     pub no_delimiter: u64,
     /// Index calls that failed (or panicked, or answered the wrong number of flags);
-    /// each such lookup was answered with 0 hit tokens.
+    /// each such lookup was answered with the store-unavailable error reply
+    /// (`spec/wire.md`, "Store unavailable").
     pub index_errors: u64,
     /// Reset requests received.
     pub resets: u64,
@@ -46,58 +45,34 @@ pub struct ServerStats {
     pub pending_bytes_peak: u64,
 }
 
-/// The live counters behind [`ServerStats`], one atomic per field of the same name,
-/// bumped by the socket task and the request futures (relaxed: each is a count on its
-/// own, read as a snapshot).
-#[derive(Debug, Default)]
-pub(crate) struct ServerCounters {
-    pub(crate) requests: AtomicU64,
-    pub(crate) lookups: AtomicU64,
-    pub(crate) keys_checked: AtomicU64,
-    pub(crate) hit_tokens: AtomicU64,
-    pub(crate) decode_errors: AtomicU64,
-    pub(crate) unknown_tags: AtomicU64,
-    pub(crate) no_delimiter: AtomicU64,
-    pub(crate) index_errors: AtomicU64,
-    pub(crate) resets: AtomicU64,
-    pub(crate) reset_failures: AtomicU64,
-    pub(crate) replies: AtomicU64,
-    pub(crate) socket_errors: AtomicU64,
-    pub(crate) input_pauses: AtomicU64,
-    pub(crate) pending_bytes_peak: AtomicU64,
+mooncake_master::counters! {
+    /// The live counters behind [`ServerStats`], one atomic per field of the same name,
+    /// bumped by the socket task and the request futures (relaxed: each is a count on its
+    /// own, read as a snapshot).
+    pub(crate) struct ServerCounters => ServerStats {
+        requests,
+        lookups,
+        keys_checked,
+        hit_tokens,
+        decode_errors,
+        unknown_tags,
+        no_delimiter,
+        index_errors,
+        resets,
+        reset_failures,
+        replies,
+        socket_errors,
+        input_pauses,
+        pending_bytes_peak,
+    }
 }
 
-/// Adds `n` and returns the new value.
-pub(crate) fn bump(counter: &AtomicU64, n: u64) -> u64 {
-    counter.fetch_add(n, Ordering::Relaxed) + n
-}
+pub(crate) use mooncake_master::counters::bump;
 
 /// Whether the `count`-th occurrence of a kind of bad input gets a warning: the 1st,
 /// 2nd, 4th, 8th, ... so that hostile input cannot flood the log.
 pub(crate) fn worth_a_warning(count: u64) -> bool {
     count.is_power_of_two()
-}
-
-impl ServerCounters {
-    pub(crate) fn snapshot(&self) -> ServerStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ServerStats {
-            requests: get(&self.requests),
-            lookups: get(&self.lookups),
-            keys_checked: get(&self.keys_checked),
-            hit_tokens: get(&self.hit_tokens),
-            decode_errors: get(&self.decode_errors),
-            unknown_tags: get(&self.unknown_tags),
-            no_delimiter: get(&self.no_delimiter),
-            index_errors: get(&self.index_errors),
-            resets: get(&self.resets),
-            reset_failures: get(&self.reset_failures),
-            replies: get(&self.replies),
-            socket_errors: get(&self.socket_errors),
-            input_pauses: get(&self.input_pauses),
-            pending_bytes_peak: get(&self.pending_bytes_peak),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -33,9 +33,9 @@ pub enum Error {
         /// master's connect error, or the bound.
         why: String,
     },
-    /// Caller misuse: `LookupClient::probe_blocking` was called on a thread of a
+    /// Caller misuse: `LookupClient::probe_until_blocking` was called on a thread of a
     /// current-thread tokio runtime, where blocking would stop the I/O task.
-    #[error("probe_blocking called on a current-thread runtime's thread; use probe_wait")]
+    #[error("probe_until_blocking called on a current-thread runtime's thread; use probe_until")]
     BlockingInRuntime,
     /// Caller misuse: an invalid client setting: a master address that does not parse
     /// (`DirectConfig::parse`), a master client setting it would refuse

@@ -75,7 +75,7 @@ mod warn;
 
 pub use client::{
     ClientBuilder, ClientConfig, ClientStats, Deadline, KvConnectorExtraConfig, LookupClient,
-    LookupHandle, VLLM_STORE_KEYS,
+    LookupHandle, Step, VLLM_STORE_KEYS,
 };
 pub use error::Error;
 pub use io::direct::{DEFAULT_LEASE_TTL, DirectConfig};

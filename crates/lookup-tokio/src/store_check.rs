@@ -3,20 +3,17 @@
 //! Sync` handle that any number of tasks call at once through `&self`, no `Mutex`.
 //!
 //! It is built from the configuration of the direct client ([`ClientConfig`] with
-//! [`Transport::Direct`], or a [`DirectConfig`] and the block size) and runs the same
-//! machinery as the direct transport: one [`MasterClient`] (one pipelined TCP
-//! connection, reconnected with backoff, following the leader of an `etcd://`
-//! cluster), and one [`Coalescer`] in front of it, so checks made at the same moment
-//! share `BatchExistKey` calls (the union of their keys, each key once, with an early
-//! stop per check: `spec/mooncake-master-rpc.md`, "The call"; the batching rules of
-//! `mooncake_master::batch`). Each check is answered by the server's rules
-//! (`spec/wire.md`, "What the server computes", steps 2-3): a block counts when its key
-//! exists in every rank namespace of the [`KeyLayout`], and the run ends at the first
-//! block that does not.
-//!
-//! Checks that time out in a row replace the master connection, as the direct
-//! transport's lookups do ([`StoreCheckLimits::reopen_after_timeouts`], rule 17): a
-//! hung or half-open connection is not kept until the kernel drops it.
+//! [`Transport::Direct`], or a [`DirectConfig`] and the block size) and is an adapter
+//! over the same owner of the store's answer as the direct transport,
+//! [`MasterLookup`]: one [`MasterClient`] (one pipelined TCP connection, reconnected
+//! with backoff, following the leader of an `etcd://` cluster, replaced after call
+//! timeouts in a row: rule 17, counted per call by the client), one batcher in front
+//! of it, so checks made at the same moment share `BatchExistKey` calls (the union of
+//! their keys, each key once, with an early stop per check:
+//! `spec/mooncake-master-rpc.md`, "The call"), and the presence cache. Each check is
+//! answered by the server's rules (`spec/wire.md`, "What the server computes", steps
+//! 2-3): a block counts when its key exists in every rank namespace of the
+//! [`KeyLayout`], and the run ends at the first block that does not.
 //!
 //! Like every lookup, a check grants each present key a read lease (the master's
 //! `default_kv_lease_ttl`): it pins what it finds for that long, and asks nothing past
@@ -27,7 +24,12 @@ use std::time::Duration;
 
 use lookup_core::{BlockHashes, Unavailable};
 use mooncake_master::batch::LeaseTtl;
-use mooncake_master::{BatchStats, Coalescer, KeyLayout, MasterClient, MasterError, TimeoutStreak};
+use mooncake_master::{
+    BatchStats, ChainAnswer, LookupConfig, MasterClient, MasterLookup, Unanswered,
+};
+
+#[cfg(doc)]
+use mooncake_master::KeyLayout;
 
 use crate::{ClientConfig, DirectConfig, Error, Transport};
 
@@ -66,10 +68,13 @@ pub struct StoreCheckLimits {
     /// (when [`DirectConfig::batch`] enables it) only while its read lease outlasts
     /// this. Default 2 s, the client's `lookup_prefetch_ttl_s`.
     pub answer_ttl: Duration,
-    /// Checks failed in a row by a timeout (this bound or the master client's call
-    /// timeout) that replace the master connection (`spec/behaviour.md` rule 17); an
-    /// answer or any other failure starts the count again. 0 never replaces it.
-    /// Default 3, the client's [`DirectConfig::reopen_after_timeouts`].
+    /// Master call timeouts in a row that replace the master connection
+    /// (`spec/behaviour.md` rule 17), given to the master client that
+    /// [`StoreCheck::connect_with`] makes; counted by that client per call, whoever
+    /// waited on it (checks, lookups), with a reply in time starting the count again.
+    /// 0 never replaces it. Default 3, the client's
+    /// [`DirectConfig::reopen_after_timeouts`]. [`StoreCheck::from_parts`] keeps the
+    /// given client's own setting.
     pub reopen_after_timeouts: u32,
 }
 
@@ -79,7 +84,7 @@ impl Default for StoreCheckLimits {
         Self {
             timeout: core.lookup_timeout,
             answer_ttl: core.lookup_prefetch_ttl,
-            reopen_after_timeouts: crate::io::direct::DEFAULT_REOPEN_AFTER_TIMEOUTS,
+            reopen_after_timeouts: mooncake_master::DEFAULT_REOPEN_AFTER_TIMEOUTS,
         }
     }
 }
@@ -109,13 +114,9 @@ impl StoreCheckLimits {
 }
 
 struct Inner {
-    master: MasterClient,
-    coalescer: Coalescer,
-    layout: KeyLayout,
+    lookup: MasterLookup,
     block_size: u32,
     limits: StoreCheckLimits,
-    /// Checks failed by a timeout in a row (rule 17).
-    streak: TimeoutStreak,
 }
 
 /// How many leading blocks of a prompt the store holds, from any task: a cheap handle
@@ -140,7 +141,7 @@ pub struct StoreCheck {
 impl std::fmt::Debug for StoreCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreCheck")
-            .field("master", &self.inner.master)
+            .field("master", self.inner.lookup.master())
             .field("block_size", &self.inner.block_size)
             .field("limits", &self.inner.limits)
             .finish_non_exhaustive()
@@ -203,49 +204,43 @@ impl StoreCheck {
     ) -> Result<Self, Error> {
         direct.validate()?;
         check_limits(block_size, limits)?;
-        let master = MasterClient::connect_to(direct.master.clone(), direct.master_config.clone())
+        let mut master_config = direct.master_config.clone();
+        master_config.reopen_after_timeouts = limits.reopen_after_timeouts;
+        let master = MasterClient::connect_to(direct.master.clone(), master_config)
             .await
             .map_err(|e| Error::Unreachable {
                 target: direct.master.to_string(),
                 why: e.to_string(),
             })?;
-        let coalescer = Coalescer::new(
-            master.clone(),
-            direct.batch.clone(),
-            direct.lease_ttl,
-            limits.answer_ttl,
-        );
-        coalescer.check_ttl(limits.answer_ttl, "the store check's answer_ttl");
-        Self::from_parts(master, coalescer, direct.layout, block_size, limits)
+        let mut config = LookupConfig::default();
+        config.batch = direct.batch.clone();
+        config.lease_ttl = direct.lease_ttl;
+        config.answer_ttl = limits.answer_ttl;
+        let lookup = MasterLookup::new(master, direct.layout, config);
+        lookup.check_ttl(limits.answer_ttl, "the store check's answer_ttl");
+        Self::from_parts(lookup, block_size, limits)
     }
 
-    /// A store check over parts already made: `master` and a `coalescer` over it
-    /// (shared with other checks, e.g. one per model on one master, so that all of
-    /// them share one connection and its batches), keys laid out by `layout` in blocks
-    /// of `block_size` tokens. The coalescer's own margin stays in force:
-    /// `limits.answer_ttl` is not applied to it. Each handle made here counts its own
-    /// timeouts for `limits.reopen_after_timeouts`; a reopen replaces the shared
-    /// connection.
+    /// A store check over an owner already made (shared with other checks, e.g. one
+    /// per block size on one master, so that all of them share one connection, its
+    /// batches, its cache and its rule-17 count), in blocks of `block_size` tokens.
+    /// The owner's own answer TTL stays in force: `limits.answer_ttl` and
+    /// `limits.reopen_after_timeouts` are not applied to it.
     ///
     /// # Errors
     /// [`Error::InvalidClientConfig`] for a `block_size` of 0 or a zero
     /// `limits.timeout`.
     pub fn from_parts(
-        master: MasterClient,
-        coalescer: Coalescer,
-        layout: KeyLayout,
+        lookup: MasterLookup,
         block_size: u32,
         limits: StoreCheckLimits,
     ) -> Result<Self, Error> {
         check_limits(block_size, limits)?;
         Ok(Self {
             inner: std::sync::Arc::new(Inner {
-                master,
-                coalescer,
-                layout,
+                lookup,
                 block_size,
                 limits,
-                streak: TimeoutStreak::new(limits.reopen_after_timeouts),
             }),
         })
     }
@@ -260,37 +255,31 @@ impl StoreCheck {
     /// [`StoreCheckLimits::timeout`] or the master client's call timeout;
     /// [`Unavailable::Malformed`] for a reply that does not decode or has a wrong
     /// number of answers; [`Unavailable::Transport`] when the master is down, lost,
-    /// has no leader, or refused the call. A key the master answers with an error code
-    /// ends the run at its block, as vLLM's worker counts it. The
-    /// [`reopen_after_timeouts`](StoreCheckLimits::reopen_after_timeouts)-th timeout
-    /// in a row (of all tasks' checks) replaces the master connection.
+    /// has no leader, or refused the call, or when the answer rested on the presence
+    /// cache of an epoch that ended or on a cached key whose lease would not outlast
+    /// [`StoreCheckLimits::answer_ttl`]. A key the master answers with an error code
+    /// ends the run at its block, as vLLM's worker counts it. Master calls that time
+    /// out in a row replace the master connection (rule 17, counted by the master
+    /// client per call).
     pub async fn check(&self, block_hashes: &BlockHashes) -> Result<StoredBlocks, Unavailable> {
         let inner = &*self.inner;
-        let blocks = inner.layout.blocks_of(block_hashes.len());
-        let keys = inner.layout.chain_keys(block_hashes, blocks);
-        if keys.is_empty() {
-            return Ok(StoredBlocks::default());
-        }
-        let keys_per_block = inner.layout.namespaces().len().max(1);
-        let on = inner.master.connection_id();
+        let layout = inner.lookup.layout();
+        let blocks = layout.blocks_of(block_hashes.len());
         let answer = tokio::time::timeout(
             inner.limits.timeout,
-            inner.coalescer.leading_blocks_flat(keys, keys_per_block),
+            inner.lookup.leading_chain(block_hashes, blocks),
         )
-        .await;
-        let timed_out = matches!(answer, Err(_) | Ok(Err(MasterError::Timeout { .. })));
-        inner.count_timeout(timed_out, on);
-        let answer = answer.map_err(|_| Unavailable::TimedOut)?;
+        .await
+        .map_err(|_| Unavailable::TimedOut)?;
         let run = match answer {
-            Ok(run) => run,
-            Err(MasterError::Store {
-                key_index: Some(i), ..
-            }) => i / keys_per_block,
-            Err(MasterError::Timeout { .. }) => return Err(Unavailable::TimedOut),
-            Err(MasterError::MalformedReply { .. } | MasterError::AnswerCount { .. }) => {
-                return Err(Unavailable::Malformed);
+            ChainAnswer::Run { blocks, .. } => blocks,
+            ChainAnswer::Failed { cause, .. } => {
+                return Err(match cause {
+                    Unanswered::TimedOut => Unavailable::TimedOut,
+                    Unanswered::Malformed => Unavailable::Malformed,
+                    Unanswered::Unavailable => Unavailable::Transport,
+                });
             }
-            Err(_) => return Err(Unavailable::Transport),
         };
         let hit_blocks = run.min(blocks);
         let tokens = u64::try_from(hit_blocks).unwrap_or(u64::MAX) * u64::from(inner.block_size);
@@ -303,7 +292,14 @@ impl StoreCheck {
     /// The master client underneath (its address, leader, epoch, counters).
     #[must_use]
     pub fn master(&self) -> &MasterClient {
-        &self.inner.master
+        self.inner.lookup.master()
+    }
+
+    /// The owner of the store's answer underneath (to share with other checks:
+    /// [`from_parts`](Self::from_parts)).
+    #[must_use]
+    pub fn lookup(&self) -> &MasterLookup {
+        &self.inner.lookup
     }
 
     /// The read lease in use: the master's own once read (at the first hit of each
@@ -311,13 +307,13 @@ impl StoreCheck {
     /// master cannot report it.
     #[must_use]
     pub fn lease(&self) -> LeaseTtl {
-        self.inner.coalescer.lease()
+        self.inner.lookup.lease()
     }
 
     /// The batcher's counters: checks, batches, keys wanted and asked, lease reads.
     #[must_use]
     pub fn batch_stats(&self) -> BatchStats {
-        self.inner.coalescer.stats()
+        self.inner.lookup.batch_stats()
     }
 
     /// The block size in tokens.
@@ -330,26 +326,6 @@ impl StoreCheck {
     #[must_use]
     pub fn limits(&self) -> StoreCheckLimits {
         self.inner.limits
-    }
-}
-
-impl Inner {
-    /// Counts a check made on connection `on` that `timed_out` (or starts the count
-    /// again); the `reopen_after_timeouts`-th in a row replaces that connection, once
-    /// however many checks of one call end together (rule 17).
-    fn count_timeout(&self, timed_out: bool, on: Option<u64>) {
-        if !timed_out {
-            self.streak.answered();
-            return;
-        }
-        let reason = "store checks timed out in a row (rule 17)";
-        if let Some(n) = self.streak.timed_out(&self.master, on, reason) {
-            tracing::warn!(
-                addr = %self.master.addr(),
-                timeouts = n,
-                "Mooncake master: {n} store checks in a row timed out; the connection is replaced (rule 17)"
-            );
-        }
     }
 }
 
@@ -373,6 +349,7 @@ fn check_limits(block_size: u32, limits: StoreCheckLimits) -> Result<(), Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mooncake_master::KeyLayout;
 
     fn assert_handle<T: Clone + Send + Sync + 'static>() {}
 

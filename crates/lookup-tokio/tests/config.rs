@@ -127,8 +127,7 @@ fn max_pending_age_s_is_read_and_must_be_positive() {
     core.max_pending_age = Duration::ZERO;
     assert_eq!(
         core.validate().unwrap_err().to_string(),
-        "invalid configuration `max_pending_age_s`: must be positive (0 would fail every \
-         queued lookup unsent)"
+        "invalid configuration `max_pending_age_s`: 0 is not a positive number of seconds"
     );
 }
 

@@ -9,8 +9,15 @@
 //! - [`KeyLayout`]: a deployment's model, cache prefix and namespaces, which turns
 //!   block hashes into keys (what the lookup server and a direct client ask about);
 //! - [`KeyFormat`]: the formatter behind it, the part before the hash built once.
+//!
+//! The strings themselves are written by `vllm_block_hash` (`KeyMetadata::prefix_for`,
+//! `push_store_keys`, `store_key`), the one implementation of vLLM's key format,
+//! golden-vectored there against vLLM's own functions; this module only chooses which
+//! prefixes a lookup asks.
 
 use std::fmt;
+
+use vllm_block_hash::{KeyMetadata, Ranks};
 
 use crate::MasterError;
 
@@ -78,17 +85,17 @@ impl KeyFormat {
     /// absent.
     #[must_use]
     pub fn new(cache_prefix: Option<&str>, model: &str, namespaces: &[RankNamespace]) -> Self {
-        let head = match cache_prefix.filter(|p| !p.is_empty()) {
-            Some(prefix) => format!("{prefix}@{model}"),
-            None => model.to_owned(),
-        };
         let prefixes = namespaces
             .iter()
             .map(|ns| {
-                format!(
-                    "{head}@tp_rank:{}@pcp{}@dcp{}@pp_rank:{}@group:{}@",
-                    ns.tp_rank, ns.pcp_rank, ns.dcp_rank, ns.pp_rank, ns.group
-                )
+                KeyMetadata {
+                    cache_prefix: cache_prefix.unwrap_or_default().to_owned(),
+                    model_name: model.to_owned(),
+                    store_namespace: String::new(),
+                    ranks: Ranks::new(ns.tp_rank, ns.pcp_rank, ns.dcp_rank, ns.pp_rank),
+                    group_id: ns.group,
+                }
+                .prefix()
             })
             .collect();
         Self { prefixes }
@@ -100,8 +107,8 @@ impl KeyFormat {
         self.prefixes.len()
     }
 
-    /// Everything before `{hex(hash)}` in namespace number `namespace`, or `None` past
-    /// the end.
+    /// vLLM's `PoolKey.build_prefix` of namespace number `namespace`: the key before
+    /// `@{hex(hash)}`, or `None` past the end.
     #[must_use]
     pub fn prefix(&self, namespace: usize) -> Option<&str> {
         self.prefixes.get(namespace).map(String::as_str)
@@ -119,14 +126,7 @@ impl KeyFormat {
     /// Appends the keys of the block with hash bytes `block_hash` to `out`, one per
     /// namespace, in namespace order; the hex is formatted once for all of them.
     pub fn push_block_keys(&self, out: &mut Vec<String>, block_hash: &[u8]) {
-        let mut hex = String::with_capacity(2 * block_hash.len());
-        push_hex(&mut hex, block_hash);
-        for prefix in &self.prefixes {
-            let mut key = String::with_capacity(prefix.len() + hex.len());
-            key.push_str(prefix);
-            key.push_str(&hex);
-            out.push(key);
-        }
+        vllm_block_hash::push_store_keys(out, &self.prefixes, block_hash);
     }
 }
 
@@ -268,10 +268,7 @@ impl KeyLayout {
     #[must_use]
     pub fn key(&self, namespace: usize, hash: &[u8]) -> Option<String> {
         let prefix = self.format.prefix(namespace)?;
-        let mut key = String::with_capacity(prefix.len() + 2 * hash.len());
-        key.push_str(prefix);
-        push_hex(&mut key, hash);
-        Some(key)
+        Some(vllm_block_hash::store_key(prefix, hash))
     }
 
     /// Every key of block `hash`, one per namespace, in namespace order.
@@ -300,15 +297,6 @@ impl KeyLayout {
             self.format.push_block_keys(&mut out, hash);
         }
         out
-    }
-}
-
-/// Appends the lowercase hex of `bytes` (two digits a byte), as vLLM's `hash.hex()`.
-pub fn push_hex(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for &byte in bytes {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
 }
 

@@ -18,8 +18,12 @@
 //!   high-availability cluster, whose leader the client finds in etcd (through its
 //!   v3 JSON gateway) and follows across failovers.
 //! - [`batch`]: lookups answered together: the union of their keys, deduplicated,
-//!   chunked, with an early stop per lookup ([`Coalescer`]), and an opt-in presence
-//!   cache backed by the master's read lease.
+//!   chunked, with an early stop per lookup ([`Coalescer`]), and a presence cache
+//!   backed by the master's read lease (on by default).
+//! - [`MasterLookup`]: the one owner of the store's answer to a chain: the client,
+//!   the batcher, the lease, the presence cache, rule 17 and the key layout behind one
+//!   call, what the direct transport, the router's store check and lookup-server's
+//!   index are adapters over.
 //! - [`key`]: store keys of KV blocks as vLLM writes them (`spec/wire.md`):
 //!   [`KeyLayout`] turns a chain of block hashes into the keys to ask about.
 //!
@@ -32,13 +36,16 @@ pub mod addr;
 pub mod batch;
 mod client;
 pub mod codec;
+pub mod counters;
 mod error;
 mod etcd;
 pub mod key;
+mod lookup;
 
 pub use addr::{LeaderState, MasterAddr, MasterView};
 pub use batch::{BatchConfig, BatchStats, Coalescer, PresenceCacheConfig};
-pub use client::{Epoch, MasterClient, MasterConfig, MasterStats, TimeoutStreak};
+pub use client::{DEFAULT_REOPEN_AFTER_TIMEOUTS, Epoch, MasterClient, MasterConfig, MasterStats};
 pub use codec::{ExistResult, FunctionId, TypeLiteral};
 pub use error::{MasterError, StoreErrorCode};
 pub use key::{KeyLayout, RankNamespace};
+pub use lookup::{ChainAnswer, LookupConfig, MasterLookup, Unanswered};

@@ -8,7 +8,7 @@
 //! `hold:*` (answer only when the next request arrives, after it in reverse order
 //! when `reverse` is set), `die` (close the connection), `garbage` (an undecodable
 //! body), `short` (one answer too few), `badmagic` (an unframeable reply),
-//! `err:*` (an `OBJECT_NOT_FOUND` answer).
+//! `err:*` (an `OBJECT_NOT_FOUND` answer), `silent:*` (never answered).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,9 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mooncake_master::codec::{self, ExistResult, FunctionId, REQUEST_HEADER_LEN, RequestHeader};
-use mooncake_master::{
-    MasterClient, MasterConfig, MasterError, StoreErrorCode, TimeoutStreak, TypeLiteral,
-};
+use mooncake_master::{MasterClient, MasterConfig, MasterError, StoreErrorCode, TypeLiteral};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -82,6 +80,9 @@ impl Fake {
                         let keys = args.keys;
                         if keys.iter().any(|k| k == "die") {
                             return;
+                        }
+                        if keys.iter().any(|k| k.starts_with("silent:")) {
+                            continue;
                         }
                         if keys.iter().any(|k| k == "badmagic") {
                             let _ = stream.write_all(&[0x16; 16]).await;
@@ -456,52 +457,64 @@ async fn a_broken_connection_fails_its_calls_and_is_replaced() {
     assert!(master.stats().failed_fast >= 5);
 }
 
-/// Rule 17's streak: the k-th timeout in a row of one connection replaces it, once;
-/// callers of that connection that end after it are not counted against the next
-/// one, an answer starts the count again, and so does a connection replaced
-/// otherwise.
+/// Rule 17, counted by the client per call: the k-th call timeout in a row of one
+/// connection replaces it, once; calls in flight together are one stall (one count);
+/// an answer in time starts the count again; a new connection starts at 0; 0 never.
 #[tokio::test]
-async fn a_timeout_streak_replaces_its_connection_once() {
+async fn call_timeouts_in_a_row_replace_the_connection_once() {
     let (fake, addr, _task) = Fake::start().await;
     fake.put(["a".to_owned()]);
-    let master = MasterClient::connect(&addr, config(1024)).await.unwrap();
-    let streak = TimeoutStreak::new(2);
-    let first = master.connection_id();
-    assert_eq!(first, Some(1));
-    assert_eq!(streak.timed_out(&master, first, "test"), None);
-    streak.answered();
-    assert_eq!(streak.timed_out(&master, first, "test"), None);
-    assert_eq!(streak.timed_out(&master, first, "test"), Some(2));
-    assert_eq!(master.stats().reconnects_asked, 1);
-    assert_eq!(streak.timed_out(&master, first, "test"), None);
+    let mut config = config(1024);
+    config.call_timeout = Duration::from_millis(50);
+    config.reopen_after_timeouts = 2;
+    let master = MasterClient::connect(&addr, config).await.unwrap();
+    assert_eq!(master.connection_id(), Some(1));
+    // Eight calls stalled together: one timeout in a row, not eight.
+    let stalled = (0..8).map(|i| master.exist_batch_silent(i));
+    let failed = futures::future::join_all(stalled).await;
+    assert!(
+        failed
+            .iter()
+            .all(|e| matches!(e, MasterError::Timeout { .. }))
+    );
+    assert_eq!(master.timeouts_in_a_row(), 1);
+    assert_eq!(master.stats().timeouts, 8);
+    // An answer starts again.
+    assert!(master.exist("a").await.unwrap());
+    assert_eq!(master.timeouts_in_a_row(), 0);
+    master.exist_batch_silent(10).await;
+    assert_eq!(master.timeouts_in_a_row(), 1);
+    assert_eq!(master.stats().timeout_reopens, 0);
+    // The second in a row, sent after the first fired: replaced.
+    master.exist_batch_silent(11).await;
+    let stats = master.stats();
+    assert_eq!((stats.timeout_reopens, stats.reconnects_asked), (1, 1));
     until_reconnected(&master).await;
-    let second = master.connection_id();
-    assert_eq!(second, Some(2));
-    assert_eq!(streak.timed_out(&master, second, "test"), None);
-    assert_eq!(streak.timed_out(&master, first, "test"), None);
-    assert_eq!(streak.timed_out(&master, second, "test"), Some(2));
-    until_reconnected(&master).await;
-    let third = master.connection_id();
-    assert_eq!(streak.timed_out(&master, third, "test"), None);
-    // Replaced by someone else: the new connection's first timeout counts 1.
-    master.reconnect("test");
-    until_reconnected(&master).await;
-    let fourth = master.connection_id();
-    assert_eq!(fourth, Some(4));
-    assert_eq!(streak.timed_out(&master, fourth, "test"), None);
-    assert_eq!(streak.timed_out(&master, fourth, "test"), Some(2));
-    assert_eq!(streak.timed_out(&master, None, "test"), None);
-    assert_eq!(master.stats().reconnects_asked, 4);
-    until_reconnected(&master).await;
-    let never = TimeoutStreak::new(0);
-    for _ in 0..3 {
-        assert_eq!(
-            never.timed_out(&master, master.connection_id(), "test"),
-            None
-        );
+    assert_eq!(master.connection_id(), Some(2));
+    assert_eq!(master.timeouts_in_a_row(), 0);
+    master.exist_batch_silent(12).await;
+    assert_eq!(master.timeouts_in_a_row(), 1);
+    // 0: never.
+    master.set_reopen_after_timeouts(0);
+    for i in 13..16 {
+        master.exist_batch_silent(i).await;
     }
-    assert_eq!(master.stats().reconnects_asked, 4);
-    assert_eq!(fake.connections.load(Ordering::SeqCst), 5);
+    assert_eq!(master.stats().timeout_reopens, 1);
+    assert_eq!(master.connection_id(), Some(2));
+    assert_eq!(fake.connections.load(Ordering::SeqCst), 2);
+}
+
+trait Silent {
+    /// One call the fake never answers; its error.
+    async fn exist_batch_silent(&self, i: u32) -> MasterError;
+}
+
+impl Silent for MasterClient {
+    async fn exist_batch_silent(&self, i: u32) -> MasterError {
+        self.batch_exist(&[format!("silent:{i}")])
+            .await
+            .unwrap_err()
+    }
 }
 
 #[tokio::test]

@@ -61,14 +61,33 @@ pub fn writer_script() -> PathBuf {
         .clone()
 }
 
-/// The workspace root (this crate sits in `crates/mooncake-peers`).
+/// The root of the workspace this process runs in, found at run time: the nearest
+/// directory at or above `$CARGO_MANIFEST_DIR` (which cargo sets for what it runs:
+/// `cargo run`, `cargo test`, `cargo xtask`) or, run outside cargo, the current
+/// directory, whose `Cargo.toml` has a `[workspace]` table ([`find_workspace_root`]).
+/// Never the directory this crate was compiled in: two checkouts sharing one target
+/// directory share its binaries, and each must find its own `.venv` and scripts. That
+/// start directory itself when no workspace is above it.
 #[must_use]
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let start = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_else(|| PathBuf::from("."));
+    find_workspace_root(&start).unwrap_or(start)
+}
+
+/// The nearest directory at or above `start` whose `Cargo.toml` has a `[workspace]`
+/// table (a line `[workspace]`, as cargo writes it), or `None` when there is none.
+#[must_use]
+pub fn find_workspace_root(start: &Path) -> Option<PathBuf> {
+    start
         .ancestors()
-        .nth(2)
-        .expect("the peers crate sits two levels below the workspace root")
-        .to_path_buf()
+        .find(|dir| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|manifest| manifest.lines().any(|line| line.trim() == "[workspace]"))
+        })
+        .map(Path::to_path_buf)
 }
 
 const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` in this \

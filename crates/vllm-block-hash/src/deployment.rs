@@ -13,7 +13,7 @@ use lookup_core::BlockHashes;
 
 use crate::Error;
 use crate::store_key::{
-    KeyMetadata, KvCacheLayout, Ranks, StoreNamespace, StoreTp, gcd, model_name, push_hex,
+    KeyMetadata, KvCacheLayout, Ranks, StoreNamespace, StoreTp, gcd, model_name, push_store_keys,
     store_key,
 };
 
@@ -439,8 +439,6 @@ impl StoreKeys {
         if block_hashes.is_empty() || token_len == 0 {
             return out;
         }
-        // Formatted once per chunk, shared by its namespaces (`store_key` per key).
-        let mut hex = String::with_capacity(2 * usize::from(block_hashes.hash_len()));
         for g in &self.groups {
             let scale = (g.block_size / self.hash_block_size) as usize;
             let chunks =
@@ -449,15 +447,7 @@ impl StoreKeys {
                 let Some(hash) = block_hashes.get(chunk * scale + scale - 1) else {
                     break;
                 };
-                hex.clear();
-                push_hex(&mut hex, hash);
-                out.extend(g.lookup_prefixes.iter().map(|p| {
-                    let mut key = String::with_capacity(p.len() + 1 + hex.len());
-                    key.push_str(p);
-                    key.push('@');
-                    key.push_str(&hex);
-                    key
-                }));
+                push_store_keys(&mut out, &g.lookup_prefixes, hash);
             }
         }
         out

@@ -85,7 +85,8 @@ pub use deployment::{AttentionKind, Deployment, KvCacheGroup, Parallelism, Store
 pub use extra_keys::{ExtraKey, MmFeature, RequestExtraKeys};
 pub use hasher::{BlockHasher, HashAlgo, NoneHashSeed};
 pub use store_key::{
-    KeyMetadata, KvCacheLayout, Ranks, StoreNamespace, StoreTp, model_name, store_key,
+    KeyMetadata, KvCacheLayout, Ranks, StoreNamespace, StoreTp, model_name, push_hex,
+    push_store_keys, store_key,
 };
 
 /// Bytes in a block hash: SHA-256.

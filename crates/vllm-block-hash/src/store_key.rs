@@ -138,6 +138,24 @@ pub fn store_key(prefix: &str, block_hash: &[u8]) -> String {
     out
 }
 
+/// Appends [`store_key`]`(prefix, block_hash)` for each of `prefixes`, in order (the
+/// keys of one block in every namespace of a lookup, `_lookup_key_prefixes`); the hex
+/// is formatted once for all of them. The one writer of a key's `@{hex(hash)}` tail,
+/// shared by [`StoreKeys::lookup_keys`](crate::StoreKeys::lookup_keys) and the
+/// Mooncake master client's key layout.
+pub fn push_store_keys<P: AsRef<str>>(out: &mut Vec<String>, prefixes: &[P], block_hash: &[u8]) {
+    let mut hex = String::with_capacity(2 * block_hash.len());
+    push_hex(&mut hex, block_hash);
+    out.extend(prefixes.iter().map(|prefix| {
+        let prefix = prefix.as_ref();
+        let mut key = String::with_capacity(prefix.len() + 1 + hex.len());
+        key.push_str(prefix);
+        key.push('@');
+        key.push_str(&hex);
+        key
+    }));
+}
+
 /// Appends the lowercase hex of `bytes`, as Python's `bytes.hex()`.
 pub fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -5,10 +5,11 @@
 
 The scenario and step-log formats are those of issue 34 item 1 (written by
 `cargo xtask fidelity --against vllm`, xtask/src/fidelity/). Per step: the requests
-whose `arrival_step` is this step are added (`add_request`, in file order), then
-`schedule()`, then the stand-in model runner's output goes to `update_from_output()`;
-one JSON line is written. The run ends when every request has finished or after
-`max_steps` steps; the last line is {"end": true, "steps": N, "finished": M}.
+whose `arrival_step` is this step are added (`add_request`, in file order), then one
+turn of vLLM's engine loop: `schedule()`, the stand-in model runner's output, and
+`update_from_output()` (see `run` for async scheduling); one JSON line is written.
+The run ends when every request has finished or after `max_steps` steps; the last
+line is {"end": true, "steps": N, "finished": M}.
 Deterministic: the same scenario gives the same bytes.
 
 vLLM's code is loaded by vllm_core (scheduler, KV cache manager, block pool,
@@ -27,20 +28,42 @@ coordinator, request: the wheel's own). The harness adds only:
   step (vLLM's `Request.is_prefill_chunk`) samples its next token from the scenario's
   `output_token_ids`; max_tokens = len(output_token_ids), so vLLM finishes it
   (FINISHED_LENGTH_CAPPED) with its last token.
-- observation hooks that record, without changing them, vLLM's calls to
-  `Scheduler._preempt_request` (preemption order) and
-  `KVCacheManager.record_prefix_cache_stats` (the local hit of each admission).
+- observation hooks that record, without changing them, the calls to
+  `Scheduler._preempt_request` (preemption order),
+  `KVCacheManager.record_prefix_cache_stats` (the local hit of each admission) and
+  the connector's `get_num_new_matched_tokens` (None answers) and
+  `update_state_after_alloc` (external tokens).
+
+Where this differs from the interchange format's words (vLLM's rule is followed):
+- the format samples when num_computed_tokens + scheduled tokens reaches the prompt
+  length; vLLM samples when they reach the request's length, prompt plus the output
+  tokens it already has, so a preempted request samples again only once its
+  recomputation covers its earlier output (`is_prefill_chunk`, scheduler.py line 1863);
+- the format calls `async_scheduling: false` vLLM 0.33's setting; it is not (below);
+- a prompt of max_model_len tokens or more is a bad scenario (vLLM's input processor
+  refuses it); a shorter one whose output would pass max_model_len is run, and vLLM
+  finishes it when it reaches max_model_len tokens (sched/utils.py check_stop), with
+  fewer output tokens than the scenario lists.
 
 Choices the interchange format leaves open (the Rust side must make the same):
-- a step is logged for every schedule() call from step 0, also when nothing is
-  scheduled (before the first arrival or while every waiting request is pending);
+- a step is logged for every turn from step 0, also when nothing is scheduled
+  (before the first arrival, or while every waiting request is pending); a turn
+  with no request in the scheduler does not call schedule() (vLLM's has_requests());
+- blocks_in_use, waiting and running are read right after schedule(), before the
+  model output is processed; a turn that schedules nothing reports its starting state;
 - "finished" is sorted by request id (string order), as "scheduled" is;
 - "waiting" counts vLLM's `waiting` and `kv_holding_waiting` queues (the second is
   always empty with synchronous loads);
 - a request whose prompt is shorter than block_size is never probed (vLLM's
   connector answers (0, False) without a lookup), so its pending probes never count.
-Not supported (the harness exits 2 naming it): async_scheduling true (vLLM then runs
-AsyncScheduler one step ahead of the model output, a different loop).
+Async scheduling: `async_scheduling` true runs vLLM's AsyncScheduler in vLLM's own
+EngineCore.step_with_batch_queue (engine_loop.py; 2 batches in flight: a step
+schedules batch k, then processes batch k - 1's output, so "finished" lags a step),
+with max_concurrent_batches 2, which makes the scheduler defer block frees of a KV
+consumer (kv_both here). vLLM 0.33 itself resolves `async_scheduling` None to True
+for a generate model on the uniproc or multiproc executor without pipeline
+parallelism (config/vllm.py lines 1685-1719), a connector or not: the format's
+`false` is not what vLLM 0.33 picks by default for one GPU.
 """
 
 import argparse
@@ -55,6 +78,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import vllm_core  # noqa: E402
+from engine_loop import EngineLoop  # noqa: E402
 
 SETTING_KEYS = {
     "block_size": int, "num_gpu_blocks": int, "max_num_seqs": int,
@@ -73,6 +97,8 @@ def validate(scenario):
     if not isinstance(scenario, dict) or "settings" not in scenario or "requests" not in scenario:
         raise ScenarioError("the scenario must be an object with 'settings' and 'requests'")
     s = scenario["settings"]
+    if not isinstance(s, dict) or not isinstance(scenario["requests"], list):
+        raise ScenarioError("'settings' must be an object and 'requests' a list")
     for k, t in SETTING_KEYS.items():
         if k not in s:
             if k == "scheduler_reserve_full_isl":
@@ -84,12 +110,11 @@ def validate(scenario):
               "max_model_len"):
         if s[k] <= 0:
             raise ScenarioError(f"settings.{k} must be positive, got {s[k]}")
-    if s["async_scheduling"]:
-        raise ScenarioError("settings.async_scheduling true is not supported: vLLM runs "
-                            "AsyncScheduler then, one step ahead of the model output")
     bs, seen = s["block_size"], set()
     for i, r in enumerate(scenario["requests"]):
         where = f"requests[{i}]"
+        if not isinstance(r, dict):
+            raise ScenarioError(f"{where} must be an object")
         for k in ("request_id", "arrival_step", "prompt_token_ids", "output_token_ids",
                   "connector"):
             if k not in r:
@@ -105,9 +130,12 @@ def validate(scenario):
             if not isinstance(toks, list) or len(toks) < least or not all(
                     type(t) is int and 0 <= t < 2**31 for t in toks):
                 raise ScenarioError(f"{where}.{k} must be a non-empty list of ints in [0, 2^31)")
-        if len(r["prompt_token_ids"]) + len(r["output_token_ids"]) > s["max_model_len"]:
-            # vLLM's input processor rejects such a request before the scheduler.
-            raise ScenarioError(f"{where}: prompt + output tokens exceed settings.max_model_len")
+        if len(r["prompt_token_ids"]) >= s["max_model_len"]:
+            # vLLM's input processor rejects it before the scheduler
+            # (v1/engine/input_processor.py _validate_prompt_len).
+            raise ScenarioError(
+                f"{where}: the prompt (length {len(r['prompt_token_ids'])}) plus at least one "
+                f"output token is longer than settings.max_model_len {s['max_model_len']}")
         c = r["connector"]
         kind = c.get("kind") if isinstance(c, dict) else None
         if kind not in ("missing", "ready", "pending"):
@@ -131,8 +159,6 @@ def make_connector_class(core):
             self.answers = answers  # request id -> connector dict of the scenario
             self.block_size = block_size
             self.probes = {}  # request id -> probes answered so far
-            self.skipped = []  # this step's (None) answers, in probe order
-            self.external = {}  # request id -> external tokens at its last allocation
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             bs = self.block_size
@@ -145,7 +171,6 @@ def make_connector_class(core):
             if answer["kind"] == "missing":
                 return 0, False
             if answer["kind"] == "pending" and n < answer["steps"]:
-                self.skipped.append(rid)
                 return None, False
             hit = min(answer["hit_tokens"], request.num_tokens // bs * bs)
             if hit >= request.num_tokens:
@@ -153,7 +178,7 @@ def make_connector_class(core):
             return max(0, hit - num_computed_tokens), False
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens):
-            self.external[request.request_id] = num_external_tokens
+            pass  # synchronous loads: nothing to track
 
         def build_connector_meta(self, scheduler_output):
             return core.KVConnectorMetadata()
@@ -183,43 +208,122 @@ def settings_with_defaults(core, s):
     return out
 
 
-def run(core, scenario, on_step=None):
+class Observer:
+    """Records, without changing them, the calls that the step log reports: the
+    preemption order (`Scheduler._preempt_request`), each admission's local hit
+    (`KVCacheManager.record_prefix_cache_stats`), the connector's None answers
+    (`get_num_new_matched_tokens`) and external tokens (`update_state_after_alloc`);
+    all still run unchanged."""
+
+    def __init__(self, sched):
+        self.preempted, self.local_hits, self.skipped, self.external = [], {}, [], {}
+        connector = sched.connector
+        real_probe = connector.get_num_new_matched_tokens
+        real_alloc = connector.update_state_after_alloc
+
+        def probe_hook(request, num_computed_tokens):
+            answer = real_probe(request, num_computed_tokens)
+            if answer[0] is None:
+                self.skipped.append(request.request_id)
+            return answer
+
+        def alloc_hook(request, blocks, num_external_tokens):
+            self.external[request.request_id] = num_external_tokens
+            return real_alloc(request, blocks, num_external_tokens)
+        connector.get_num_new_matched_tokens = probe_hook
+        connector.update_state_after_alloc = alloc_hook
+        real_preempt = sched._preempt_request
+        manager = sched.kv_cache_manager
+        real_record = manager.record_prefix_cache_stats
+
+        def preempt_hook(request, *args, **kwargs):
+            self.preempted.append(request.request_id)
+            return real_preempt(request, *args, **kwargs)
+
+        def record_hook(request, num_new_local_computed_tokens, *args, **kwargs):
+            self.local_hits[request.request_id] = num_new_local_computed_tokens
+            return real_record(request, num_new_local_computed_tokens, *args, **kwargs)
+        sched._preempt_request = preempt_hook
+        manager.record_prefix_cache_stats = record_hook
+
+    def clear(self):
+        self.preempted.clear()
+        self.local_hits.clear()
+        self.skipped.clear()
+        self.external.clear()
+
+
+def model_output(core, sched, out, outputs):
+    """The stand-in model runner's ModelRunnerOutput for the SchedulerOutput `out`:
+    one sampled token per request past its prefill (`not is_prefill_chunk`), the next
+    of `outputs[request id]`. Its index counts the tokens delivered and those still in
+    flight (AsyncScheduler's `num_output_placeholders`, this step's included); an
+    index past the end (a step vLLM schedules before it sees the length cap) repeats
+    the last token, which vLLM discards."""
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        req = sched.requests[rid]
+        if req.is_prefill_chunk:
+            sampled.append([])
+            continue
+        index = req.num_output_tokens + max(req.num_output_placeholders - 1, 0)
+        sampled.append([outputs[rid][min(index, len(outputs[rid]) - 1)]])
+    return core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
+                                  sampled_token_ids=sampled)
+
+
+def run(core, scenario, on_step=None, connector=None, kv_transfer=None):
     """Yields the step log's objects (dicts), then the end line. `scenario`: the parsed
     JSON (validated here). `on_step(scheduler, line)`, if given, sees vLLM's Scheduler
-    after each step (tests read its queues)."""
+    after each step (tests read its queues). `connector` (with `kv_transfer`, see
+    vllm_core.build_scheduler) replaces ScenarioConnector, for example with vLLM's own
+    MooncakeStoreConnector; the scenario's connector answers are then not used.
+
+    Each step is one turn of vLLM's own engine loop (engine_loop.EngineLoop, the
+    wheel's EngineCore.step or, with async scheduling, step_with_batch_queue over 2
+    batches: a step schedules batch k and then processes batch k - 1's output, step
+    0 none). A turn with no request in the scheduler schedules nothing (vLLM's
+    `has_requests()` gate)."""
     validate(scenario)
     s = settings_with_defaults(core, scenario["settings"])
     reqs = scenario["requests"]
     answers = {r["request_id"]: r["connector"] for r in reqs}
     outputs = {r["request_id"]: r["output_token_ids"] for r in reqs}
-    cls = make_connector_class(core)
-    holder = {}
+    if connector is None:
+        cls = make_connector_class(core)
 
-    def make_connector(vllm_config, role, kv_cache_config):
-        holder["c"] = cls(vllm_config, role, kv_cache_config, answers, s["block_size"])
-        return holder["c"]
+        def connector(vllm_config, role, kv_cache_config):
+            return cls(vllm_config, role, kv_cache_config, answers, s["block_size"])
+    try:
+        sched = vllm_core.build_scheduler(core, s, connector=connector, kv_transfer=kv_transfer)
+    except ValueError as e:  # vLLM's SchedulerConfig.verify_max_model_len
+        raise ScenarioError(f"vLLM's SchedulerConfig refuses the settings: {e}") from e
+    observer = Observer(sched)
+    pool = sched.kv_cache_manager.block_pool
+    after_schedule = {}
 
-    sched = vllm_core.build_scheduler(core, s, connector=make_connector)
-    connector = holder["c"]
-    preempted, local_hits = [], {}
-    real_preempt = sched._preempt_request
+    def state(running_before):
+        """The step line's fields read right after schedule() (before the model output
+        is processed, which frees the blocks of requests it finishes)."""
+        admitted = [r.request_id for r in sched.running if id(r) not in running_before]
+        return {
+            "admitted": admitted,
+            "blocks_in_use": s["num_gpu_blocks"] - pool.get_num_free_blocks(),
+            "local_hits": [[rid, observer.local_hits.get(rid, 0)] for rid in admitted],
+            "external_hits": [[rid, observer.external.get(rid, 0)] for rid in admitted],
+            "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
+            "running": len(sched.running),
+        }
 
-    def preempt_hook(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return real_preempt(request, *args, **kwargs)
-    sched._preempt_request = preempt_hook
-    manager = sched.kv_cache_manager
-    real_record = manager.record_prefix_cache_stats
+    def run_model(out):
+        after_schedule.update(state(after_schedule["running_before"]))
+        return model_output(core, sched, out, outputs)
 
-    def record_hook(request, num_new_local_computed_tokens, *args, **kwargs):
-        local_hits[request.request_id] = num_new_local_computed_tokens
-        return real_record(request, num_new_local_computed_tokens, *args, **kwargs)
-    manager.record_prefix_cache_stats = record_hook
-
+    engine = EngineLoop(core.wheel, sched, run_model)
     arrivals = {}
     for r in reqs:
         arrivals.setdefault(r["arrival_step"], []).append(r)
-    num_gpu_blocks = s["num_gpu_blocks"]
     finished_total, step = 0, 0
     while step < s["max_steps"] and finished_total < len(reqs):
         for r in arrivals.pop(step, []):
@@ -227,44 +331,34 @@ def run(core, scenario, on_step=None):
                 core, r["request_id"], r["prompt_token_ids"], len(r["output_token_ids"]),
                 s["block_size"], arrival_time=float(r["arrival_step"])))
         running_before = {id(r) for r in sched.running}
-        preempted.clear()
-        local_hits.clear()
-        connector.skipped.clear()
-        connector.external.clear()
-        out = sched.schedule()
-        admitted = [r.request_id for r in sched.running if id(r) not in running_before]
+        observer.clear()
+        # A turn that schedules nothing reports the state it started from.
+        after_schedule.clear()
+        after_schedule.update(state(running_before), running_before=running_before)
+        engine_outputs, _, scheduled_outputs = engine.turn()
+        scheduled = dict(scheduled_outputs[-1].num_scheduled_tokens) if scheduled_outputs else {}
+        st = after_schedule
         line = {
             "step": step,
-            "scheduled": sorted([k, v] for k, v in out.num_scheduled_tokens.items()),
-            "admitted": admitted,
-            "preempted": list(preempted),
+            "scheduled": sorted([k, v] for k, v in scheduled.items()),
+            "admitted": st["admitted"],
+            "preempted": list(observer.preempted),
             "finished": [],
-            "skipped_pending": list(connector.skipped),
-            "blocks_in_use": num_gpu_blocks - manager.block_pool.get_num_free_blocks(),
-            "local_hits": [[rid, local_hits.get(rid, 0)] for rid in admitted],
-            "external_hits": [[rid, connector.external.get(rid, 0)] for rid in admitted],
-            "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
-            "running": len(sched.running),
+            "skipped_pending": list(observer.skipped),
+            "blocks_in_use": st["blocks_in_use"],
+            "local_hits": st["local_hits"],
+            "external_hits": st["external_hits"],
+            "waiting": st["waiting"],
+            "running": st["running"],
         }
-        ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            req = sched.requests[rid]
-            if req.is_prefill_chunk:
-                sampled.append([])
-            else:
-                sampled.append([outputs[rid][req.num_output_tokens]])
-        mro = core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
-                                     sampled_token_ids=sampled)
-        engine_outputs = sched.update_from_output(out, mro)
-        finished = sorted(o.request_id for eco in engine_outputs.values()
-                          for o in eco.outputs if o.finish_reason is not None)
-        line["finished"] = finished
-        finished_total += len(finished)
+        line["finished"] = sorted(o.request_id for eco in (engine_outputs or {}).values()
+                                  for o in eco.outputs if o.finish_reason is not None)
+        finished_total += len(line["finished"])
         if on_step is not None:
             on_step(sched, line)
         yield line
         step += 1
+    sched.shutdown()  # as EngineCore.shutdown does
     yield {"end": True, "steps": step, "finished": finished_total}
 
 
@@ -280,7 +374,7 @@ def show(line):
             parts.append(f"    {key}: {' '.join(line[key])}")
     if line["admitted"]:
         hits = " ".join(f"{r}:{lh}+{eh}" for (r, lh), (_, eh) in
-                        zip(line["local_hits"], line["external_hits"]))
+                        zip(line["local_hits"], line["external_hits"], strict=True))
         parts.append(f"    hits (local+external tokens): {hits}")
     return "\n".join(parts)
 
@@ -302,7 +396,10 @@ def main(argv=None):
     stage = "reading the scenario"
     try:
         with open(a.scenario) as f:
-            scenario = json.load(f)
+            try:
+                scenario = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ScenarioError(f"not JSON: {e}") from e
         stage = "loading vLLM 0.33.0's scheduler from the wheel"
         core = vllm_core.load(a.wheel)
         stage = "running the scenario"

@@ -6,13 +6,16 @@ store/coordinator.py (MooncakeStoreCoordinator, over vLLM's own KV cache manager
 store/data.py and store/protocol.py verbatim; store/worker.py in part (the lookup
 channel: LookupKeyClient, LookupKeyServer, get_zmq_rpc_path_lookup; the worker
 itself moves KV with torch and the Mooncake client, so MooncakeStoreWorker is an
-empty class); the connector metrics base classes minus Prometheus; network_utils verbatim.
-Needs pyzmq, psutil and urllib3 (PyPI) on top of vllm_core's msgspec and numpy. The lookup channel is real ZeroMQ (pyzmq), so a scheduler
-built with `connector=MooncakeStoreConnector` asks a lookup server at
+empty class); the connector metrics base classes minus Prometheus; network_utils
+verbatim. Needs pyzmq, psutil and urllib3 (PyPI) on top of vllm_core's msgspec and
+numpy. The lookup channel is real ZeroMQ (pyzmq), so a scheduler built with
+`connector=MooncakeStoreConnector` asks a lookup server at
 `get_zmq_rpc_path_lookup(vllm_config)`: vLLM's own LookupKeyServer (worker rank 0)
 or the project's lookup-server.
 
-`kv_transfer_config(...)` gives the KV transfer config fields the connector reads.
+`vllm_core.build_scheduler(..., kv_transfer={...})` sets the KV transfer config
+fields the connector reads (`kv_connector_extra_config`: lookup_rpc_port,
+load_async, lookup_async, ...) over vLLM's defaults (vllm_core.kv_transfer_config).
 """
 
 import importlib
@@ -31,13 +34,13 @@ VERBATIM = [f"{STORE}.connector", f"{STORE}.scheduler", f"{STORE}.coordinator",
 def _worker_prelude(module):
     """MooncakeStoreWorker moves KV blocks with torch and the Mooncake client (worker
     role only): an empty class; the lookup channel's classes run verbatim."""
-    si._placeholder(module, "MooncakeStoreWorker")
+    si.placeholder(module, "MooncakeStoreWorker")
 
 
 def _metrics_prelude(module):
     """Prometheus metric classes: annotations of the Prometheus helpers (log_stats
     off); KVConnectorStats (a dataclass) runs verbatim."""
-    si._placeholder(module, "Gauge", "Counter", "Histogram")
+    si.placeholder(module, "Gauge", "Counter", "Histogram")
 
 
 PARTIAL = {
@@ -60,14 +63,14 @@ def _distributed(module):
     the worker's lookup channel reads none of it (the rank helpers the worker imports
     raise when called)."""
     module.__path__ = []
-    si._refuse(module, "get_dcp_group", "get_pcp_group", "get_tensor_model_parallel_rank",
+    si.refuse(module, "get_dcp_group", "get_pcp_group", "get_tensor_model_parallel_rank",
                "get_tensor_model_parallel_world_size", "get_pp_group", "get_world_group",
                "get_tp_group")
 
 
 def _forward_context(module):
     """vllm.forward_context: the model forward's context (worker role); annotation."""
-    si._placeholder(module, "ForwardContext")
+    si.placeholder(module, "ForwardContext")
 
 
 STANDINS = {"vllm.distributed": _distributed, "vllm.forward_context": _forward_context}
@@ -86,7 +89,8 @@ def load(wheel):
     core = vllm_core.load(wheel, extra_verbatim=VERBATIM, extra_partial=PARTIAL,
                           extra_standins=STANDINS)
     connector, scheduler, worker, data = (
-        importlib.import_module(f"{STORE}.{m}") for m in ("connector", "scheduler", "worker", "data"))
+        importlib.import_module(f"{STORE}.{m}")
+        for m in ("connector", "scheduler", "worker", "data"))
     core.MooncakeStoreConnector = connector.MooncakeStoreConnector
     core.MooncakeStoreScheduler = scheduler.MooncakeStoreScheduler
     core.LookupKeyClient = worker.LookupKeyClient

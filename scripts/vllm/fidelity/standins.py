@@ -6,7 +6,7 @@ says why the real module is not run and what the scheduling code reads of it. No
 stand-in takes a scheduling decision: the scheduler, KV cache manager, block pool,
 coordinator, single-type managers, request and free-block queue are vLLM's own code
 (see vllm_core.VERBATIM). Names that are only annotations or `isinstance` targets are
-empty classes (`_placeholder`); a stand-in that would have to compute something the
+empty classes (`placeholder`); a stand-in that would have to compute something the
 scenario never asks for raises `StandInCalled` instead of guessing.
 """
 
@@ -26,17 +26,17 @@ class StandInCalled(RuntimeError):
     feature (torch tensors, spec decode, structured output, ...) the harness lacks."""
 
 
-def _placeholder(module, *names):
+def placeholder(module, *names):
     """Empty classes named `names` in `module` (annotations and isinstance only)."""
     for name in names:
         setattr(module, name, type(name, (), {"__module__": module.__name__}))
 
 
-def _refuse(module, *names):
+def refuse(module, *names):
     """Functions named `names` in `module` that raise StandInCalled when called."""
     for name in names:
         def refuse(*args, _name=name, **kwargs):
-            raise StandInCalled(f"{module.__name__}.{_name} is stood in (needs torch/GPU)")
+            raise StandInCalled(f"{module.__name__}.{_name} is stood in (see standins.py)")
         refuse.__name__ = name
         setattr(module, name, refuse)
 
@@ -59,7 +59,7 @@ def torch(module):
     """torch: the scheduling modules name `torch.Tensor`/`torch.dtype` in annotations
     and dataclass fields (prompt embeddings, logprob tensors, layer specs' dtypes), which
     a text-only CPU run never fills. Any other attribute is a `_TorchName`."""
-    _placeholder(module, "Tensor", "dtype", "device", "Generator", "Size")
+    placeholder(module, "Tensor", "dtype", "device", "Generator", "Size")
     for name in ("float16", "bfloat16", "float32", "float", "int", "int32", "int64",
                  "uint8", "long", "bool", "float8_e4m3fn", "float8_e5m2"):
         setattr(module, name, module.dtype())
@@ -130,24 +130,24 @@ def config(module):
     modules name `VllmConfig`, `SchedulerConfig`, `KVEventsConfig`, `KVTransferConfig`
     in annotations only (the harness passes vllm_core.VllmConfig, a plain object with
     the fields the scheduler reads)."""
-    _placeholder(module, "VllmConfig", "SchedulerConfig", "CacheConfig", "ModelConfig",
+    placeholder(module, "VllmConfig", "SchedulerConfig", "CacheConfig", "ModelConfig",
                  "SpeculativeConfig", "KVTransferConfig")
     module.get_current_vllm_config_or_none = lambda: None
 
 
 def config_kv_events(module):
     """vllm.config.kv_events: a pydantic config; annotation only (no KV events)."""
-    _placeholder(module, "KVEventsConfig")
+    placeholder(module, "KVEventsConfig")
     sys.modules["vllm.config"].KVEventsConfig = module.KVEventsConfig
 
 
 def config_ec_manager(module):
     """vllm.config.ec_manager_config: pydantic; `EncoderCacheManagerMetadata` is an
     annotation of the scheduler output (no encoder cache)."""
-    _placeholder(module, "EncoderCacheManagerMetadata")
+    placeholder(module, "EncoderCacheManagerMetadata")
 
 
-class _NoEncoderCacheManagerConfig:
+class NoEncoderCacheManagerConfig:
     """`ECManagerConfig.get_encoder_cache_manager_obj()` returns None by default (no
     custom encoder cache manager), and the scheduler then uses vLLM's own."""
 
@@ -159,30 +159,30 @@ class _NoEncoderCacheManagerConfig:
 def cuda_graph(module):
     """vllm.compilation.cuda_graph: CUDA graph capture; `CUDAGraphStat` is an
     annotation of the model runner output."""
-    _placeholder(module, "CUDAGraphStat")
+    placeholder(module, "CUDAGraphStat")
 
 
 def metrics_perf(module):
     """vllm.v1.metrics.perf: Prometheus and pydantic; `ModelMetrics` is built only with
     MFU metrics enabled (log_stats False here), `PerfStats` is an annotation."""
-    _placeholder(module, "PerfStats")
-    _refuse(module, "ModelMetrics")
+    placeholder(module, "PerfStats")
+    refuse(module, "ModelMetrics")
 
 
 def spec_decode_metrics(module):
     """vllm.v1.spec_decode.metrics: Prometheus; no spec decode (annotation only)."""
-    _placeholder(module, "SpecDecodingStats")
+    placeholder(module, "SpecDecodingStats")
 
 
 def spec_decode_dynamic(module):
     """vllm.v1.spec_decode.dynamic.utils: read only with a speculative config."""
-    _refuse(module, "build_dynamic_sd_schedule_lookup")
+    refuse(module, "build_dynamic_sd_schedule_lookup")
 
 
 def kv_connector_metrics(module):
     """vllm.distributed.kv_transfer.kv_connector.v1.metrics: Prometheus; the connector
     stats the scheduler aggregates are None for a connector that keeps none."""
-    _placeholder(module, "KVConnectorStats")
+    placeholder(module, "KVConnectorStats")
 
 
 def structured_output(module):
@@ -216,62 +216,67 @@ def structured_output_request(module):
 def structured_output_utils(module):
     """vllm.v1.structured_output.utils: `strip_speculative_padding` is read for spec
     tokens only (none here)."""
-    _refuse(module, "strip_speculative_padding")
+    refuse(module, "strip_speculative_padding")
 
 
 def lora_request(module):
     """vllm.lora.request: msgspec struct, annotation only (no LoRA)."""
-    _placeholder(module, "LoRARequest")
+    placeholder(module, "LoRARequest")
 
 
 def pooling_params(module):
     """vllm.pooling_params: pydantic over ModelConfig; pooling requests are not used
     (every request has SamplingParams)."""
-    _placeholder(module, "PoolingParams")
+    placeholder(module, "PoolingParams")
 
 
 def multimodal(module):
     """vllm.multimodal: the registry imports processors and PIL; text-only models read
     `MULTIMODAL_REGISTRY` only as a default argument."""
-    _placeholder(module, "MultiModalRegistry")
+    placeholder(module, "MultiModalRegistry")
     module.MULTIMODAL_REGISTRY = module.MultiModalRegistry()
 
 
 def multimodal_inputs(module):
     """vllm.multimodal.inputs: tensors of multimodal items; annotation only."""
-    _placeholder(module, "MultiModalFeatureSpec", "MultiModalKwargsItem")
+    placeholder(module, "MultiModalFeatureSpec", "MultiModalKwargsItem")
 
 
 def multimodal_budget(module):
     """vllm.multimodal.encoder_budget: built only for multimodal models."""
-    _refuse(module, "MultiModalBudget")
+    refuse(module, "MultiModalBudget")
 
 
 def kv_hints(module):
     """vllm.v1.kv_hints: annotation of `Request.kv_hints` (None here)."""
-    _placeholder(module, "KvHintsEnvelope", "KvHintAction")
+    placeholder(module, "KvHintsEnvelope", "KvHintAction")
 
 
 def serial_utils(module):
     """vllm.v1.serial_utils: msgpack/torch serialisation for IPC; annotation only."""
-    _placeholder(module, "UtilityResult", "PydanticMsgspecMixin")
+    placeholder(module, "UtilityResult", "PydanticMsgspecMixin")
 
 
 def torch_utils(module):
     """vllm.utils.torch_utils: torch helpers; `PIN_MEMORY` is a default argument,
     `get_dtype_size` is read only for layer page sizes (never by the scheduler)."""
     module.PIN_MEMORY = False
-    _refuse(module, "get_dtype_size", "make_ndarray_with_pad", "is_non_overlapping_and_dense")
+    refuse(module, "get_dtype_size", "make_ndarray_with_pad", "is_non_overlapping_and_dense")
 
 
 def platforms(module):
     """vllm.platforms: detects CUDA/ROCm/CPU at import. The KV spec registry asks
     `current_platform.register_custom_kv_cache_specs`, which the base Platform
-    (platforms/interface.py line 1140) and the CPU platform leave empty."""
+    (platforms/interface.py line 1140) and the CPU platform leave empty;
+    AsyncScheduler asks `is_xpu()` (False: the XPU-only PP micro-batch switch)."""
     class Platform:
         @classmethod
         def register_custom_kv_cache_specs(cls, vllm_config):
             pass
+
+        @classmethod
+        def is_xpu(cls):
+            return False  # AsyncScheduler asks; the platform modelled is a GPU, not XPU
 
         def __getattr__(self, name):
             raise StandInCalled(f"current_platform.{name} is stood in (no GPU platform)")
@@ -280,14 +285,13 @@ def platforms(module):
 
 def attention_backend(module):
     """vllm.v1.attention.backend: attention kernels; annotation only."""
-    _placeholder(module, "AttentionMetadata", "MultipleOf")
+    placeholder(module, "AttentionMetadata", "MultipleOf")
 
 
 def v1_utils_prelude(module):
     """Globals for the parts of vllm/v1/utils.py kept (ConstantList and
     record_function_or_nullcontext run verbatim; the profiler scope is the null context
     as envs.VLLM_CUSTOM_SCOPES_FOR_PROFILING is False; `tensor_data` needs torch)."""
-    import threading  # noqa: F401 - the kept code may read it
     from collections.abc import Callable, Sequence
     from typing import Generic, TypeVar, overload
     module.__dict__.update(
@@ -295,10 +299,9 @@ def v1_utils_prelude(module):
         Sequence=Sequence, Callable=Callable, T=TypeVar("T"), Any=Any,
         envs=sys.modules["vllm.envs"], _PROFILER_FUNC=None,
         AbstractContextManager=contextlib.AbstractContextManager)
-    from vllm.utils import torch_utils as _unused  # noqa: F401
     module.torch = sys.modules["torch"]
-    module.record_function = contextlib.nullcontext
-    _refuse(module, "tensor_data")
+    module.record_function = contextlib.nullcontext  # torch's profiler scope
+    refuse(module, "tensor_data")
 
 
 # distributed: connectors and events -----------------------------------------------------
@@ -306,8 +309,8 @@ class ConnectorSlot:
     """What `KVConnectorFactory.create_connector` returns: vllm_core.build_scheduler
     puts the caller's scheduler-side connector here before constructing the
     Scheduler (an instance, or a class or function called as vLLM's factory calls a
-    connector class: (vllm_config, role, kv_cache_config)) (vLLM's factory resolves a class name from KVTransferConfig and
-    imports every connector module)."""
+    connector class: (vllm_config, role, kv_cache_config)). vLLM's factory resolves a
+    class name from KVTransferConfig and imports every connector module."""
 
     connector: Any = None
 
@@ -320,7 +323,8 @@ def kv_connector_factory(module):
             c = ConnectorSlot.connector
             if c is None:
                 raise StandInCalled("no connector given to build_scheduler")
-            if isinstance(c, type) or (callable(c) and not hasattr(c, "get_num_new_matched_tokens")):
+            is_instance = hasattr(c, "get_num_new_matched_tokens") and not isinstance(c, type)
+            if not is_instance:
                 return c(config, role, kv_cache_config)
             return c
     module.KVConnectorFactory = KVConnectorFactory
@@ -337,7 +341,7 @@ def kv_connector_v1(module):
 
 def ec_connector_base(module):
     """vllm.distributed.ec_transfer: encoder-cache transfer, off (no EC config)."""
-    _placeholder(module, "ECConnectorBase", "ECConnectorMetadata")
+    placeholder(module, "ECConnectorBase", "ECConnectorMetadata")
 
     class ECConnectorRole(enum.Enum):
         SCHEDULER = 0
@@ -347,18 +351,18 @@ def ec_connector_base(module):
 
 def ec_connector_factory(module):
     """vllm.distributed.ec_transfer.ec_connector.factory: off (no EC config)."""
-    _placeholder(module, "ECConnectorFactory")
+    placeholder(module, "ECConnectorFactory")
 
 
 def ec_connector_metrics(module):
     """vllm.distributed.ec_transfer.ec_connector.metrics: Prometheus; annotation."""
-    _placeholder(module, "ECConnectorStats")
+    placeholder(module, "ECConnectorStats")
 
 
 def aux_output_connector(module):
     """vllm.distributed.aux_output_connector.connector: built only when
     aux_output_config.enabled (False)."""
-    _refuse(module, "AuxOutputSchedulerConnector")
+    refuse(module, "AuxOutputSchedulerConnector")
 
 
 def kv_events_prelude(module):
@@ -366,7 +370,7 @@ def kv_events_prelude(module):
     classes, NullEventPublisher and EventPublisherFactory run verbatim (the factory
     returns NullEventPublisher without a KV events config)."""
     module.zmq = None
-    _refuse(module, "ZmqEventPublisher")  # the factory's registry names it
+    refuse(module, "ZmqEventPublisher")  # the factory's registry names it
     from vllm.config.kv_events import KVEventsConfig
     module.KVEventsConfig = KVEventsConfig
 
@@ -385,7 +389,7 @@ def multimodal_utils_prelude(module):
     from dataclasses import replace
     module.bisect = bisect
     module.replace = replace
-    _placeholder(module, "MultiModalFeatureSpec")
+    placeholder(module, "MultiModalFeatureSpec")
 
 
 def outputs_prelude(module):
@@ -436,7 +440,7 @@ def sampling_params(module):
             return self.logprobs
 
     module.SamplingParams = SamplingParams
-    _placeholder(module, "RepetitionDetectionParams")
+    placeholder(module, "RepetitionDetectionParams")
 
     class RequestOutputKind(enum.Enum):
         CUMULATIVE = 0

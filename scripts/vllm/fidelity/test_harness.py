@@ -168,6 +168,37 @@ def test_a_ready_hit_covering_the_whole_prompt_is_cut_below_its_last_token(core)
                           external=[("r0", 16), ("r1", 0)], running=2)
 
 
+def test_async_scheduling_schedules_a_step_before_the_last_output_is_processed(core):
+    # vLLM 0.33's default for one GPU (async_scheduling None -> True): AsyncScheduler
+    # in EngineCore.step_with_batch_queue with 2 batches in flight.
+    scenario = {"settings": settings(num_gpu_blocks=64, async_scheduling=True), "requests": [
+        req("r0", 0, range(1000, 1040), 3), req("r1", 1, range(2000, 2020), 2)]}
+    log = steps(core, scenario)
+    assert log[0] == line(0, [("r0", 32)], admitted=["r0"], blocks=2, local=[("r0", 0)],
+                          running=1)
+    # r0's second chunk is scheduled before step 0's output is processed.
+    assert log[1] == line(1, [("r0", 8), ("r1", 20)], admitted=["r1"], blocks=5,
+                          local=[("r1", 0)], running=2)
+    assert log[2] == line(2, [("r0", 1), ("r1", 1)], blocks=5, running=2)
+    # r1's 2 tokens are delivered or in flight: it is not scheduled again, and its
+    # finish is seen when step 2's output is processed, during step 3.
+    assert log[3] == line(3, [("r0", 1)], finished=["r1"], blocks=5, running=2)
+    assert log[4] == line(4, [], finished=["r0"], blocks=3, running=1)
+    assert log[-1] == {"end": True, "steps": 5, "finished": 2}
+    # The same scenario without async scheduling: each step sees its own output.
+    sync = steps(core, {**scenario, "settings": settings(num_gpu_blocks=64)})
+    assert [x["finished"] for x in sync[:-1]] == [[], [], ["r1"], ["r0"]]
+
+
+def test_an_output_past_max_model_len_is_cut_there_by_vllm(core):
+    # 64 prompt tokens, 10 listed outputs, max_model_len 70: check_stop finishes the
+    # request when it holds 70 tokens, after 6 outputs.
+    scenario = {"settings": settings(max_model_len=70), "requests": [req("r0", 0, range(64), 10)]}
+    log = steps(core, scenario)
+    assert log[-1] == {"end": True, "steps": 7, "finished": 1}
+    assert log[6]["finished"] == ["r0"]
+
+
 def test_the_same_scenario_gives_the_same_log(core):
     scenario = {"settings": settings(scheduler_reserve_full_isl=False), "requests": GATE}
     assert steps(core, scenario) == steps(core, scenario)
@@ -175,13 +206,17 @@ def test_the_same_scenario_gives_the_same_log(core):
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda s: s["settings"].pop("num_gpu_blocks"), "settings.num_gpu_blocks is missing"),
-    (lambda s: s["settings"].update(async_scheduling=True), "async_scheduling true"),
+    (lambda s: s["settings"].update(async_scheduling=1), "async_scheduling must be bool"),
     (lambda s: s["requests"][0]["connector"].update(kind="later"), "connector.kind"),
     (lambda s: s["requests"][0]["connector"].update(kind="ready", hit_tokens=17),
      "multiple of 16"),
     (lambda s: s["requests"][0].update(prompt_token_ids=[-1]), "prompt_token_ids"),
     (lambda s: s["requests"].append(dict(s["requests"][0])), "unique"),
-    (lambda s: s["settings"].update(max_model_len=70), "exceed settings.max_model_len"),
+    (lambda s: s["requests"].append("r9"), r"requests\[2\] must be an object"),
+    (lambda s: s["settings"].update(max_model_len=80), r"requests\[1\]: the prompt \(length 80\)"),
+    # vLLM's own SchedulerConfig check (verify_max_model_len).
+    (lambda s: s["settings"].update(max_num_seqs=64), r"must be greater than or equal to "
+     r"max_num_seqs \(64\)"),
 ])
 def test_a_bad_scenario_names_the_field(core, mutate, message):
     scenario = json.loads(json.dumps({"settings": settings(), "requests": GATE}))
@@ -207,3 +242,15 @@ def test_the_command_writes_the_log_and_exits_2_on_a_bad_scenario(wheel, tmp_pat
     done = subprocess.run([*cmd, "--scenario", str(bad)], capture_output=True, text=True)
     assert done.returncode == 2
     assert "settings.block_size is missing" in done.stderr
+    bad.write_text('{"settings": ')
+    done = subprocess.run([*cmd, "--scenario", str(bad)], capture_output=True, text=True)
+    assert done.returncode == 2 and "not JSON" in done.stderr
+
+
+def test_a_generated_scenario_runs_to_the_end(core):
+    import gen_scenario
+    scenario = gen_scenario.scenario(12, 0)
+    assert scenario == gen_scenario.scenario(12, 0)
+    log = steps(core, scenario)
+    assert log[-1] == {"end": True, "steps": 301, "finished": 12}
+    assert sum(len(x.get("skipped_pending", ())) for x in log) == 3

@@ -47,3 +47,16 @@ def test_one_request_is_chunked_then_decoded_until_max_tokens(core):
         ({"r0": 1}, 57, ["length"]),
     ]
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 64
+
+
+def test_the_engine_loop_is_vllms_engine_core_step(core):
+    from engine_loop import EngineLoop
+    for async_scheduling, method in ((False, "step"), (True, "step_with_batch_queue")):
+        sched = vllm_core.build_scheduler(core, {**SETTINGS, "async_scheduling": async_scheduling})
+        engine = EngineLoop(core.wheel, sched, lambda out: None)
+        assert type(sched).__name__ == ("AsyncScheduler" if async_scheduling else "Scheduler")
+        assert (engine.batch_queue is None) is (not async_scheduling)
+        code = engine._methods[method].__code__
+        assert code.co_filename.endswith("vllm/v1/engine/core.py") and code.co_name == method
+        # Nothing to schedule: vLLM's loop returns before calling the model.
+        assert engine.turn() == ((None, False, []) if async_scheduling else ({}, False, []))

@@ -14,7 +14,7 @@ model configs, multimodal processing or structured output, and takes no scheduli
 decision). It returns a namespace of vLLM's classes.
 
 `build_scheduler(core, settings, connector=None)` builds vLLM's `Scheduler` from
-plain settings (the scenario's, see fidelity-format in the harness), with an optional
+plain settings (the scenario's, see harness.py), with an optional
 scheduler-side KV connector instance (any `KVConnectorBase_V1`, for example vLLM's
 own MooncakeStoreConnector loaded with `load(wheel, extra_verbatim=...)`).
 `make_request(core, ...)` builds a vLLM `Request` with vLLM's block hasher (sha256,
@@ -23,7 +23,9 @@ the default `prefix_caching_hash_algo`).
 `SchedulerConfig` and `CacheConfig` are plain objects holding every field of vLLM's
 dataclasses with the wheel's own defaults (read from vllm/config/scheduler.py and
 cache.py with `ast`: `scheduler_reserve_full_isl` = True, `watermark` = 0.0, ...),
-overridden by the settings; vLLM's pydantic validation is not run.
+overridden by the settings; SchedulerConfig's own __post_init__ and
+verify_max_model_len then run on them (vLLM's code, taken with `ast`), pydantic's
+field validation does not.
 
 Needs: Python >= 3.11, `msgspec` and `numpy` from PyPI (vLLM's engine and output
 types use them); no torch.
@@ -31,14 +33,16 @@ types use them); no torch.
 
 import ast
 import sys
+import types
 import zipfile
 from types import SimpleNamespace
 
 import standins as si
-from wheel_import import Partial, WheelImporter
+from wheel_import import Partial, WheelImporter, class_methods
 
 VERBATIM = [
     "vllm.v1.core.sched.scheduler",
+    "vllm.v1.core.sched.async_scheduler",
     "vllm.v1.core.sched.request_queue",
     "vllm.v1.core.sched.output",
     "vllm.v1.core.sched.utils",
@@ -146,15 +150,20 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
     from vllm.v1 import kv_cache_interface as kvi
     from vllm.v1 import outputs, request
     from vllm.v1.core import block_pool, kv_cache_manager, kv_cache_utils
+    from vllm.v1.core.sched import async_scheduler, scheduler
     from vllm.v1.core.sched import output as sched_output
-    from vllm.v1.core.sched import scheduler
 
     with zipfile.ZipFile(wheel) as z:
         defaults = {cls: dataclass_defaults(z, f"vllm/config/{f}.py", cls)
                     for f, cls in CONFIGS}
+        scheduler_checks = class_methods(
+            z, "vllm/config/scheduler.py", "SchedulerConfig",
+            ["__post_init__", "verify_max_model_len"],
+            {"logger": sys.modules["vllm.logger"].init_logger("vllm.config.scheduler")})
     return SimpleNamespace(
         wheel=wheel, importer=importer,
-        Scheduler=scheduler.Scheduler, KVCacheManager=kv_cache_manager.KVCacheManager,
+        Scheduler=scheduler.Scheduler, AsyncScheduler=async_scheduler.AsyncScheduler,
+        KVCacheManager=kv_cache_manager.KVCacheManager,
         BlockPool=block_pool.BlockPool, Request=request.Request,
         RequestStatus=request.RequestStatus, SchedulerOutput=sched_output.SchedulerOutput,
         ModelRunnerOutput=outputs.ModelRunnerOutput,
@@ -165,7 +174,7 @@ def load(wheel, extra_verbatim=(), extra_partial=None, extra_standins=None):
         KVConnectorBase_V1=connector_base.KVConnectorBase_V1,
         KVConnectorRole=connector_base.KVConnectorRole,
         KVConnectorMetadata=connector_base.KVConnectorMetadata,
-        config_defaults=defaults,
+        config_defaults=defaults, scheduler_config_methods=scheduler_checks,
     )
 
 
@@ -242,12 +251,19 @@ def vllm_config(core, s, with_connector, kv_transfer=None):
         if k in s:
             sched[k] = s[k]
     sched.setdefault("max_num_scheduled_tokens", None)
+    scheduler_config = Strict(**sched)
+    # vLLM's own SchedulerConfig.__post_init__ (config/scheduler.py line 295): derived
+    # fields and verify_max_model_len's checks (ValueError on a bad combination).
+    methods = core.scheduler_config_methods
+    scheduler_config.verify_max_model_len = types.MethodType(
+        methods["verify_max_model_len"], scheduler_config)
+    methods["__post_init__"](scheduler_config, s["max_model_len"], False)
     cache = {**d["CacheConfig"], "_what": "CacheConfig",
              "block_size": s["block_size"], "num_gpu_blocks": s["num_gpu_blocks"] + 1,
              "enable_prefix_caching": s["enable_prefix_caching"]}
     cfg = Strict(
         _what="VllmConfig",
-        scheduler_config=Strict(**sched), cache_config=Strict(**cache),
+        scheduler_config=scheduler_config, cache_config=Strict(**cache),
         lora_config=None, kv_events_config=None, speculative_config=None,
         ec_transfer_config=None,
         kv_transfer_config=(kv_transfer_config(core, **(kv_transfer or {}))
@@ -262,9 +278,12 @@ def vllm_config(core, s, with_connector, kv_transfer=None):
                                   "data_parallel_index": 0, "world_size": 1}),
         observability_config=Strict(**{**d["ObservabilityConfig"],
                                        "_what": "ObservabilityConfig"}),
-        ec_manager_config=si._NoEncoderCacheManagerConfig(),
+        ec_manager_config=si.NoEncoderCacheManagerConfig(),
         aux_output_config=Strict(_what="AuxOutputConfig", enabled=False),
-        is_mm_encoder_only=False, max_concurrent_batches=1, num_speculative_tokens=0,
+        # VllmConfig.max_concurrent_batches (config/vllm.py line 588): 2 with async
+        # scheduling (V1 model runner, no pipeline parallelism), else 1.
+        is_mm_encoder_only=False, max_concurrent_batches=2 if sched["async_scheduling"] else 1,
+        num_speculative_tokens=0,
         num_lookahead_tokens=0, num_prefill_lookahead_tokens=0, use_v2_model_runner=False,
         num_hash_lookahead_tokens=0, max_in_flight_tokens=None,
     )
@@ -281,7 +300,9 @@ def kv_cache_config(core, s):
 
 
 def build_scheduler(core, settings, connector=None, log_stats=False, kv_transfer=None):
-    """vLLM's `Scheduler` for `settings` (the scenario's "settings" dict: block_size,
+    """vLLM's `Scheduler`, or `AsyncScheduler` when settings["async_scheduling"] (as
+    SchedulerConfig.get_scheduler_cls picks), for `settings` (the scenario's
+    "settings" dict: block_size,
     num_gpu_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
     enable_chunked_prefill, enable_prefix_caching, long_prefill_token_threshold,
     async_scheduling, scheduler_reserve_full_isl), with `connector`: None (no KV
@@ -291,9 +312,11 @@ def build_scheduler(core, settings, connector=None, log_stats=False, kv_transfer
     __init__ reads the config the scheduler is built with). The KV transfer config is
     `kv_transfer_config(core, **kv_transfer)`."""
     si.ConnectorSlot.connector = connector
+    # SchedulerConfig.get_scheduler_cls (config/scheduler.py line 231).
+    cls = core.AsyncScheduler if settings.get("async_scheduling") else core.Scheduler
     try:
         cfg = vllm_config(core, settings, connector is not None, kv_transfer)
-        scheduler = core.Scheduler(
+        scheduler = cls(
             vllm_config=cfg, kv_cache_config=kv_cache_config(core, settings),
             structured_output_manager=sys.modules["vllm.v1.structured_output"]
             .StructuredOutputManager(),

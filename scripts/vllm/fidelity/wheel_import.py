@@ -173,6 +173,36 @@ class Partial:
         return any(m == d or m.startswith(d + ".") for m in modules for d in self.drop_imports)
 
 
+class _NoAnnotations(ast.NodeTransformer):
+    """Drops function annotations (they name types the functions never call)."""
+
+    def visit_FunctionDef(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        node.returns = None
+        for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                  node.args.vararg, node.args.kwarg]:
+            if a is not None:
+                a.annotation = None
+        return node
+
+
+def class_methods(z, path, cls, names, globals_):
+    """Name -> function for the methods `names` of class `cls` in the wheel's `path`
+    (a ZipFile), run unchanged as plain functions (call them with any object as
+    `self`) in `globals_`; their annotations are dropped, their decorators kept."""
+    tree = ast.parse(z.read(path).decode())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    defs = [_NoAnnotations().visit(n) for n in node.body
+            if isinstance(n, ast.FunctionDef) and n.name in names]
+    ns = dict(globals_)
+    module = ast.fix_missing_locations(ast.Module(body=defs, type_ignores=[]))
+    exec(compile(module, f"{z.filename}/{path}", "exec"), ns)  # noqa: S102 - vLLM's source
+    missing = set(names) - {d.name for d in defs}
+    if missing:
+        raise ImportError(f"vLLM 0.33.0's {path} lacks {cls}.{sorted(missing)}")
+    return {n: ns[n] for n in names}
+
+
 def _defines(node) -> set[str]:
     """Top-level names an AST statement binds (def, class, assignment)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

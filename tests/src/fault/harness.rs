@@ -511,6 +511,7 @@ impl Harness {
                 + core.failed_malformed
                 + core.failed_timed_out
                 + core.failed_transport
+                + core.failed_store_unavailable
                 + core.rpcs_cancelled
                 + core.resets,
             core.rpcs_created,

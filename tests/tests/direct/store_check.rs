@@ -9,8 +9,7 @@ use std::time::Duration;
 use lookup_core::BlockHashes;
 use lookup_tests::direct::{Behaviour, FakeMaster, LIMIT, eventually};
 use lookup_tests::logs::Logs;
-use lookup_tokio::mooncake_master::batch::DEFAULT_LEASE_TTL;
-use lookup_tokio::mooncake_master::{Coalescer, MasterClient, MasterConfig};
+use lookup_tokio::mooncake_master::{LookupConfig, MasterClient, MasterConfig, MasterLookup};
 use lookup_tokio::{
     BatchConfig, DirectConfig, KeyLayout, RankNamespace, StoreCheck, StoreCheckLimits,
     StoredBlocks, Unavailable,
@@ -25,9 +24,11 @@ fn layout() -> KeyLayout {
         .expect("namespaces")
 }
 
+/// A direct configuration without the presence cache: these tests count the
+/// master's calls and keys.
 fn direct(fake: &FakeMaster, max_wait: Duration) -> DirectConfig {
     let mut direct = DirectConfig::parse(&fake.addr, layout()).expect("address");
-    let mut batch = BatchConfig::default();
+    let mut batch = BatchConfig::uncached();
     batch.max_wait = max_wait;
     direct.batch = batch;
     direct
@@ -135,13 +136,14 @@ async fn checks_of_two_layouts_share_one_batcher() {
     let master = MasterClient::connect(&fake.addr, MasterConfig::default())
         .await
         .expect("connect");
-    let mut batch = BatchConfig::default();
-    batch.max_wait = Duration::from_secs(60);
-    let coalescer = Coalescer::new(master.clone(), batch, DEFAULT_LEASE_TTL, Duration::ZERO);
+    let mut config = LookupConfig::default();
+    config.batch = BatchConfig::uncached();
+    config.batch.max_wait = Duration::from_secs(60);
+    config.answer_ttl = Duration::ZERO;
+    let lookup = MasterLookup::new(master, layout(), config);
     let limits = StoreCheckLimits::default();
-    let make = |layout: KeyLayout| {
-        StoreCheck::from_parts(master.clone(), coalescer.clone(), layout, B, limits).unwrap()
-    };
+    let make =
+        |layout: KeyLayout| StoreCheck::from_parts(lookup.with_layout(layout), B, limits).unwrap();
     let (mine, theirs) = (make(layout()), make(other));
     // A check of a prompt with nothing stored holds the gate; the two models' checks
     // queue behind it and go out together.
@@ -166,7 +168,7 @@ async fn checks_of_two_layouts_share_one_batcher() {
     // 8 keys, then both checks' 8 + 4 keys in one call.
     assert_eq!(fake.calls(), [8, 12]);
     assert_eq!(
-        StoreCheck::from_parts(master, coalescer, layout(), 0, limits)
+        StoreCheck::from_parts(lookup, 0, limits)
             .unwrap_err()
             .to_string(),
         "invalid client configuration `block_size`: must be at least 1"
@@ -189,17 +191,18 @@ async fn hung_check(fake: &FakeMaster, k: u32) -> StoreCheck {
         .expect("connect")
 }
 
-/// Rule 17: the `reopen_after_timeouts`-th check in a row failed by a timeout replaces
-/// the master connection; the client connects again in the background. 0 never
-/// replaces it; `connect_direct` takes the count from the `DirectConfig`.
+/// Rule 17: the `reopen_after_timeouts`-th master call timeout in a row replaces the
+/// master connection; the client connects again in the background. 0 never replaces
+/// it; `connect_direct` takes the count from the `DirectConfig`, `connect_with` from
+/// the limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_timed_out_in_a_row_replace_the_master_connection() {
     let _serial = REOPEN_WARN.lock().await;
     let silent = FakeMaster::start(Behaviour::Silent).await;
-    let limits = StoreCheckLimits::default()
-        .with_timeout(Duration::from_millis(100))
-        .with_reopen_after_timeouts(2);
-    let store = StoreCheck::connect_with(direct(&silent, Duration::from_millis(1)), B, limits)
+    let limits = StoreCheckLimits::default().with_reopen_after_timeouts(2);
+    let mut config = direct(&silent, Duration::from_millis(1));
+    config.master_config.call_timeout = Duration::from_millis(100);
+    let store = StoreCheck::connect_with(config.clone(), B, limits)
         .await
         .expect("connect");
     let asked = |store: &StoreCheck| store.master().stats().reconnects_asked;
@@ -219,7 +222,7 @@ async fn checks_timed_out_in_a_row_replace_the_master_connection() {
     );
 
     let never = limits.with_reopen_after_timeouts(0);
-    let store = StoreCheck::connect_with(direct(&silent, Duration::from_millis(1)), B, never)
+    let store = StoreCheck::connect_with(config, B, never)
         .await
         .expect("connect");
     for p in 0..3 {
@@ -228,16 +231,42 @@ async fn checks_timed_out_in_a_row_replace_the_master_connection() {
     let stats = store.master().stats();
     assert_eq!((stats.reconnects_asked, stats.connects), (0, 1));
 
-    // connect_direct: the DirectConfig's count, the master client's 1 s call timeout.
+    // connect_direct: the DirectConfig's count.
     let store = hung_check(&silent, 1).await;
     assert_eq!(store.check(&chain(1)).await, Err(Unavailable::TimedOut));
     assert_eq!(asked(&store), 1);
 }
 
-/// Checks that share one timed-out call replace the connection once: one reconnect,
-/// one WARN, however many of them end together.
+/// A check's own bound shorter than the master call timeout: the check ends at its
+/// bound, its call at the call timeout, and that call's timeout counts (rule 17 counts
+/// calls, whoever gave up first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_outliving_their_checks_still_count() {
+    let silent = FakeMaster::start(Behaviour::Silent).await;
+    let mut config = direct(&silent, Duration::from_millis(1));
+    config.master_config.call_timeout = Duration::from_millis(150);
+    let limits = StoreCheckLimits::default()
+        .with_timeout(Duration::from_millis(30))
+        .with_reopen_after_timeouts(2);
+    let store = StoreCheck::connect_with(config, B, limits)
+        .await
+        .expect("connect");
+    for p in 1..=2 {
+        assert_eq!(store.check(&chain(p)).await, Err(Unavailable::TimedOut));
+        // The next check goes out once this one's call has timed out.
+        eventually("the call timed out", || {
+            store.master().stats().timeouts == p
+        })
+        .await;
+    }
+    assert_eq!(store.master().stats().timeout_reopens, 1);
+}
+
+/// Checks that share one timed-out call are one timeout: six checks of one stalled
+/// call at k = 2 keep the connection; the next call timing out replaces it, with one
+/// WARN.
 #[tokio::test]
-async fn checks_of_one_timed_out_call_replace_the_connection_once() {
+async fn checks_of_one_timed_out_call_count_one_timeout() {
     let _serial = REOPEN_WARN.lock().await;
     let logs = Logs::capture();
     let silent = FakeMaster::start(Behaviour::Silent).await;
@@ -251,20 +280,24 @@ async fn checks_of_one_timed_out_call_replace_the_connection_once() {
     for check in checks {
         assert_eq!(check.await.unwrap(), Err(Unavailable::TimedOut));
     }
+    assert_eq!(store.master().stats().reconnects_asked, 0);
+    assert_eq!(store.master().timeouts_in_a_row(), 1);
+    assert_eq!(store.check(&chain(7)).await, Err(Unavailable::TimedOut));
     assert_eq!(store.master().stats().reconnects_asked, 1);
-    let warned = logs.containing("store checks in a row timed out");
+    let warned = logs.containing("calls in a row timed out on this connection");
     assert_eq!(warned.len(), 1, "{warned:?}");
 }
 
 /// The same on two worker threads, where the checks of one timed-out call end on
-/// both and the client connects again within a millisecond: each burst of 32 checks
-/// against the silent master replaces the connection exactly once, and every check
-/// fails (`TimedOut`, or `Transport` for a call lost with the replaced connection).
+/// both and the client connects again within a millisecond: with k = 1 each burst of
+/// 32 checks against the silent master replaces the connection exactly once, and
+/// every check fails (`TimedOut`, or `Transport` for a call lost with the replaced
+/// connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_on_many_threads_replace_the_connection_once_each() {
     let _serial = REOPEN_WARN.lock().await;
     let silent = FakeMaster::start(Behaviour::Silent).await;
-    let store = hung_check(&silent, 3).await;
+    let store = hung_check(&silent, 1).await;
     for burst in 1..=5u64 {
         let checks: Vec<_> = (0..32u64)
             .map(|p| {

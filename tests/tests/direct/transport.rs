@@ -32,10 +32,12 @@ fn layout() -> KeyLayout {
         .expect("namespaces")
 }
 
-/// Sync mode (vLLM's default) over the direct transport, `chunk_keys` keys per call.
+/// Sync mode (vLLM's default) over the direct transport, `chunk_keys` keys per call,
+/// without the presence cache (these tests count the master's calls).
 fn config(master: &str, chunk_keys: usize) -> ClientConfig {
     let mut direct = DirectConfig::parse(master, layout()).expect("master address");
     direct.master_config.chunk_keys = chunk_keys;
+    direct.batch = BatchConfig::uncached();
     ClientConfig::new(direct, B)
 }
 
@@ -176,14 +178,19 @@ async fn direct_silent_master_times_out_and_fails_open() {
     client.shutdown().await;
 }
 
-/// Rule 17 for the direct transport: after `reopen_after_timeouts` (3) lookup timeouts
-/// in a row the master connection is dropped and opened again, rather than kept until
-/// the kernel drops it.
+/// Rule 17 for the direct transport, counted by the master client per call: after
+/// `reopen_after_timeouts` (3) call timeouts in a row the master connection is
+/// dropped and opened again, rather than kept until the kernel drops it. Here the
+/// lookup timeout (100 ms) fires before the call timeout (200 ms): each call still
+/// counts once it times out.
 #[tokio::test]
 async fn direct_timeouts_in_a_row_replace_the_master_connection() {
     let fake = FakeMaster::start(Behaviour::Silent).await;
     let mut config = config(&fake.addr, 1024);
     config.core.lookup_timeout = Duration::from_millis(100);
+    if let lookup_tokio::Transport::Direct(direct) = &mut config.transport {
+        direct.master_config.call_timeout = Duration::from_millis(200);
+    }
     let mut client = LookupClient::connect_lazy(config).expect("connect");
     for i in 0..3u64 {
         let req = request(i, 3 * B, &[61 + i, 62 + i]);
@@ -191,6 +198,11 @@ async fn direct_timeouts_in_a_row_replace_the_master_connection() {
             client.probe_until(&req, 0, Deadline::Answer).await,
             ready(0)
         );
+        let calls = i + 1;
+        eventually("the call timed out", || {
+            client.stats().master.is_some_and(|m| m.timeouts == calls)
+        })
+        .await;
     }
     eventually("a second connection", || {
         client.stats().master.is_some_and(|m| m.connects == 2)
@@ -199,8 +211,56 @@ async fn direct_timeouts_in_a_row_replace_the_master_connection() {
     let stats = client.stats();
     let master = stats.master.expect("connected");
     assert_eq!(stats.core.failed_timed_out, 3);
-    assert_eq!(stats.socket_reopens, 1);
-    assert_eq!((master.reconnects_asked, master.connections_lost), (1, 1));
+    assert_eq!(
+        stats.socket_reopens, 0,
+        "the dispatcher reopens nothing itself"
+    );
+    assert_eq!(
+        (
+            master.timeout_reopens,
+            master.reconnects_asked,
+            master.connections_lost
+        ),
+        (1, 1, 1)
+    );
+    client.shutdown().await;
+}
+
+/// The default order: vLLM's lookup timeout (5 s) is above the master client's call
+/// timeout (100 ms here; 1 s by default), so every lookup ends by the call timeout.
+/// Three of them in a row replace the connection (they were never counted when only
+/// the dispatcher's own deadlines counted: 5 lookups, 1 connection, 0 reopens).
+#[tokio::test]
+async fn direct_default_order_call_timeouts_replace_the_connection() {
+    let fake = FakeMaster::start(Behaviour::Silent).await;
+    let mut config = config(&fake.addr, 1024);
+    assert_eq!(config.core.lookup_timeout, Duration::from_secs(5));
+    if let lookup_tokio::Transport::Direct(direct) = &mut config.transport {
+        direct.master_config.call_timeout = Duration::from_millis(100);
+    }
+    let mut client = LookupClient::connect_lazy(config).expect("connect");
+    for i in 0..5u64 {
+        eventually("connected", || {
+            client.stats().master.is_some_and(|m| m.connects > i / 3)
+        })
+        .await;
+        let req = request(i, 3 * B, &[71 + i, 72 + i]);
+        assert_eq!(
+            client.probe_until(&req, 0, Deadline::Answer).await,
+            ready(0)
+        );
+        assert_eq!(
+            lookup_outcomes(&mut client),
+            [LookupOutcome::Failed(RpcFailure::TimedOut)]
+        );
+    }
+    let stats = client.stats();
+    let master = stats.master.expect("connected");
+    assert_eq!(stats.core.failed_timed_out, 5);
+    assert_eq!(
+        (master.timeouts, master.timeout_reopens, master.connects),
+        (5, 1, 2)
+    );
     client.shutdown().await;
 }
 

@@ -10,12 +10,12 @@ use lookup_tokio::Deadline;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lookup_core::wire::{self, Format};
-use lookup_core::{BlockHashes, Probe, Request, RequestId};
+use lookup_core::wire::{self, Format, WireError};
+use lookup_core::{Answer, BlockHashes, Probe, Request, RequestId, Unavailable};
 use lookup_server::{LookupServer, MooncakeIndex, ServerConfig};
 use lookup_tests::mooncake::{Master, Writer};
-use lookup_tests::server::{DealerClient, Req, hit, lookup};
-use lookup_tokio::mooncake_master::MasterConfig;
+use lookup_tests::server::{DealerClient, Req, hit, lookup, store_unavailable};
+use lookup_tokio::mooncake_master::{BatchConfig, MasterConfig};
 use lookup_tokio::{ClientConfig, Endpoint, KeyLayout, LookupClient, RankNamespace};
 use tempfile::TempDir;
 
@@ -58,10 +58,13 @@ impl Stack {
         let writer = Writer::start(&master);
         let mut config = MasterConfig::default();
         config.chunk_keys = chunk_keys;
+        // No presence cache: these tests count the master's calls and keys.
         let index = Arc::new(
             MooncakeIndex::connect(&master.addr(), config)
                 .await
-                .expect("connect the index to the master"),
+                .expect("connect the index to the master")
+                .with_batching(BatchConfig::uncached())
+                .expect("batching"),
         );
         let dir = TempDir::new().expect("temp dir");
         let endpoint = Endpoint::Ipc(dir.path().join("lookup.sock"));
@@ -250,8 +253,12 @@ async fn mooncake_master_reset_answers_failed_and_removes_nothing() {
     assert_eq!(stack.writer.exist(&keys_of(&stack.layout, &ids)), [1, 1, 1]);
 }
 
+/// `spec/wire.md`, "Store unavailable": while the master is down every lookup gets the
+/// error reply (the single byte `0x00` in `tagged-blob`; 0 hit tokens in
+/// `msgpack-hex`, which has none), never a 4-byte miss.
 #[tokio::test]
-async fn mooncake_master_stopped_answers_0_without_hanging_and_recovers_after_restart() {
+async fn mooncake_master_stopped_answers_store_unavailable_without_hanging_and_recovers_after_restart()
+ {
     let mut stack = Stack::start(layout(1), 1024).await;
     let port = stack.master.rpc_port();
     let ids = chain(601, 5);
@@ -261,14 +268,20 @@ async fn mooncake_master_stopped_answers_0_without_hanging_and_recovers_after_re
     assert_eq!(hit(TB, &dealer.recv_id().await.1), 48);
 
     stack.master.stop();
-    // Lookups while the master is down: every one answered 0, none waits for the
-    // call timeout (1 s): a dead master fails fast.
+    // Lookups while the master is down: every one gets the store-unavailable reply,
+    // none waits for the call timeout (1 s): a dead master fails fast.
     let started = Instant::now();
     for rpc_id in 1..=20u64 {
-        dealer.send_id(rpc_id, &lookup(TB, 87, B, &ids)).await;
+        let format = if rpc_id == 20 { MP } else { TB };
+        dealer.send_id(rpc_id, &lookup(format, 87, B, &ids)).await;
         let (got, reply) = dealer.recv_id().await;
-        assert_eq!((got, hit(TB, &reply)), (rpc_id, 0));
+        let expected: &[u8] = if format == TB { &[0x00] } else { &[0, 0, 0, 0] };
+        assert_eq!((got, reply[0].as_ref()), (rpc_id, expected));
     }
+    assert_eq!(
+        wire::decode_lookup_reply(TB, &[wire::encode_store_unavailable(TB)]),
+        Err(WireError::StoreUnavailable)
+    );
     let elapsed = started.elapsed();
     assert!(
         elapsed < MasterConfig::default().call_timeout,
@@ -291,7 +304,12 @@ async fn mooncake_master_stopped_answers_0_without_hanging_and_recovers_after_re
         dealer.send_id(rpc_id, &lookup(TB, 87, B, &ids)).await;
         let (got, reply) = dealer.recv_id().await;
         assert_eq!(got, rpc_id);
-        let hit = hit(TB, &reply);
+        // Until the new master answers, the store is unavailable.
+        let hit = if store_unavailable(TB, &reply) {
+            0
+        } else {
+            hit(TB, &reply)
+        };
         if hit != 0 || Instant::now() >= deadline {
             break hit;
         }
@@ -307,6 +325,77 @@ async fn mooncake_master_stopped_answers_0_without_hanging_and_recovers_after_re
     assert!(index.master.connects >= 2, "{}", index.master.connects);
     assert!(index.master.connections_lost >= 1);
     stack.master = restarted;
+}
+
+/// Acceptance of `spec/wire.md`, "Store unavailable": with the master killed behind
+/// the server, our client answers unavailable (`Unavailable::Store`, counted as a
+/// failure, not a miss) within one call timeout of the master client (1 s), in sync
+/// mode, and retries after the failure backoff as for any failure (rule 11).
+#[tokio::test]
+async fn mooncake_master_killed_behind_the_server_reads_as_unavailable_in_our_client() {
+    let mut stack = Stack::start(layout(1), 1024).await;
+    let ids = chain(801, 5);
+    stack.put_blocks(&ids[..3]);
+    let mut client =
+        LookupClient::connect_lazy(ClientConfig::zmq(stack.server.local_endpoint().clone(), B))
+            .expect("client");
+    let req = |id: u64| Request {
+        request_id: RequestId(id),
+        num_tokens: 87,
+        block_hashes: BlockHashes::from_u64s(&ids),
+        skip_reading_external_kv: false,
+    };
+    assert_eq!(
+        client.probe_until(&req(1), 0, Deadline::Answer).await,
+        Probe::Ready {
+            external_tokens: 48,
+            load_async: true
+        }
+    );
+    client.on_allocated(RequestId(1));
+
+    stack.master.stop();
+    let started = Instant::now();
+    let probe = client.probe_until(&req(2), 0, Deadline::Answer).await;
+    let took = started.elapsed();
+    assert_eq!(
+        (probe, client.answer_of(RequestId(2))),
+        (
+            Probe::Ready {
+                external_tokens: 0,
+                load_async: false
+            },
+            Some(Answer::Unavailable(Unavailable::Store))
+        )
+    );
+    assert!(
+        took < MasterConfig::default().call_timeout,
+        "unavailable after {took:?}, above one call timeout"
+    );
+    // After the backoff the request asks again and fails the same way: a retry, not a
+    // cached miss.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        client.probe_until(&req(2), 0, Deadline::Answer).await,
+        Probe::Ready {
+            external_tokens: 0,
+            load_async: false
+        }
+    );
+    let stats = client.stats();
+    assert_eq!(
+        (
+            stats.core.hits,
+            stats.core.misses,
+            stats.core.failed_store_unavailable,
+            stats.core.failed_malformed,
+            stats.core.failed_transport,
+            stats.core.retries_after_failure,
+        ),
+        (1, 0, 2, 0, 0, 1)
+    );
+    assert_eq!(stack.server.stats().index_errors, 2);
+    client.shutdown().await;
 }
 
 #[tokio::test]

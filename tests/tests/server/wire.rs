@@ -9,7 +9,7 @@ use lookup_core::wire::{self, Format};
 use lookup_server::{KeyLayout, RankNamespace, ServerConfig};
 use lookup_tests::server::{
     FailingIndex, PanickingIndex, Req, ShortAnswerIndex, Transport, hit, key, lookup, start,
-    start_with, store,
+    start_with, store, store_unavailable,
 };
 
 const B: u32 = 16;
@@ -267,8 +267,10 @@ async fn reset_clears_the_index_and_answers_0x01() {
     running.server.shutdown().await;
 }
 
+/// A failed index call is the store-unavailable error reply (`spec/wire.md`, "Store
+/// unavailable"), never a miss; `msgpack-hex` has no error reply and answers 0.
 #[tokio::test]
-async fn failed_wipe_answers_0x00_and_failed_index_calls_answer_0() {
+async fn failed_wipe_answers_0x00_and_failed_index_calls_answer_store_unavailable() {
     let (server, _dir) = start_with(
         Transport::Ipc,
         ServerConfig::new(B, KeyLayout::new("m")),
@@ -276,18 +278,22 @@ async fn failed_wipe_answers_0x00_and_failed_index_calls_answer_0() {
     );
     let mut req = Req::connect(&tmq::Context::new(), server.local_endpoint());
     let tb = Format::TaggedBlob;
+    let mh = Format::MsgpackHex;
 
-    assert_eq!(hit(tb, &req.call(&lookup(tb, 64, B, &[1, 2, 3])).await), 0);
+    let reply = req.call(&lookup(tb, 64, B, &[1, 2, 3])).await;
+    assert_eq!(reply[0].as_ref(), [0x00]);
+    assert!(store_unavailable(tb, &reply));
+    assert_eq!(hit(mh, &req.call(&lookup(mh, 64, B, &[1, 2, 3])).await), 0);
     let reply = req.call(&wire::encode_reset(tb).unwrap()).await;
     assert_eq!(wire::decode_reset_reply(&reply), Ok(false));
-    // A lookup with no block to check never reaches the index.
+    // A lookup with no block to check never reaches the index: a true miss.
     assert_eq!(hit(tb, &req.call(&lookup(tb, 8, B, &[1])).await), 0);
 
     let stats = server.stats();
-    assert_eq!(stats.index_errors, 1);
+    assert_eq!(stats.index_errors, 2);
     assert_eq!(stats.resets, 1);
     assert_eq!(stats.reset_failures, 1);
-    assert_eq!(stats.lookups, 2);
+    assert_eq!(stats.lookups, 3);
     server.shutdown().await;
 }
 
@@ -300,13 +306,16 @@ async fn an_answer_of_the_wrong_length_is_an_index_error() {
     );
     let mut req = Req::connect(&tmq::Context::new(), server.local_endpoint());
     let tb = Format::TaggedBlob;
-    assert_eq!(hit(tb, &req.call(&lookup(tb, 64, B, &[1, 2, 3])).await), 0);
+    assert!(store_unavailable(
+        tb,
+        &req.call(&lookup(tb, 64, B, &[1, 2, 3])).await
+    ));
     assert_eq!(server.stats().index_errors, 1);
     server.shutdown().await;
 }
 
 #[tokio::test]
-async fn a_panicking_index_is_a_miss_and_the_server_keeps_serving() {
+async fn a_panicking_index_is_store_unavailable_and_the_server_keeps_serving() {
     let (server, _dir) = start_with(
         Transport::Ipc,
         ServerConfig::new(B, KeyLayout::new("m")),
@@ -314,10 +323,16 @@ async fn a_panicking_index_is_a_miss_and_the_server_keeps_serving() {
     );
     let mut req = Req::connect(&tmq::Context::new(), server.local_endpoint());
     let tb = Format::TaggedBlob;
-    assert_eq!(hit(tb, &req.call(&lookup(tb, 64, B, &[1, 2, 3])).await), 0);
+    assert!(store_unavailable(
+        tb,
+        &req.call(&lookup(tb, 64, B, &[1, 2, 3])).await
+    ));
     let reply = req.call(&wire::encode_reset(tb).unwrap()).await;
     assert_eq!(wire::decode_reset_reply(&reply), Ok(false));
-    assert_eq!(hit(tb, &req.call(&lookup(tb, 64, B, &[1, 2, 3])).await), 0);
+    assert!(store_unavailable(
+        tb,
+        &req.call(&lookup(tb, 64, B, &[1, 2, 3])).await
+    ));
     let stats = server.stats();
     assert_eq!(stats.index_errors, 2);
     assert_eq!(stats.reset_failures, 1);

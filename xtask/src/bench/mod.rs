@@ -22,6 +22,10 @@
 //!
 //! `--python` runs another section alone ([`dropin`]): the Python package's drop-in
 //! against vLLM's own client, both called from Python.
+//!
+//! `--step` runs another section alone ([`step`]): the lookup time of whole scheduler
+//! steps at 32, 256 and 1,024 waiting requests, against a floor measured in the same
+//! loop. Its figures lead; the per-call rows above are diagnostics.
 
 pub mod dropin;
 pub mod growth;
@@ -31,8 +35,9 @@ mod peers;
 pub mod python;
 pub mod report;
 pub mod stats;
+pub mod step;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,6 +112,23 @@ pub struct Args {
     /// Skip the Python design's rows (and the goals that need them).
     #[arg(long)]
     pub no_python: bool,
+    /// Run only the step section ([`step`]): lookup time per scheduler step against
+    /// a floor measured in the same loop (`--reps` and `--quick` apply).
+    #[arg(long)]
+    pub step: bool,
+    /// Step section: the queue lengths (waiting requests, and burst sizes).
+    #[arg(long, value_delimiter = ',', default_value = "32,256,1024")]
+    pub step_queues: Vec<usize>,
+    /// Step section: measured steps per steady run.
+    #[arg(long, value_name = "N", default_value_t = 300)]
+    pub step_steps: usize,
+    /// Step section: requests admitted (and, steady, arriving) per step.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub step_admit: usize,
+    /// Step section: the index's latency per existence call (µs; a blocking-pool
+    /// thread sleeps it).
+    #[arg(long, value_name = "US", default_value_t = 500)]
+    pub step_index_us: u64,
 }
 
 impl Args {
@@ -178,11 +200,9 @@ pub enum Section {
     Slow,
 }
 
+/// The checkout this runs in (found at run time, not where it was built).
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask sits in the workspace root")
-        .to_path_buf()
+    mooncake_peers::workspace_root()
 }
 
 /// Runs the benchmark, prints the table and writes the JSON.
@@ -194,6 +214,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let settings = args.settings()?;
     if args.python {
         return run_drop_in(args, &settings);
+    }
+    if args.step {
+        return run_step(args, &settings);
     }
     let python = Python {
         interpreter: args.python_bin.clone(),
@@ -329,6 +352,82 @@ fn run_drop_in(args: &Args, settings: &Settings) -> anyhow::Result<()> {
     print!("{}", run.table());
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&run)?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The `--step` section: every (workload, path, queue) cell `--reps` times,
+/// interleaved, against one server whose index answers after `--step-index-us`;
+/// prints its table, writes its JSON.
+fn run_step(args: &Args, settings: &Settings) -> anyhow::Result<()> {
+    let s = step::StepSettings {
+        queues: args.step_queues.clone(),
+        steps: if args.quick { 30 } else { args.step_steps },
+        warmup_steps: 20,
+        admit: args.step_admit,
+        run: 20,
+        step_us: settings.step_us,
+        prefetch_limit: 64,
+        max_in_flight: 16,
+        reps: settings.reps,
+    };
+    anyhow::ensure!(
+        s.admit > 0 && s.steps > 0,
+        "--step-admit and --step-steps must be at least 1"
+    );
+    let payload = payload::Payload::new(settings.blocks, settings.hash_len, settings.block_size)?;
+    let dir = tempfile::Builder::new()
+        .prefix("lookup-bench-step")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let layout = KeyLayout::default();
+    let mut server_config = ServerConfig::new(payload.block_size, layout.clone());
+    server_config.max_concurrency = 1024;
+    let index = Arc::new(SlowIndex::new(
+        payload.index(&layout),
+        Duration::from_micros(args.step_index_us),
+        DelayKind::Precise,
+    ));
+    let server = ServerThread::lookup_server(
+        "bench-server-step",
+        Endpoint::Ipc(dir.path().join("step.ipc")),
+        server_config,
+        Arc::clone(&index) as _,
+    )?;
+    let mut cells = Vec::new();
+    let mut grid = Vec::new();
+    for workload in [step::Workload::Steady, step::Workload::Burst] {
+        for path in [step::Path::PerCall, step::Path::Step] {
+            for &queue in &s.queues {
+                grid.push((workload, path, queue, Vec::new()));
+            }
+        }
+    }
+    for rep in 0..s.reps {
+        eprint!("step run {}/{}:", rep + 1, s.reps);
+        for (workload, path, queue, runs) in &mut grid {
+            let run = step::run(&server.endpoint, &payload, &s, *workload, *path, *queue)
+                .with_context(|| format!("step loop, {workload:?} {path:?} {queue}"))?;
+            runs.push(run);
+            eprint!(".");
+        }
+        eprintln!(" done");
+    }
+    for (workload, path, queue, runs) in grid {
+        cells.push(step::Cell::of(workload, path, queue, runs));
+    }
+    server.stop()?;
+    let report = step::StepReport {
+        settings: s,
+        index_mean_s: index.mean_call_s(),
+        cells,
+    };
+    print!("{}", report.table());
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());

@@ -138,7 +138,10 @@ async fn time_client(
         }
     }
     let core = client.stats().core;
-    let failed = core.failed_timed_out + core.failed_malformed + core.failed_transport;
+    let failed = core.failed_timed_out
+        + core.failed_malformed
+        + core.failed_transport
+        + core.failed_store_unavailable;
     ensure!(
         failed == 0,
         "{failed} lookups failed (a failure is not a miss)"

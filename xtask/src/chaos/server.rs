@@ -36,6 +36,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
     if release {
         build.arg("--release");
     }
+    eprintln!("== building lookup-server (cargo build -p lookup-cli; minutes the first time)");
     let status = build.status().context("running cargo build")?;
     if !status.success() {
         bail!("cargo build -p lookup-cli --bin lookup-server failed ({status})");

@@ -18,15 +18,13 @@
 //! `lookup-server-mooncake` profile, the server replay runs. The simulator runs
 //! `--repeats` perturbed times, so its column shows its own spread.
 //!
-//! Why the replay's own engine and not vLLM's scheduler: vLLM 0.33's
-//! `vllm.v1.core.sched.scheduler.Scheduler` and `KVCacheManager` cannot be imported
-//! without torch (`vllm.config` imports it at module level; the golden-vector script
-//! reads the wheel's sources with `ast` for that reason), and torch from the package
-//! registry brings its CUDA wheels, gigabytes for a comparison that runs no model.
-//! The replay keeps what it measures for real (lookups over ZeroMQ against a real
-//! master, real-time arrivals) and models the GPU exactly as the simulator does, so a
-//! difference between the two columns is the lookup path's and the clock's, not two
-//! block pools'.
+//! `--against vllm` ([`vllm`]) compares the engine model with vLLM 0.33's own
+//! scheduler instead, step by step (the harness loads vLLM's scheduling code from
+//! its wheel with stand-ins for what needs torch); this replay comparison keeps what
+//! it measures for real (lookups over ZeroMQ against a real master, real-time
+//! arrivals) with the GPU modelled as the simulator models it, so a difference
+//! between its two columns is the lookup path's and the clock's, not two block
+//! pools'.
 //!
 //! Printed side by side: the figures' table, preemptions (total and the most of one
 //! request) and the queue over time (waiting, running and KV blocks held, summed over

@@ -8,7 +8,8 @@
 //!   hashes; tokens past the ids, and every output token, are unique to the request.
 //! - KV pressure: `none` holds every request of the slice at once; `some` a sixth
 //!   of that; `heavy` a sixteenth (never less than the largest request plus 16
-//!   blocks).
+//!   blocks), with outputs up to 4 times longer (with vLLM's full-prompt gate only
+//!   growing decodes preempt).
 //! - Connector: `missing` answers 0; `ready` answers, for every other request, its
 //!   whole prompt's full trace blocks (stored by another engine before), and for
 //!   the rest the leading trace blocks an earlier request of the slice shares, capped
@@ -82,6 +83,8 @@ pub(super) struct Shape {
     pub max_num_seqs: u32,
     /// Steps at most.
     pub max_steps: u64,
+    /// vLLM's full-prompt admission gate `scheduler_reserve_full_isl`.
+    pub reserve_full_isl: bool,
 }
 
 /// SplitMix64's finaliser: the token ids' source.
@@ -130,7 +133,13 @@ pub(super) fn build(
         bail!("an empty slice");
     };
     let t0 = first.timestamp;
-    let out = |r: &TraceRequest| r.output_length.clamp(1, shape.max_output);
+    // Under heavy pressure outputs may run 4 times longer: with vLLM's full-prompt
+    // gate only decodes growing past the free blocks preempt.
+    let max_output = match pressure {
+        Pressure::Heavy => shape.max_output.saturating_mul(4),
+        _ => shape.max_output,
+    };
+    let out = |r: &TraceRequest| r.output_length.clamp(1, max_output);
     let total: u64 = slice.iter().map(|r| blocks(r, out(r))).sum();
     let largest = slice.iter().map(|r| blocks(r, out(r))).max().unwrap_or(1);
     let num_gpu_blocks = match pressure {
@@ -184,7 +193,7 @@ pub(super) fn build(
             enable_prefix_caching: true,
             long_prefill_token_threshold: 0,
             async_scheduling: false,
-            scheduler_reserve_full_isl: true,
+            scheduler_reserve_full_isl: shape.reserve_full_isl,
             max_steps: shape.max_steps,
         },
         requests,
@@ -213,6 +222,7 @@ mod tests {
             max_num_batched_tokens: 8192,
             max_num_seqs: 256,
             max_steps: 1000,
+            reserve_full_isl: true,
         };
         let sc = build(&slice, Pressure::None, Answers::Ready, &shape).unwrap();
         let (a, b) = (&sc.requests[0], &sc.requests[1]);

@@ -6,7 +6,7 @@
 //! (vLLM's scheduler from its wheel, with a stand-in model runner and connector)
 //! on it, runs lookup-sim's engine on the same scenario in step time
 //! (`lookup_sim::engine::stepped::run_steps`), compares the two step logs
-//! ([`compare`]), prints the first divergence with its context, and a summary per
+//! (`compare`), prints the first divergence with its context, and a summary per
 //! slice: steps, identical steps, TTFT p50/p99 in steps on each side and their
 //! ratio. Fails when a slice is below `--min-identical-pct`.
 //!
@@ -74,6 +74,11 @@ pub struct VllmArgs {
         default_value = "ready,pending,missing"
     )]
     pub answers: Vec<Answers>,
+    /// vLLM's `scheduler_reserve_full_isl` per slice (true is vLLM's default; with
+    /// false, admissions check the first chunk only and heavy pressure preempts
+    /// often).
+    #[arg(long, value_delimiter = ',', default_value = "true", action = clap::ArgAction::Set)]
+    pub reserve_full_isl: Vec<bool>,
     /// Requests per slice (the trace's first N).
     #[arg(long, value_name = "N", default_value_t = 40)]
     pub requests: usize,
@@ -109,6 +114,11 @@ pub struct VllmArgs {
     /// Steps shown either side of the first divergence.
     #[arg(long, default_value_t = 3)]
     pub context: usize,
+    /// Tokens under one hash of lookup-sim's prefix cache in the comparison: 16
+    /// (vLLM's blocks) or 512 (the timed simulator's default groups), to measure
+    /// what the coarser groups change.
+    #[arg(long, value_name = "TOKENS", default_value_t = 16)]
+    pub hash_tokens: u32,
     /// Fail when a slice has fewer identical steps (%).
     #[arg(long, default_value_t = 99.0)]
     pub min_identical_pct: f64,
@@ -264,25 +274,36 @@ pub fn run(args: &VllmArgs, seed: u64) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| target_dir().join("fidelity-vllm"));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let shape = Shape {
-        ms_per_step: args.ms_per_step,
-        max_output: args.max_output,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_num_seqs: args.max_num_seqs,
-        max_steps: args.max_steps,
-    };
     let mut results = Vec::new();
     for &trace in &args.traces {
         let reqs = slice(trace, args.requests, seed)?;
-        for &pressure in &args.pressures {
+        for (&pressure, &gate) in args
+            .pressures
+            .iter()
+            .flat_map(|p| args.reserve_full_isl.iter().map(move |g| (p, g)))
+        {
+            let shape = Shape {
+                ms_per_step: args.ms_per_step,
+                max_output: args.max_output,
+                max_num_batched_tokens: args.max_num_batched_tokens,
+                max_num_seqs: args.max_num_seqs,
+                max_steps: args.max_steps,
+                reserve_full_isl: gate,
+            };
             for &answers in &args.answers {
-                let name = format!("{}/{}/{}", trace.name(), pressure.name(), answers.name());
+                let gate_name = if gate { "" } else { "/no-gate" };
+                let name = format!(
+                    "{}/{}{gate_name}/{}",
+                    trace.name(),
+                    pressure.name(),
+                    answers.name()
+                );
                 let sc = scenario::build(&reqs, pressure, answers, &shape)?;
                 let base = dir.join(name.replace('/', "-"));
                 let sc_path = base.with_extension("scenario.json");
                 std::fs::write(&sc_path, serde_json::to_vec(&sc)?)?;
-                let (sim, end) =
-                    stepped::run_steps(&sc).with_context(|| format!("lookup-sim on {name}"))?;
+                let (sim, end) = stepped::run_steps(&sc, args.hash_tokens)
+                    .with_context(|| format!("lookup-sim on {name}"))?;
                 write_lines(&base.with_extension("lookup-sim.jsonl"), &sim, &end)?;
                 let vllm_path = base.with_extension("vllm.jsonl");
                 run_harness(args, &wheel, &sc_path, &vllm_path)?;

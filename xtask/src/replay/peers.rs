@@ -41,14 +41,8 @@ pub const MASTER_SERIES: [&str; 10] = [
 const INSTALL_HINT: &str = "install it with `bash scripts/mooncake/install.sh` \
     (PyPI mooncake-transfer-engine-non-cuda==0.3.13.post1 into .venv)";
 
-/// The workspace root (the parent of the `xtask` crate).
-#[must_use]
-pub fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map_or(manifest.clone(), Path::to_path_buf)
-}
+/// The root of the checkout this runs in, found at run time.
+pub use mooncake_peers::workspace_root;
 
 /// `mooncake_master` to run: `$MOONCAKE_MASTER_BIN`, else `.venv/bin/mooncake_master`.
 #[must_use]

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use lookup_server::mooncake_master::{BatchConfig, MasterConfig};
+use lookup_server::mooncake_master::{BatchConfig, MasterAddr, MasterConfig};
 use lookup_server::{
     BlockIndex, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_PENDING_BYTES,
     DEFAULT_RECV_HWM, DelayedIndex, Endpoint, InMemoryIndex, KeyLayout, LookupServer,
@@ -147,12 +147,13 @@ struct Args {
     )]
     mooncake_lease_ttl_s: f64,
     /// Keep the master's positive answers in the lease-backed presence cache and
-    /// answer later lookups from it while the lease lasts (`true` or `false`; off by
-    /// default), instead of asking the master about every key.
+    /// answer later lookups from it while the lease lasts (`true` or `false`; on by
+    /// default, as `PresenceCacheConfig`), instead of asking the master about every
+    /// key.
     #[arg(
         long,
         value_name = "BOOL",
-        default_value_t = false,
+        default_value_t = lookup_server::mooncake_master::PresenceCacheConfig::default().enabled,
         action = clap::ArgAction::Set,
         requires = "mooncake_master"
     )]
@@ -174,6 +175,16 @@ struct Args {
     /// Added latency of every index call, in milliseconds (models a slow store).
     #[arg(long, value_name = "MS", default_value_t = 0.0, value_parser = parse_latency_ms)]
     index_latency_ms: f64,
+    /// Added latency of every index call, in microseconds, waited on a thread
+    /// (`DelayedIndex::precise`: within tens of µs, where `--index-latency-ms` rounds
+    /// up to whole milliseconds); for benchmarks at a master call's 0.1-0.5 ms.
+    #[arg(
+        long,
+        value_name = "US",
+        default_value_t = 0,
+        conflicts_with = "index_latency_ms"
+    )]
+    index_delay_us: u64,
     /// Requests answered at once.
     #[arg(long, default_value_t = DEFAULT_MAX_CONCURRENCY)]
     max_concurrency: usize,
@@ -374,6 +385,32 @@ async fn connect_mooncake(args: &Args, addr: &str) -> Result<MooncakeIndex, Stri
     Ok(index)
 }
 
+/// The exit status for arguments that make no sense (clap's own, for the flags it
+/// refuses).
+const EXIT_USAGE: u8 = 2;
+
+/// The checks of the arguments that clap cannot make, before anything is started:
+/// where to bind, the master's address, the rank layout, the durations. A refusal
+/// exits [`EXIT_USAGE`], as clap's do; what fails later (a master that does not
+/// answer, a socket that cannot bind) exits 1.
+fn check_arguments(args: &Args) -> Result<(), String> {
+    if args.bind.is_none() && args.hostname.is_none() {
+        return Err("give --bind URL or --hostname (vLLM's ipc path)".to_owned());
+    }
+    if let Some(addr) = &args.mooncake_master {
+        MasterAddr::parse(addr, args.mooncake_cluster_id.as_deref())
+            .map_err(|e| format!("--mooncake-master {addr}: {e}"))?;
+        seconds("--mooncake-lease-ttl-s", args.mooncake_lease_ttl_s)?;
+        seconds("--client-ttl-s", args.client_ttl_s)?;
+    }
+    let namespaces = namespaces(args.tp_size, args.pp_size, args.dcp_size, args.pcp_size)?;
+    KeyLayout::new(args.model.clone())
+        .with_cache_prefix(args.cache_prefix.clone())
+        .with_namespaces(namespaces)
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 async fn run(args: Args) -> Result<(), String> {
     install_metrics(args.metrics_addr)?;
     // After the recorder (the index takes its metric handles now), before `args` is
@@ -407,7 +444,12 @@ async fn run(args: Args) -> Result<(), String> {
         Some(index) => Arc::clone(index) as Arc<dyn BlockIndex>,
         None => in_memory(&layout, args.capacity, args.preload.as_deref())?,
     };
-    let index: Arc<dyn BlockIndex> = if args.index_latency_ms > 0.0 {
+    let index: Arc<dyn BlockIndex> = if args.index_delay_us > 0 {
+        Arc::new(DelayedIndex::precise(
+            store,
+            Duration::from_micros(args.index_delay_us),
+        ))
+    } else if args.index_latency_ms > 0.0 {
         Arc::new(DelayedIndex::new(
             store,
             Duration::from_secs_f64(args.index_latency_ms / 1000.0),
@@ -445,7 +487,12 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match run(Args::parse()).await {
+    let args = Args::parse();
+    if let Err(e) = check_arguments(&args) {
+        eprintln!("lookup-server: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lookup-server: {e}");

@@ -113,7 +113,8 @@ async fn mooncake_master_probe_prints_hit_miss_and_unavailable() {
         ]
     );
 
-    // A master that refuses connections: unavailable, with the cause, exit 1.
+    // A master that refuses connections: unavailable, with the cause, exit 1, and no
+    // hit_tokens line (nothing was answered; a 0 would read as a miss).
     let (refused, _held) = refused_tcp();
     let Endpoint::Tcp(addr) = &refused else {
         unreachable!()
@@ -125,7 +126,7 @@ async fn mooncake_master_probe_prints_hit_miss_and_unavailable() {
     );
     assert_eq!(
         text(&out.stdout),
-        format!("hit_tokens: 0\noutcome: unavailable: {cause}\n")
+        format!("outcome: unavailable: {cause}\n")
     );
     assert_eq!(
         text(&out.stderr),
@@ -378,18 +379,59 @@ async fn doctor_through_a_lookup_server() {
     };
     let out = lookup(words(&missing.url(), &[])).await;
     assert_eq!(out.status.code(), Some(1));
-    let stdout = text(&out.stdout);
+    // Only reachability was observed: prefetch and ttl are not checked, not `ok`.
     assert_eq!(
-        stdout.lines().next(),
-        Some(
-            format!(
-                "fail reachability: {}: no socket file at {}; fix: start the lookup server, or \
-                 give the endpoint it binds (--endpoint, or vLLM's \
-                 --base-path/--lookup-rpc-port/--hostname/--dp-rank)",
-                missing.url(),
-                path.display()
-            )
-            .as_str()
+        text(&out.stdout),
+        format!(
+            "fail reachability: {}: no socket file at {}; fix: start the lookup server, or \
+             give the endpoint it binds (--endpoint, or vLLM's \
+             --base-path/--lookup-rpc-port/--hostname/--dp-rank)\n\
+             not checked prefetch: off by the settings (sync lookups, lookup_async false); no \
+             lookup was tried: the store is unreachable\n\
+             not checked ttl: the store is unreachable, so its read lease is not known \
+             (lookup_prefetch_ttl_s 2 s is below --lease-ttl-s 10 s)\n\
+             doctor: 0 ok, 0 warn, 1 fail, 2 not checked\n",
+            missing.url(),
+            path.display()
         )
     );
+    // With prefetch on, the same: not tried, so not checked.
+    let out = lookup(words(
+        &missing.url(),
+        &["--lookup-async", "true", "--lookup-prefetch-limit", "8"],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[1..],
+        [
+            "not checked prefetch: active by the settings (limit 8), not tried: the store is \
+             unreachable",
+            "not checked ttl: the store is unreachable, so its read lease is not known \
+             (lookup_prefetch_ttl_s 2 s is below --lease-ttl-s 10 s)",
+            "doctor: 0 ok, 0 warn, 1 fail, 2 not checked",
+        ]
+    );
+}
+
+/// A `--mooncake-master` that is not an address is a bad argument: exit 2 with the
+/// reason, nothing on stdout (no `hit_tokens`, no doctor line), for `probe` and
+/// `doctor` alike.
+#[tokio::test]
+async fn a_malformed_master_address_is_a_usage_error() {
+    for command in ["probe", "doctor"] {
+        let mut words = args(&[command, "--mooncake-master", "not-a-host"]);
+        words.extend(args(&["--num-tokens", "32", "--hashes", &hex_of(&[1, 2])]));
+        let out = lookup(words).await;
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert_eq!(text(&out.stdout), "", "{command}");
+        assert_eq!(
+            text(&out.stderr),
+            "error: --mooncake-master: invalid Mooncake master address not-a-host: expected \
+             host:port\n",
+            "{command}"
+        );
+    }
 }

@@ -270,3 +270,47 @@ async fn lookup_server_program_warns_about_a_model_name_vllm_does_not_key_by() {
     );
     drop(child);
 }
+
+/// Arguments `lookup-server` cannot use exit 2 before anything starts, as clap's own
+/// refusals do, each with its reason on stderr: a `--mooncake-master` that is not an
+/// address, no `--bind` or `--hostname`, a rank layout that does not divide.
+#[test]
+fn lookup_server_program_exits_2_for_arguments_that_make_no_sense() {
+    let bin = env!("CARGO_BIN_EXE_lookup-server");
+    for (words, reason) in [
+        (
+            &[
+                "--bind",
+                "tcp://127.0.0.1:0",
+                "--mooncake-master",
+                "not-a-host",
+            ][..],
+            "lookup-server: --mooncake-master not-a-host: invalid Mooncake master address \
+             not-a-host: expected host:port\n",
+        ),
+        (&["--model", "m"][..], ""), // clap's: --hostname is required
+        (
+            &[
+                "--bind",
+                "tcp://127.0.0.1:0",
+                "--tp-size",
+                "2",
+                "--dcp-size",
+                "3",
+            ][..],
+            "",
+        ),
+    ] {
+        let out = Command::new(bin)
+            .args(words)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lookup-server");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{words:?}: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{words:?}");
+        if !reason.is_empty() {
+            assert_eq!(stderr, reason, "{words:?}");
+        }
+    }
+}

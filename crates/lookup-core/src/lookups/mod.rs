@@ -16,7 +16,7 @@ use crate::Unavailable;
 use crate::timer::Backoff;
 use crate::{
     Answer, Command, Config, Error, Event, LookupOutcome, Observe, Origin, Probe, Reply, Request,
-    RequestId, ResetOutcome, RpcBody, RpcId, Stats, Ticket, WireEvent,
+    RequestId, ResetOutcome, RpcBody, RpcFailure, RpcId, Stats, Ticket, WireEvent,
 };
 use entry::{FirstProbe, LookupState, Preemption, RequestEntry, Rpc, RpcKind, ShareKey};
 
@@ -556,6 +556,11 @@ impl<O: Observe> Lookups<O> {
                         self.observer
                             .reply_rejected(rpc_id, key.num_tokens, hit_tokens);
                         LookupOutcome::Malformed
+                    }
+                    // The server is up, its store is not: a failure (rule 11), with
+                    // the backoff and retry of any other.
+                    Ok(Reply::StoreUnavailable) => {
+                        LookupOutcome::Failed(RpcFailure::StoreUnavailable)
                     }
                     Ok(_) => LookupOutcome::Malformed,
                     Err(failure) => LookupOutcome::Failed(failure),

@@ -205,7 +205,12 @@ impl<O: Observe> Lookups<O> {
             LookupOutcome::Miss => self.stats.misses += 1,
             LookupOutcome::Malformed => self.stats.failed_malformed += 1,
             LookupOutcome::Failed(RpcFailure::TimedOut) => self.stats.failed_timed_out += 1,
-            LookupOutcome::Failed(_) => self.stats.failed_transport += 1,
+            LookupOutcome::Failed(RpcFailure::StoreUnavailable) => {
+                self.stats.failed_store_unavailable += 1;
+            }
+            LookupOutcome::Failed(RpcFailure::Transport | RpcFailure::NotSent) => {
+                self.stats.failed_transport += 1;
+            }
         }
         let answer = Answer::of(outcome);
         if answer.is_unavailable() {

@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     pub(crate) failed_timed_out: u64,
     pub(crate) failed_malformed: u64,
     pub(crate) failed_transport: u64,
+    pub(crate) failed_store_unavailable: u64,
     pub(crate) ttl_refreshes: u64,
     pub(crate) chain_refreshes: u64,
     pub(crate) promotions: u64,
@@ -68,6 +69,7 @@ impl Counters {
             failed_timed_out: s.failed_timed_out,
             failed_malformed: s.failed_malformed,
             failed_transport: s.failed_transport,
+            failed_store_unavailable: s.failed_store_unavailable,
             ttl_refreshes: s.ttl_refreshes,
             chain_refreshes: s.chain_refreshes,
             promotions: s.promotions,
@@ -92,7 +94,7 @@ impl Counters {
     }
 
     /// Every counter with its name, for the never-backwards check.
-    pub(crate) fn named(&self) -> [(&'static str, u64); 34] {
+    pub(crate) fn named(&self) -> [(&'static str, u64); 35] {
         [
             ("lookups_arrival", self.lookups_arrival),
             ("lookups_probe", self.lookups_probe),
@@ -108,6 +110,7 @@ impl Counters {
             ("failed_timed_out", self.failed_timed_out),
             ("failed_malformed", self.failed_malformed),
             ("failed_transport", self.failed_transport),
+            ("failed_store_unavailable", self.failed_store_unavailable),
             ("ttl_refreshes", self.ttl_refreshes),
             ("chain_refreshes", self.chain_refreshes),
             ("promotions", self.promotions),

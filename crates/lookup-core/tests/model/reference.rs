@@ -598,6 +598,11 @@ impl RefState {
                     )
                 }
             }
+            // `spec/wire.md`, "Store unavailable": a failure like any other (rule 11).
+            End::Reply(Reply::StoreUnavailable) => (
+                LookupOutcome::Failed(RpcFailure::StoreUnavailable),
+                Answer::Unavailable(Unavailable::Store),
+            ),
             End::Reply(_) => (
                 LookupOutcome::Malformed,
                 Answer::Unavailable(Unavailable::Malformed),
@@ -608,6 +613,7 @@ impl RefState {
                     RpcFailure::TimedOut => Unavailable::TimedOut,
                     RpcFailure::Transport => Unavailable::Transport,
                     RpcFailure::NotSent => Unavailable::NotSent,
+                    RpcFailure::StoreUnavailable => Unavailable::Store,
                 }),
             ),
         };
@@ -627,6 +633,7 @@ impl RefState {
             LookupOutcome::Miss => c.misses += 1,
             LookupOutcome::Malformed => c.failed_malformed += 1,
             LookupOutcome::Failed(RpcFailure::TimedOut) => c.failed_timed_out += 1,
+            LookupOutcome::Failed(RpcFailure::StoreUnavailable) => c.failed_store_unavailable += 1,
             LookupOutcome::Failed(_) => c.failed_transport += 1,
         }
         let mut request_ids = Vec::new();

@@ -194,6 +194,7 @@ pub(crate) fn reply(shape: Shape, value: ReplyValue, body: Option<&RpcBody>) -> 
             }
         }
         ReplyValue::Malformed => return Reply::Malformed,
+        ReplyValue::StoreUnavailable => return Reply::StoreUnavailable,
         ReplyValue::ResetReply { ok } => return Reply::Reset { ok },
     };
     Reply::Lookup { hit_tokens }

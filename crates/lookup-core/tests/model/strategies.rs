@@ -151,6 +151,7 @@ fn reply_value() -> impl Strategy<Value = ReplyValue> {
         1 => Just(ReplyValue::TooHigh),
         1 => (0..6u32).prop_map(|blocks| ReplyValue::NotMultiple { blocks }),
         1 => Just(ReplyValue::Malformed),
+        1 => Just(ReplyValue::StoreUnavailable),
         1 => any::<bool>().prop_map(|ok| ReplyValue::ResetReply { ok }),
     ]
 }

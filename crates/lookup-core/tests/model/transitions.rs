@@ -186,6 +186,9 @@ pub(crate) enum ReplyValue {
     NotMultiple { blocks: u32 },
     /// Bytes that did not decode.
     Malformed,
+    /// The server's error reply: it could not ask its store (`spec/wire.md`, "Store
+    /// unavailable").
+    StoreUnavailable,
     /// A reset reply (`0x01` when `ok`).
     ResetReply { ok: bool },
 }

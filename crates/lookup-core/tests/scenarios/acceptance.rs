@@ -418,6 +418,48 @@ fn a_failed_lookup_is_not_cached_and_retries_after_the_backoff() {
     assert_eq!(h.lookups.stats().retries_after_failure, 2);
 }
 
+/// `spec/wire.md`, "Store unavailable": the server's error reply (its store could not
+/// answer) is a failure, counted apart and never a miss, with the backoff and the
+/// retry of rule 11 as any other failure.
+#[test]
+fn a_store_unavailable_reply_fails_the_lookup_and_retries_after_the_backoff() {
+    let mut h = Harness::prefetch(4);
+    let r = req(1, 48, &[1, 2, 3]);
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    h.answer(RpcId(1), Reply::StoreUnavailable);
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Unavailable(Unavailable::Store))
+    );
+    let stats = h.lookups.stats();
+    assert_eq!(
+        (
+            stats.failed_store_unavailable,
+            stats.misses,
+            stats.failed_malformed,
+            stats.failed_transport,
+            stats.answers_unavailable,
+            stats.answers_miss,
+        ),
+        (1, 0, 0, 0, 1, 0)
+    );
+    // Within the backoff (one failure: 10 ms): no RPC, the answer says a retry waits.
+    h.advance(Duration::from_millis(9));
+    assert_eq!(h.probe(&r, 0), ready(0));
+    assert_eq!(
+        h.lookups.answer_of(r.request_id),
+        Some(Answer::Unavailable(Unavailable::Retrying))
+    );
+    assert_eq!(h.sent.len(), 1);
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.probe(&r, 0), Probe::Pending);
+    assert_eq!(h.sent.len(), 2);
+    h.answer_hit(RpcId(2), 32);
+    assert_eq!(h.probe(&r, 0), ready(32));
+    assert_eq!(h.lookups.stats().retries_after_failure, 1);
+}
+
 /// Regression (huge durations panic): any finite TTL and timeout in seconds is
 /// accepted and saturates; nothing panics when the deadline is built.
 #[test]

@@ -275,6 +275,25 @@ fn malformed_msgpack_trailing_bytes() {
 // Reply decode errors
 // ---------------------------------------------------------------------------------
 
+/// `spec/wire.md`, "Store unavailable": the server's error reply to a lookup is the
+/// single byte `0x00` in `tagged-blob`, read as unavailable, never as a miss; the
+/// older format has no error reply and keeps `hit_tokens = 0`.
+#[test]
+fn store_unavailable_reply_is_one_byte_read_as_unavailable() {
+    let tagged = wire::encode_store_unavailable(Format::TaggedBlob);
+    assert_eq!(tagged.as_ref(), &[0x00]);
+    assert_eq!(
+        wire::decode_lookup_reply(Format::TaggedBlob, &[tagged]),
+        Err(WireError::StoreUnavailable)
+    );
+    let older = wire::encode_store_unavailable(Format::MsgpackHex);
+    assert_eq!(older.as_ref(), &[0, 0, 0, 0]);
+    assert_eq!(
+        wire::decode_lookup_reply(Format::MsgpackHex, &[Bytes::from_static(&[0x00])]),
+        Err(WireError::ReplyLength(1))
+    );
+}
+
 #[test]
 fn lookup_reply_bad_lengths() {
     for len in [0usize, 3, 5, 11] {
@@ -284,6 +303,11 @@ fn lookup_reply_bad_lengths() {
             "tagged-blob, {len} bytes"
         );
     }
+    // One byte other than the error reply `0x00` is broken, not an error reply.
+    assert_eq!(
+        wire::decode_lookup_reply(Format::TaggedBlob, &[Bytes::from_static(&[0x01])]),
+        Err(WireError::ReplyLength(1))
+    );
     for len in [0usize, 3, 5, 8, 12] {
         assert_eq!(
             wire::decode_lookup_reply(Format::MsgpackHex, &[Bytes::from(vec![0; len])]),

@@ -45,8 +45,8 @@ pub trait BlockIndex: Send + Sync {
     /// [`IndexError::AnswerCount`]).
     ///
     /// # Errors
-    /// [`IndexError`] when the store cannot answer; the server turns it into 0 hit
-    /// tokens.
+    /// [`IndexError`] when the store cannot answer; the server answers the lookup
+    /// with the store-unavailable error reply (`spec/wire.md`, "Store unavailable").
     fn exists<'a>(&'a self, keys: &'a [String]) -> IndexFuture<'a, Vec<bool>>;
 
     /// Removes every key: the server's answer to a reset request (`spec/wire.md`,

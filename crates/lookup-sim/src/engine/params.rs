@@ -119,7 +119,9 @@ pub struct EngineParams {
     /// 16-token block hashed, `BlockPool.cache_full_blocks`, vllm/v1/core/block_pool.py;
     /// a trace's 512-token block then holds 32 hashes derived from its id), 512 the
     /// trace's coarser groups (hit and evicted whole). A multiple of 16 dividing 512.
-    /// Default 16.
+    /// Default 512: on the default run 16 costs about ten times the CPU time (one
+    /// map entry per 16 tokens held, cached and freed), while the step-by-step
+    /// comparison with vLLM (`cargo xtask fidelity --against vllm`) runs at 16.
     pub prefix_hash_tokens: u32,
     /// vLLM 0.33's admission gate `scheduler_reserve_full_isl` (vllm/config/scheduler.py,
     /// default true): a waiting request is admitted only when the KV blocks of its
@@ -154,7 +156,7 @@ impl Default for EngineParams {
             batch_queue: 2,
             max_output_tokens: None,
             local_prefix_cache: true,
-            prefix_hash_tokens: 16,
+            prefix_hash_tokens: TRACE_BLOCK_TOKENS,
             scheduler_reserve_full_isl: true,
             load_kv_async: true,
         }

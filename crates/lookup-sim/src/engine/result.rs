@@ -457,6 +457,7 @@ pub(super) fn add_stats(to: &mut Stats, s: &Stats) {
     to.failed_timed_out += s.failed_timed_out;
     to.failed_malformed += s.failed_malformed;
     to.failed_transport += s.failed_transport;
+    to.failed_store_unavailable += s.failed_store_unavailable;
     to.ttl_refreshes += s.ttl_refreshes;
     to.chain_refreshes += s.chain_refreshes;
     to.promotions += s.promotions;

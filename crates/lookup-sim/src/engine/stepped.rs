@@ -6,7 +6,7 @@
 //! too.
 //!
 //! Time is counted in steps: no step cost, no lookup server. The connector is a
-//! stand-in ([`Script`]) that answers as the scenario says (ready, pending for k
+//! stand-in (`Script`) that answers as the scenario says (ready, pending for k
 //! probes, missing); external tokens load synchronously (`load_kv_async = false`);
 //! scheduling is not asynchronous (one step in flight, its output processed before
 //! the next `schedule`). The prefix cache hashes vLLM's 16-token blocks, chained
@@ -185,11 +185,16 @@ impl Scenario {
 /// Runs `scenario` through one engine, step by step: at each step the requests
 /// arriving by it are added, `schedule` runs, and the step's output is processed at
 /// once. Returns one [`StepLine`] per step and the [`EndLine`]; it stops when every
-/// request finished or at `max_steps`.
+/// request finished or at `max_steps`. The prefix cache hashes `hash_tokens`-token
+/// blocks (16: vLLM's own; 512: the timed simulator's default groups).
 ///
 /// # Errors
-/// A scenario that does not validate ([`Scenario::validate`]).
-pub fn run_steps(scenario: &Scenario) -> anyhow::Result<(Vec<StepLine>, EndLine)> {
+/// A scenario that does not validate ([`Scenario::validate`]), or `hash_tokens`
+/// not a multiple of 16 dividing 512.
+pub fn run_steps(
+    scenario: &Scenario,
+    hash_tokens: u32,
+) -> anyhow::Result<(Vec<StepLine>, EndLine)> {
     scenario.validate()?;
     let s = &scenario.settings;
     let params = SimParams {
@@ -199,7 +204,7 @@ pub fn run_steps(scenario: &Scenario) -> anyhow::Result<(Vec<StepLine>, EndLine)
             max_num_seqs: s.max_num_seqs,
             gpu_kv_blocks: s.num_gpu_blocks,
             local_prefix_cache: s.enable_prefix_caching,
-            prefix_hash_tokens: s.block_size,
+            prefix_hash_tokens: hash_tokens,
             scheduler_reserve_full_isl: s.scheduler_reserve_full_isl,
             load_kv_async: false,
             batch_queue: 1,
@@ -295,16 +300,95 @@ pub fn run_steps(scenario: &Scenario) -> anyhow::Result<(Vec<StepLine>, EndLine)
 }
 
 /// The engine's request for scenario request `r` (number `seq`): its prompt hashed
-/// in `block_size`-token blocks from its token ids.
-fn request(r: &ScenarioRequest, seq: u64, block_size: u32) -> Req {
+/// in `hash_tokens`-token blocks from its token ids.
+fn request(r: &ScenarioRequest, seq: u64, hash_tokens: u32) -> Req {
     let tr = TraceRequest {
         timestamp: 0,
         input_length: r.prompt_token_ids.len() as u32,
         output_length: r.output_token_ids.len() as u32,
         hash_ids: Vec::new(),
     };
-    let mut req = Req::new(seq, 0, tr, 0, None, block_size);
-    req.kv_hashes = token_block_hashes(&r.prompt_token_ids, block_size);
+    let mut req = Req::new(seq, 0, tr, 0, None, hash_tokens);
+    req.kv_hashes = token_block_hashes(&r.prompt_token_ids, hash_tokens);
     req.phase = Phase::NotArrived;
     req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(gate: bool) -> Scenario {
+        let req = |id: &str, prompt: u32, outputs: u32| ScenarioRequest {
+            request_id: id.to_owned(),
+            arrival_step: 0,
+            prompt_token_ids: (0..prompt).map(|t| t + 1000 * prompt).collect(),
+            output_token_ids: (0..outputs).collect(),
+            connector: ConnectorAnswer::Missing,
+        };
+        Scenario {
+            settings: Settings {
+                block_size: 16,
+                num_gpu_blocks: 8,
+                max_num_seqs: 4,
+                max_num_batched_tokens: 64,
+                max_model_len: 1000,
+                enable_chunked_prefill: true,
+                enable_prefix_caching: true,
+                long_prefill_token_threshold: 0,
+                async_scheduling: false,
+                scheduler_reserve_full_isl: gate,
+                max_steps: 40,
+            },
+            requests: vec![req("r0", 96, 3), req("r1", 80, 1)],
+        }
+    }
+
+    fn sched(l: &StepLine) -> Vec<(&str, u32)> {
+        l.scheduled
+            .iter()
+            .map(|(id, n)| (id.as_str(), *n))
+            .collect()
+    }
+
+    /// vLLM 0.33's `scheduler_reserve_full_isl` (default true): at step 1 r0's
+    /// prefill ends with 6 of 8 blocks held and 32 tokens of budget left; r1's
+    /// 80-token prompt needs 5 blocks, so the gate refuses it although its 32-token
+    /// chunk (2 blocks) would fit. Without the gate r1 is admitted on that chunk and
+    /// preempted the next step, when r0's first decode needs a 7th block
+    /// (`running.pop()`), as vLLM PR #37307 describes.
+    #[test]
+    fn the_full_prompt_gate_refuses_what_only_its_first_chunk_would_fit() {
+        let (on, end) = run_steps(&scenario(true), 16).unwrap();
+        assert_eq!((end.finished, end.steps), (2, on.len() as u64));
+        assert_eq!(sched(&on[1]), vec![("r0", 32)]);
+        assert!(on[1].admitted.is_empty());
+        assert_eq!(on[1].blocks_in_use, 6);
+        assert_eq!(sched(&on[2]), vec![("r0", 1)]);
+        assert!(on[2].preempted.is_empty());
+
+        let (off, _) = run_steps(&scenario(false), 16).unwrap();
+        assert_eq!(sched(&off[1]), vec![("r0", 32), ("r1", 32)]);
+        assert_eq!(off[1].admitted, vec!["r1".to_owned()]);
+        assert_eq!(off[1].blocks_in_use, 8);
+        assert_eq!(off[2].preempted, vec!["r1".to_owned()]);
+        assert_eq!(sched(&off[2]), vec![("r0", 1)]);
+    }
+
+    /// A pending answer skips the request for as many probes as scripted, then its
+    /// hit is used, capped below its last token.
+    #[test]
+    fn a_pending_answer_skips_then_loads_the_hit_below_the_last_token() {
+        let mut sc = scenario(true);
+        sc.requests.truncate(1);
+        sc.requests[0].connector = ConnectorAnswer::Pending {
+            steps: 2,
+            hit_tokens: 96,
+        };
+        let (log, _) = run_steps(&sc, 16).unwrap();
+        assert_eq!(log[0].skipped_pending, vec!["r0".to_owned()]);
+        assert_eq!(log[1].skipped_pending, vec!["r0".to_owned()]);
+        assert_eq!(log[2].external_hits, vec![("r0".to_owned(), 80)]);
+        assert_eq!(sched(&log[2]), vec![("r0", 16)]);
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lookup_core::Config;
+use lookup_core::{Config, OnPreemption};
 use serde_json::Value;
 use tokio::runtime::Handle;
 
@@ -218,6 +218,41 @@ impl ClientBuilder {
     /// Most lookup RPCs on the wire at once (default 1).
     pub fn max_in_flight(mut self, n: u32) -> Self {
         self.core.max_in_flight = n;
+        self
+    }
+
+    /// `lookup_priority`: lookups a probe waits for go before queued prefetches
+    /// (default true; rule 15).
+    pub fn lookup_priority(mut self, on: bool) -> Self {
+        self.core.lookup_priority = on;
+        self
+    }
+
+    /// `lookup_share`: identical lookups in flight share one RPC (default true;
+    /// rule 16).
+    pub fn lookup_share(mut self, on: bool) -> Self {
+        self.core.lookup_share = on;
+        self
+    }
+
+    /// `max_queued`: RPCs waiting for the wire before new prefetches are refused
+    /// (default 65,536; at least 1).
+    pub fn max_queued(mut self, n: u32) -> Self {
+        self.core.max_queued = n;
+        self
+    }
+
+    /// `lookup_on_preemption`: what a preemption does to the request's lookup
+    /// (default `keep_wait`; rule 8).
+    pub fn lookup_on_preemption(mut self, policy: OnPreemption) -> Self {
+        self.core.lookup_on_preemption = policy;
+        self
+    }
+
+    /// `lookup_preempted_wait_s`: how long a preempted request's probe waits with
+    /// `wait` or `keep_wait` (default 5 s; rule 8).
+    pub fn lookup_preempted_wait(mut self, wait: Duration) -> Self {
+        self.core.lookup_preempted_wait = wait;
         self
     }
 

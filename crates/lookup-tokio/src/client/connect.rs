@@ -133,14 +133,6 @@ impl LookupClient {
         let batch = Arc::new(OnceLock::new());
         let spawned = match &config.transport {
             Transport::Zmq(zmq) => {
-                let io = IoConfig {
-                    backoff: zmq.reopen_backoff,
-                    reopen_after_timeouts: zmq.reopen_after_timeouts,
-                    timeout,
-                    call_timeout: None,
-                    max_pending_age: config.core.max_pending_age,
-                    label: config.label(),
-                };
                 let context = tmq::Context::new();
                 zmq.check_lease(config.core.lookup_prefetch_ttl);
                 let socket = open_dealer(&context, &zmq.endpoint.url())?;
@@ -152,20 +144,10 @@ impl LookupClient {
                     context,
                     socket,
                 );
-                spawn(wire, &config, &io, runtime)
+                spawn(wire, &config, runtime)
             }
             Transport::Direct(direct) => {
                 direct.validate()?;
-                let io = IoConfig {
-                    backoff: direct.connect_backoff,
-                    // The master client reconnects by itself when the connection
-                    // breaks; a hung one is replaced after timeouts in a row.
-                    reopen_after_timeouts: direct.reopen_after_timeouts,
-                    timeout,
-                    call_timeout: Some(direct.master_config.call_timeout),
-                    max_pending_age: config.core.max_pending_age,
-                    label: config.label(),
-                };
                 let cell = Arc::new(OnceLock::new());
                 let result_ttl = config.core.lookup_prefetch_ttl;
                 let wire = DirectWire::new(
@@ -176,7 +158,7 @@ impl LookupClient {
                     Arc::clone(&batch),
                 );
                 master = Some(cell);
-                spawn(wire, &config, &io, runtime)
+                spawn(wire, &config, runtime)
             }
         };
         Ok(Self::assemble(
@@ -205,25 +187,7 @@ impl LookupClient {
             ClientObserver::new(clock::now(), config.transport.target(), &config.label()),
         )?;
         core.set_event_capacity(config.event_capacity);
-        let io = match &config.transport {
-            Transport::Zmq(zmq) => IoConfig {
-                backoff: zmq.reopen_backoff,
-                reopen_after_timeouts: zmq.reopen_after_timeouts,
-                timeout: config.core.timeout(),
-                call_timeout: None,
-                max_pending_age: config.core.max_pending_age,
-                label: config.label(),
-            },
-            Transport::Direct(direct) => IoConfig {
-                backoff: direct.connect_backoff,
-                reopen_after_timeouts: direct.reopen_after_timeouts,
-                timeout: config.core.timeout(),
-                call_timeout: Some(direct.master_config.call_timeout),
-                max_pending_age: config.core.max_pending_age,
-                label: config.label(),
-            },
-        };
-        let spawned = spawn(wire, &config, &io, runtime);
+        let spawned = spawn(wire, &config, runtime);
         Ok(Self::assemble(
             core,
             spawned,
@@ -297,8 +261,34 @@ async fn wait_up(link: &mut watch::Receiver<Link>, bound: Duration) -> Result<()
     }
 }
 
+/// The I/O task's settings for `config`'s transport: its reopen backoff and count, the
+/// lookup timeout, the master client's own call timeout, the pending age and the
+/// metrics label. Direct: the master client reconnects by itself when a connection
+/// breaks, and replaces a hung one after call timeouts in a row (rule 17, counted per
+/// call by the client, whichever deadline fires first), so the dispatcher counts none
+/// of its own.
+fn io_config(config: &ClientConfig) -> IoConfig {
+    let (backoff, reopen_after_timeouts, call_timeout) = match &config.transport {
+        Transport::Zmq(zmq) => (zmq.reopen_backoff, zmq.reopen_after_timeouts, None),
+        Transport::Direct(direct) => (
+            direct.connect_backoff,
+            0,
+            Some(direct.master_config.call_timeout),
+        ),
+    };
+    IoConfig {
+        backoff,
+        reopen_after_timeouts,
+        timeout: config.core.timeout(),
+        call_timeout,
+        max_pending_age: config.core.max_pending_age,
+        label: config.label(),
+    }
+}
+
 /// Spawns the I/O task driving `wire` on `runtime`.
-fn spawn<W: Wire>(wire: W, config: &ClientConfig, io: &IoConfig, runtime: &Handle) -> Spawned {
+fn spawn<W: Wire>(wire: W, config: &ClientConfig, runtime: &Handle) -> Spawned {
+    let io = io_config(config);
     let (commands, command_rx) = tokio::sync::mpsc::unbounded_channel();
     let (event_tx, wire_events) = tokio::sync::mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
@@ -307,7 +297,7 @@ fn spawn<W: Wire>(wire: W, config: &ClientConfig, io: &IoConfig, runtime: &Handl
     let task = IoTask::new(
         wire,
         Dispatcher::new(&config.core),
-        io,
+        &io,
         IoLinks {
             commands: command_rx,
             events: event_tx,

@@ -1,10 +1,12 @@
 //! vLLM's `kv_connector_extra_config` read with vLLM's key names
-//! ([`KvConnectorExtraConfig`]), float seconds into [`Duration`]s.
+//! ([`KvConnectorExtraConfig`]): each key of [`SETTINGS`] parsed by its unit (float
+//! seconds into [`Duration`]s) and checked by its own check, the one definition of
+//! each setting (`lookup_core::settings`).
 
 use std::time::Duration;
 
-use lookup_core::Config;
-use serde::Deserialize;
+use lookup_core::settings::{SETTINGS, Unit, Value as SettingValue, setting};
+use lookup_core::{Config, OnPreemption};
 use serde_json::Value;
 
 use crate::Error;
@@ -14,32 +16,16 @@ use crate::Error;
 /// [`from_kv_connector_extra_config`](Self::from_kv_connector_extra_config) and put
 /// into a [`Config`] by [`apply`](Self::apply).
 ///
-/// The keys (vLLM 0.33's MooncakeStoreConnector `scheduler.py` reads `enable_lookup`,
-/// `lookup_async`, `load_async`; `worker.py` reads `lookup_rpc_port`; the prefetch
-/// keys are vLLM's follow-up to #45659; the rest are *ours*):
-///
-/// | key | type | default | field |
-/// |---|---|---|---|
-/// | `enable_lookup` | bool | true | [`Config::enable_lookup`] |
-/// | `lookup_async` | bool | false | [`Config::lookup_async`] |
-/// | `load_async` | bool | true | [`Config::load_async`] |
-/// | `lookup_prefetch_limit` | integer >= 0 | 0 | [`Config::lookup_prefetch_limit`] |
-/// | `lookup_prefetch_ttl_s` | seconds >= 0 | 2.0 | [`Config::lookup_prefetch_ttl`] |
-/// | `lookup_timeout_s` (ours) | seconds > 0 | 5.0 | [`Config::lookup_timeout`] |
-/// | `lookup_priority` (ours) | bool | true | [`Config::lookup_priority`] |
-/// | `lookup_share` (ours) | bool | true | [`Config::lookup_share`] |
-/// | `max_in_flight` (ours) | integer >= 1 | 1 | [`Config::max_in_flight`] |
-/// | `max_queued` (ours) | integer >= 1 | 65,536 | [`Config::max_queued`] |
-/// | `max_pending_age_s` (ours) | seconds > 0 | 5.0 | [`Config::max_pending_age`] |
-/// | `lookup_on_preemption` (ours) | `discard`, `keep`, `wait`, `keep_wait` | the core's | [`Config::lookup_on_preemption`] (rule 8) |
-/// | `lookup_preempted_wait_s` (ours) | seconds >= 0 | 5.0 | [`Config::lookup_preempted_wait`] |
-/// | `lookup_rpc_port` | integer >= 0 | 0 | [`lookup_rpc_port`](Self::lookup_rpc_port): the name in the worker's ipc path ([`Endpoint::vllm`](crate::Endpoint::vllm)) |
+/// The keys are those of [`SETTINGS`] (name, unit, default, check and meaning of
+/// each; the table is `docs/configuration.md`), and `lookup_rpc_port` (integer >= 0,
+/// default 0: the name in the worker's ipc path, [`Endpoint::vllm`](crate::Endpoint::vllm),
+/// vLLM 0.33's `worker.py`). A test reads every setting through here and fails when
+/// one is missing.
 ///
 /// vLLM 0.33's other connector keys ([`VLLM_STORE_KEYS`]: the store's, not the
 /// lookup's) are accepted and ignored, so an engine's whole extra config can be
 /// passed as it is.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct KvConnectorExtraConfig {
     /// `enable_lookup`.
@@ -51,10 +37,8 @@ pub struct KvConnectorExtraConfig {
     /// `lookup_prefetch_limit`.
     pub lookup_prefetch_limit: u32,
     /// `lookup_prefetch_ttl_s`, float seconds.
-    #[serde(rename = "lookup_prefetch_ttl_s", with = "seconds")]
     pub lookup_prefetch_ttl: Duration,
     /// `lookup_timeout_s`, float seconds, positive.
-    #[serde(rename = "lookup_timeout_s", with = "positive_seconds")]
     pub lookup_timeout: Duration,
     /// `lookup_priority`.
     pub lookup_priority: bool,
@@ -65,15 +49,12 @@ pub struct KvConnectorExtraConfig {
     /// `max_queued`.
     pub max_queued: u32,
     /// `max_pending_age_s`, float seconds, positive.
-    #[serde(rename = "max_pending_age_s", with = "positive_seconds")]
     pub max_pending_age: Duration,
     /// `lookup_on_preemption`: what a preemption does to the request's lookup
     /// (`spec/behaviour.md` rule 8).
-    #[serde(with = "on_preemption")]
-    pub lookup_on_preemption: lookup_core::OnPreemption,
+    pub lookup_on_preemption: OnPreemption,
     /// `lookup_preempted_wait_s`, float seconds: how long a probe of a preempted
     /// request waits for its answer with `wait` or `keep_wait`.
-    #[serde(rename = "lookup_preempted_wait_s", with = "seconds")]
     pub lookup_preempted_wait: Duration,
     /// `lookup_rpc_port`: a name in the worker's ipc path, not a TCP port.
     pub lookup_rpc_port: u32,
@@ -95,44 +76,22 @@ pub const VLLM_STORE_KEYS: [&str; 10] = [
     "store_tp_size",
 ];
 
-/// The keys [`KvConnectorExtraConfig`] reads.
-const LOOKUP_KEYS: [&str; 14] = [
-    "enable_lookup",
-    "lookup_async",
-    "load_async",
-    "lookup_prefetch_limit",
-    "lookup_prefetch_ttl_s",
-    "lookup_timeout_s",
-    "lookup_priority",
-    "lookup_share",
-    "max_in_flight",
-    "max_queued",
-    "max_pending_age_s",
-    "lookup_on_preemption",
-    "lookup_preempted_wait_s",
-    "lookup_rpc_port",
-];
+/// The key of `kv_connector_extra_config` read here that is not a [`Config`] setting.
+const LOOKUP_RPC_PORT: &str = "lookup_rpc_port";
+
+/// The keys [`KvConnectorExtraConfig`] reads: every [`SETTINGS`] key, then
+/// `lookup_rpc_port`.
+fn lookup_keys() -> impl Iterator<Item = &'static str> {
+    SETTINGS
+        .iter()
+        .map(|s| s.key)
+        .chain(std::iter::once(LOOKUP_RPC_PORT))
+}
 
 impl Default for KvConnectorExtraConfig {
-    /// vLLM's defaults (`spec/behaviour.md`, "Configuration").
+    /// vLLM's defaults (`spec/behaviour.md`, "Configuration"): [`Config::new`]'s.
     fn default() -> Self {
-        let c = Config::new(1);
-        Self {
-            enable_lookup: c.enable_lookup,
-            lookup_async: c.lookup_async,
-            load_async: c.load_async,
-            lookup_prefetch_limit: c.lookup_prefetch_limit,
-            lookup_prefetch_ttl: c.lookup_prefetch_ttl,
-            lookup_timeout: c.lookup_timeout,
-            lookup_priority: c.lookup_priority,
-            lookup_share: c.lookup_share,
-            max_in_flight: c.max_in_flight,
-            max_queued: c.max_queued,
-            max_pending_age: c.max_pending_age,
-            lookup_on_preemption: c.lookup_on_preemption,
-            lookup_preempted_wait: c.lookup_preempted_wait,
-            lookup_rpc_port: 0,
-        }
+        Self::of(&Config::new(1), 0)
     }
 }
 
@@ -168,27 +127,48 @@ impl KvConnectorExtraConfig {
                 why: format!("expected a JSON object, got {extra}"),
             });
         };
-        let mut known = serde_json::Map::new();
+        let mut core = Config::new(1);
+        let mut lookup_rpc_port = 0;
         for (key, value) in map {
-            if LOOKUP_KEYS.contains(&key.as_str()) {
-                // One key at a time, so that a bad value's error names its key.
-                let one = Value::Object([(key.clone(), value.clone())].into_iter().collect());
-                serde_json::from_value::<Self>(one).map_err(|e| Error::ExtraConfig {
-                    key: key.clone(),
-                    why: e.to_string(),
-                })?;
-                known.insert(key.clone(), value.clone());
+            let named = |why: String| Error::ExtraConfig {
+                key: key.clone(),
+                why,
+            };
+            if let Some(setting) = setting(key) {
+                let read = parse(setting.unit, value).map_err(named)?;
+                setting.check_value(read).map_err(named)?;
+                setting
+                    .set(&mut core, read)
+                    .map_err(|e| named(e.to_string()))?;
+            } else if key == LOOKUP_RPC_PORT {
+                lookup_rpc_port =
+                    serde_json::from_value(value.clone()).map_err(|e| named(e.to_string()))?;
             } else if !lenient && !VLLM_STORE_KEYS.contains(&key.as_str()) {
-                return Err(Error::ExtraConfig {
-                    key: key.clone(),
-                    why: format!("unknown key (known: {})", LOOKUP_KEYS.join(", ")),
-                });
+                let known: Vec<&str> = lookup_keys().collect();
+                return Err(named(format!("unknown key (known: {})", known.join(", "))));
             }
         }
-        serde_json::from_value(Value::Object(known)).map_err(|e| Error::ExtraConfig {
-            key: "kv_connector_extra_config".to_owned(),
-            why: e.to_string(),
-        })
+        Ok(Self::of(&core, lookup_rpc_port))
+    }
+
+    /// The keys of `core`'s settings, and `lookup_rpc_port`.
+    fn of(core: &Config, lookup_rpc_port: u32) -> Self {
+        Self {
+            enable_lookup: core.enable_lookup,
+            lookup_async: core.lookup_async,
+            load_async: core.load_async,
+            lookup_prefetch_limit: core.lookup_prefetch_limit,
+            lookup_prefetch_ttl: core.lookup_prefetch_ttl,
+            lookup_timeout: core.lookup_timeout,
+            lookup_priority: core.lookup_priority,
+            lookup_share: core.lookup_share,
+            max_in_flight: core.max_in_flight,
+            max_queued: core.max_queued,
+            max_pending_age: core.max_pending_age,
+            lookup_on_preemption: core.lookup_on_preemption,
+            lookup_preempted_wait: core.lookup_preempted_wait,
+            lookup_rpc_port,
+        }
     }
 
     /// Puts every key into `core` (its `block_size` is not one of them: vLLM's
@@ -218,46 +198,62 @@ impl KvConnectorExtraConfig {
     }
 }
 
-/// Float seconds (vLLM's `*_s` keys) as a [`Duration`]: finite and `>= 0`
-/// ([`lookup_core::duration_from_secs`]; values beyond a `Duration` saturate).
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = f64::deserialize(d)?;
-        lookup_core::duration_from_secs(s).map_err(serde::de::Error::custom)
-    }
-}
-
-/// As [`seconds`], and above zero (`lookup_timeout_s`: a lookup must be allowed some
-/// time on the wire).
-mod positive_seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = f64::deserialize(d)?;
-        if s == 0.0 {
-            return Err(serde::de::Error::custom(
-                "0 is not a positive number of seconds",
-            ));
+/// One setting's JSON value read by its unit; the error says what is wrong, for the
+/// caller to name the key (serde's own text for a wrong type).
+fn parse(unit: Unit, value: &Value) -> Result<SettingValue, String> {
+    let typed = |e: serde_json::Error| e.to_string();
+    Ok(match unit {
+        Unit::Switch => SettingValue::Switch(serde_json::from_value(value.clone()).map_err(typed)?),
+        Unit::Count => SettingValue::Count(serde_json::from_value(value.clone()).map_err(typed)?),
+        Unit::Seconds => {
+            let secs: f64 = serde_json::from_value(value.clone()).map_err(typed)?;
+            SettingValue::Seconds(lookup_core::duration_from_secs(secs)?)
         }
-        lookup_core::duration_from_secs(s).map_err(serde::de::Error::custom)
-    }
+        Unit::Preemption => {
+            let name: String = serde_json::from_value(value.clone()).map_err(typed)?;
+            SettingValue::Preemption(name.parse::<OnPreemption>().map_err(|e| e.to_string())?)
+        }
+    })
 }
 
-/// `lookup_on_preemption` by its name (`OnPreemption`'s `FromStr`: `discard`, `keep`,
-/// `wait`, `keep_wait`).
-mod on_preemption {
-    use serde::{Deserialize, Deserializer};
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<lookup_core::OnPreemption, D::Error> {
-        let name = String::deserialize(d)?;
-        name.parse().map_err(serde::de::Error::custom)
+    /// Every setting of the one definition is read from its key and put into the
+    /// core: a value other than the default, written as its unit says, comes out of
+    /// [`KvConnectorExtraConfig::core`] (fails when the reader, the struct or
+    /// `apply` lacks a setting).
+    #[test]
+    fn every_setting_is_read_from_its_key_and_applied() {
+        for s in &SETTINGS {
+            let (json, want) = match s.default_value() {
+                SettingValue::Switch(on) => (Value::Bool(!on), SettingValue::Switch(!on)),
+                SettingValue::Count(n) => (Value::from(n + 3), SettingValue::Count(n + 3)),
+                SettingValue::Seconds(d) => (
+                    Value::from(d.as_secs_f64() + 0.25),
+                    SettingValue::Seconds(d + Duration::from_millis(250)),
+                ),
+                SettingValue::Preemption(_) => (
+                    Value::from("discard"),
+                    SettingValue::Preemption(OnPreemption::Discard),
+                ),
+            };
+            let extra = Value::Object([(s.key.to_owned(), json)].into_iter().collect());
+            let read = KvConnectorExtraConfig::from_kv_connector_extra_config(&extra)
+                .unwrap_or_else(|e| panic!("{}: {e}", s.key));
+            let core = read.core(16);
+            assert_eq!(s.get(&core), want, "{}", s.key);
+            for other in SETTINGS.iter().filter(|o| o.key != s.key) {
+                assert_eq!(
+                    other.get(&core),
+                    other.default_value(),
+                    "{} moved {}",
+                    s.key,
+                    other.key
+                );
+            }
+        }
+        assert_eq!(lookup_keys().collect::<Vec<_>>().len(), SETTINGS.len() + 1);
     }
 }

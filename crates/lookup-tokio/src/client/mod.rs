@@ -6,6 +6,7 @@ mod connect;
 mod extra_config;
 mod handle;
 mod observer;
+mod step;
 #[cfg(test)]
 mod tests;
 mod wait;
@@ -28,6 +29,7 @@ pub use builder::ClientBuilder;
 pub use config::{ClientConfig, ClientStats};
 pub use extra_config::{KvConnectorExtraConfig, VLLM_STORE_KEYS};
 pub use handle::LookupHandle;
+pub use step::Step;
 pub use wait::Deadline;
 
 use crate::clock;

@@ -15,18 +15,26 @@
 //!
 //! # Batching across lookups
 //!
-//! Lookups go through a [`Coalescer`] ([`DirectConfig::batch`]): those the dispatcher
+//! Lookups go through the owner of the store's answer, [`MasterLookup`] (the same
+//! one the router's `StoreCheck` and lookup-server's index use): those the dispatcher
 //! releases in one pass of the I/O task are submitted together and flushed at the end
 //! of the pass, so they share `BatchExistKey` calls (the union of their keys, each key
 //! once, chunked, with an early stop per lookup); those released while a batch is
 //! asking the master wait for it to end, at most `batch.max_wait`. An idle link adds
 //! no wait. Each lookup keeps its own answer, deadline (the dispatcher's) and
-//! cancellation. With `batch.presence` enabled, keys the master answered present are
-//! not asked again while their read lease outlasts the result's TTL; the cache ends
-//! with its connection epoch (a reconnect, a leader change, a restarted master) and is
-//! dropped on a reset, on a failed call and on a lookup timeout. After
-//! [`DirectConfig::reopen_after_timeouts`] lookup timeouts in a row the master
-//! connection is replaced (rule 17).
+//! cancellation. With `batch.presence` enabled (the default), keys the master answered
+//! present are not asked again while their read lease outlasts the result's TTL; the
+//! cache ends with its connection epoch (a reconnect, a leader change, a restarted
+//! master) and is dropped on a reset, on a failed call and on a lookup timeout.
+//!
+//! # Rule 17
+//!
+//! After [`DirectConfig::reopen_after_timeouts`] master call timeouts in a row the
+//! master connection is replaced. The master client counts them, per call and per
+//! connection (`mooncake_master`'s `client::streak`), so the count is the same
+//! whichever deadline fires first: the call timeout (1 s by default) before
+//! `lookup_timeout_s` (vLLM's 5 s), or a lookup timeout shorter than the call's,
+//! whose call still ends at its own timeout. The dispatcher counts none of its own.
 //!
 //! # Lease side effect
 //!
@@ -63,7 +71,8 @@ use futures::stream::FuturesUnordered;
 use lookup_core::answer::{blocks_to_check, hit_tokens};
 use lookup_core::{Outgoing, Reply, RpcBody, RpcFailure, RpcId};
 use mooncake_master::{
-    BatchConfig, Coalescer, KeyLayout, MasterAddr, MasterClient, MasterConfig, MasterError,
+    BatchConfig, ChainAnswer, Coalescer, KeyLayout, LookupConfig, MasterAddr, MasterClient,
+    MasterConfig, MasterError, MasterLookup, Unanswered,
 };
 
 #[cfg(doc)]
@@ -111,13 +120,16 @@ pub struct DirectConfig {
     /// First wait before trying again when connecting to the master fails, before
     /// the first success; it doubles per failure up to 1 s. Default 10 ms.
     pub connect_backoff: Duration,
-    /// Drop the master connection and connect again after this many lookup timeouts
-    /// in a row (rule 17): a hung master connection is replaced, not kept until the
-    /// kernel drops it, and the presence cache and lease learned on it end with it.
-    /// 0 never reopens on timeouts. Default 3, as [`ZmqConfig`](crate::ZmqConfig).
+    /// Drop the master connection and connect again after this many master call
+    /// timeouts in a row (rule 17; given to the master client as
+    /// [`MasterConfig::reopen_after_timeouts`], which it overrides): a hung or
+    /// half-open master connection is replaced, not kept until the kernel drops it,
+    /// and the presence cache and lease learned on it end with it. Counted per call
+    /// (one call shared by many lookups is one timeout). 0 never reopens on timeouts.
+    /// Default 3, as [`ZmqConfig`](crate::ZmqConfig).
     pub reopen_after_timeouts: u32,
     /// Batching across lookups and the lease-backed presence cache
-    /// ([`BatchConfig`]: batching on, cache off by default). Lookups the I/O task
+    /// ([`BatchConfig`]: batching and the cache on by default). Lookups the I/O task
     /// releases in one pass, and those released while a batch is asking the master,
     /// share `BatchExistKey` calls: the union of their keys, each key once, chunked,
     /// with an early stop per lookup; each still gets its own answer, timeout and
@@ -126,8 +138,10 @@ pub struct DirectConfig {
 }
 
 /// [`DirectConfig::reopen_after_timeouts`]'s default, shared by
-/// [`StoreCheckLimits`](crate::StoreCheckLimits) and `ZmqConfig`.
-pub(crate) const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 = 3;
+/// [`StoreCheckLimits`](crate::StoreCheckLimits) and `ZmqConfig`: the master client's
+/// own.
+pub(crate) const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 =
+    mooncake_master::DEFAULT_REOPEN_AFTER_TIMEOUTS;
 
 impl DirectConfig {
     /// The master at `master`, keys laid out by `layout`, the master client's
@@ -164,12 +178,11 @@ impl DirectConfig {
     /// that the mistake is an error of `connect`, not a stream of failed lookups.
     ///
     /// # Errors
-    /// [`Error::InvalidClientConfig`] naming the field: a `master_config` with
-    /// `chunk_keys` 0, a zero `call_timeout` or `connect_timeout`, or a
-    /// `backoff_min` that is zero or above `backoff_max`; a `batch` with
-    /// `max_lookups` or `max_batches_in_flight` 0, or an enabled presence cache with
-    /// `max_age` 0; a `master_config.cluster_id` that differs from the cluster id of
-    /// an `etcd://` [`master`](Self::master) (the address's is the one used). (The
+    /// [`Error::InvalidClientConfig`] naming the field: whatever
+    /// [`MasterConfig::validate`] refuses in `master_config` (as
+    /// `master_config.<field>`); whatever [`BatchConfig::validate`] refuses in
+    /// `batch`; a `master_config.cluster_id` that differs from the cluster id of an
+    /// `etcd://` [`master`](Self::master) (the address's is the one used). (The
     /// address was checked when it was parsed.)
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |key: &'static str, why: &str| {
@@ -179,20 +192,8 @@ impl DirectConfig {
             })
         };
         let m = &self.master_config;
-        if m.chunk_keys == 0 {
-            return bad("master_config.chunk_keys", "must be at least 1");
-        }
-        if m.call_timeout.is_zero() {
-            return bad("master_config.call_timeout", "must be positive");
-        }
-        if m.connect_timeout.is_zero() {
-            return bad("master_config.connect_timeout", "must be positive");
-        }
-        if m.backoff_min.is_zero() || m.backoff_min > m.backoff_max {
-            return bad(
-                "master_config.backoff_min",
-                "must be positive and at most backoff_max",
-            );
+        if let Err(MasterError::InvalidConfig { what, why }) = m.validate() {
+            return bad(master_config_key(what), &why);
         }
         if let (Some(id), MasterAddr::Etcd(cluster)) = (&m.cluster_id, &self.master) {
             if id != cluster.cluster_id() {
@@ -217,6 +218,21 @@ impl DirectConfig {
     #[must_use]
     pub fn ttl_outlives_lease(&self, ttl: Duration) -> bool {
         ttl >= self.lease_ttl
+    }
+}
+
+/// `field` of [`MasterConfig`] as a key of [`DirectConfig`].
+fn master_config_key(field: &'static str) -> &'static str {
+    match field {
+        "chunk_keys" => "master_config.chunk_keys",
+        "call_timeout" => "master_config.call_timeout",
+        "connect_timeout" => "master_config.connect_timeout",
+        "max_queued_bytes" => "master_config.max_queued_bytes",
+        "backoff_min" => "master_config.backoff_min",
+        "etcd_timeout" => "master_config.etcd_timeout",
+        "view_refresh" => "master_config.view_refresh",
+        "view_retry" => "master_config.view_retry",
+        _ => "master_config",
     }
 }
 
@@ -258,13 +274,10 @@ pub(crate) struct DirectWire {
     /// How long a result may be used after its lookup (`lookup_prefetch_ttl_s`): a key
     /// is taken from the presence cache only while its lease outlasts that.
     result_ttl: Duration,
-    /// Set once connected.
-    coalescer: Option<Coalescer>,
+    /// The owner of the store's answer, set once connected.
+    lookup: Option<MasterLookup>,
     /// Lookups submitted since the last flush.
     unflushed: bool,
-    /// [`Wire::close`] was called: the next [`Wire::open`] replaces the master
-    /// connection.
-    closed: bool,
     queries: FuturesUnordered<Query>,
     /// Inputs decided without the master (a refused reset), handed out first.
     ready: VecDeque<WireInput<Reply>>,
@@ -275,13 +288,14 @@ impl DirectWire {
     /// A wire that starts connecting to `direct.master` at once; results of its
     /// lookups are used for up to `result_ttl` (`lookup_prefetch_ttl_s`).
     pub(crate) fn new(
-        direct: DirectConfig,
+        mut direct: DirectConfig,
         block_size: u32,
         result_ttl: Duration,
         master: Arc<OnceLock<MasterClient>>,
         batch: Arc<OnceLock<Coalescer>>,
     ) -> Self {
         let keys_per_block = direct.layout.namespaces().len();
+        direct.master_config.reopen_after_timeouts = direct.reopen_after_timeouts;
         let link = Link::Connecting(connect(&direct));
         Self {
             name: direct.master.to_string(),
@@ -292,9 +306,8 @@ impl DirectWire {
             master,
             batch,
             result_ttl,
-            coalescer: None,
+            lookup: None,
             unflushed: false,
-            closed: false,
             queries: FuturesUnordered::new(),
             ready: VecDeque::new(),
             warn: WarnLimiter::default(),
@@ -311,37 +324,35 @@ impl DirectWire {
             result,
         } = ended;
         let now = crate::clock::now();
-        let run = match result {
-            Ok(run) => run,
-            // The key that would end the run carries an ErrorCode: every key before it
-            // was answered `true`, so the run ends at its block (vLLM counts only 1s).
-            Err(
-                error @ MasterError::Store {
-                    key_index: Some(_), ..
-                },
-            ) => {
-                let MasterError::Store {
-                    key_index: Some(i), ..
-                } = error
-                else {
-                    unreachable!()
-                };
-                self.warn.warn(
-                    "key_error",
-                    now,
-                    format_args!(
-                        "the Mooncake master answered a key with an error ({error}); counted as absent"
-                    ),
-                );
-                i / self.keys_per_block.max(1)
+        let run = match ChainAnswer::of(result, self.keys_per_block) {
+            ChainAnswer::Run { blocks, key_error } => {
+                // The key that would end the run carries an ErrorCode: every key
+                // before it was answered `true`, so the run ends at its block (vLLM
+                // counts only 1s).
+                if let Some(error) = key_error {
+                    self.warn.warn(
+                        "key_error",
+                        now,
+                        format_args!(
+                            "the Mooncake master answered a key with an error ({error}); counted as absent"
+                        ),
+                    );
+                }
+                blocks
             }
-            Err(MasterError::Timeout { .. }) => {
+            ChainAnswer::Failed {
+                cause: Unanswered::TimedOut,
+                ..
+            } => {
                 return WireInput::Failed {
                     rpc_id,
                     failure: RpcFailure::TimedOut,
                 };
             }
-            Err(error @ (MasterError::MalformedReply { .. } | MasterError::AnswerCount { .. })) => {
+            ChainAnswer::Failed {
+                cause: Unanswered::Malformed,
+                error,
+            } => {
                 self.warn.warn(
                     "malformed",
                     now,
@@ -352,7 +363,10 @@ impl DirectWire {
                     payload: Reply::Malformed,
                 };
             }
-            Err(error) => {
+            ChainAnswer::Failed {
+                cause: Unanswered::Unavailable,
+                error,
+            } => {
                 self.warn.warn(
                     "master_error",
                     now,
@@ -402,8 +416,8 @@ impl Wire for DirectWire {
             RpcBody::Reset => {
                 // Whatever the reset's fate, the scheduler forgets what it knew: so
                 // does the presence cache.
-                if let Some(coalescer) = &self.coalescer {
-                    coalescer.clear_presence();
+                if let Some(lookup) = &self.lookup {
+                    lookup.clear_presence();
                 }
                 // The master's RPC has no remove-all (see the module docs): refused.
                 self.warn.warn(
@@ -420,8 +434,8 @@ impl Wire for DirectWire {
                 return Ok(());
             }
         };
-        let Some(coalescer) = self
-            .coalescer
+        let Some(lookup) = self
+            .lookup
             .as_ref()
             .filter(|_| matches!(self.link, Link::Up))
         else {
@@ -434,7 +448,7 @@ impl Wire for DirectWire {
             self.block_size,
             self.direct.layout.blocks_of(block_hashes.len()),
         );
-        let keys = self.direct.layout.chain_keys(&block_hashes, blocks);
+        let keys = lookup.chain_keys(&block_hashes, blocks);
         let ended_span = span.clone();
         let answer: Query = if keys.is_empty() {
             // No full block: nothing to ask (`spec/wire.md`, step 1).
@@ -447,7 +461,7 @@ impl Wire for DirectWire {
             }))
         } else {
             // Queued now, asked at the flush that ends this pass of the I/O task.
-            let pending = coalescer.submit(keys, self.keys_per_block);
+            let pending = lookup.submit(keys, self.keys_per_block);
             self.unflushed = true;
             Box::pin(
                 async move {
@@ -469,16 +483,16 @@ impl Wire for DirectWire {
 
     fn flush(&mut self) {
         if std::mem::take(&mut self.unflushed) {
-            if let Some(coalescer) = &self.coalescer {
-                coalescer.flush();
+            if let Some(lookup) = &self.lookup {
+                lookup.flush();
             }
         }
     }
 
     fn lookups_timed_out(&mut self) {
         // An unanswered lookup may mean a master in trouble: trust nothing cached.
-        if let Some(coalescer) = &self.coalescer {
-            coalescer.clear_presence();
+        if let Some(lookup) = &self.lookup {
+            lookup.clear_presence();
         }
     }
 
@@ -494,15 +508,15 @@ impl Wire for DirectWire {
                         Ok(master) => {
                             tracing::debug!(master = %master.addr(), "connected to the Mooncake master");
                             let _ = self.master.set(master.clone());
-                            let coalescer = Coalescer::new(
-                                master.clone(),
-                                self.direct.batch.clone(),
-                                self.direct.lease_ttl,
-                                self.result_ttl,
-                            );
-                            coalescer.check_ttl(self.result_ttl, "lookup_prefetch_ttl_s");
-                            let _ = self.batch.set(coalescer.clone());
-                            self.coalescer = Some(coalescer);
+                            let mut config = LookupConfig::default();
+                            config.batch = self.direct.batch.clone();
+                            config.lease_ttl = self.direct.lease_ttl;
+                            config.answer_ttl = self.result_ttl;
+                            let lookup =
+                                MasterLookup::new(master, self.direct.layout.clone(), config);
+                            lookup.check_ttl(self.result_ttl, "lookup_prefetch_ttl_s");
+                            let _ = self.batch.set(lookup.coalescer().clone());
+                            self.lookup = Some(lookup);
                             self.link = Link::Up;
                             WireInput::Connected
                         }
@@ -539,17 +553,11 @@ impl Wire for DirectWire {
         // (those not yet in a batch leave it; calls under way end with their batch).
         self.queries.clear();
         self.unflushed = false;
-        self.closed = true;
     }
 
     fn open(&mut self) -> Result<(), String> {
-        if std::mem::take(&mut self.closed) {
-            // Reopened after timeouts in a row (rule 17): the master connection is
-            // replaced, and with it the epoch of the presence cache and the lease.
-            if let Some(master) = self.master.get() {
-                master.reconnect("lookups timed out in a row (rule 17)");
-            }
-        }
+        // Rule 17's reopen is the master client's (see the module docs): nothing to
+        // replace here.
         if matches!(self.link, Link::Down) {
             // Configuration errors were refused by `connect`; anything else may heal.
             self.link = Link::Connecting(connect(&self.direct));
@@ -644,6 +652,26 @@ mod tests {
         let mut fixed = base();
         fixed.master_config.cluster_id = Some("staging".to_owned());
         assert!(fixed.validate().is_ok(), "no cluster for a fixed address");
+        // The master client's own checks, each named (MasterConfig::validate).
+        for (field, set) in [
+            (
+                "max_queued_bytes",
+                (|c| c.max_queued_bytes = 0) as fn(&mut MasterConfig),
+            ),
+            ("etcd_timeout", |c| c.etcd_timeout = Duration::ZERO),
+            ("view_refresh", |c| c.view_refresh = Duration::ZERO),
+            ("view_retry", |c| c.view_retry = Duration::ZERO),
+        ] {
+            let mut config = base();
+            set(&mut config.master_config);
+            let why = why_of(Ok(config));
+            assert!(
+                why.starts_with(&format!(
+                    "invalid client configuration `master_config.{field}`: must be"
+                )),
+                "{why}"
+            );
+        }
         let mut config = base();
         config.master_config.backoff_min = config.master_config.backoff_max * 2;
         assert_eq!(

@@ -461,6 +461,9 @@ impl<W: Wire> IoTask<W> {
             }
             let outcome = match event.result() {
                 Ok(Reply::Malformed) => "malformed",
+                Ok(Reply::StoreUnavailable) | Err(RpcFailure::StoreUnavailable) => {
+                    "store_unavailable"
+                }
                 Ok(Reply::Reset { ok: true }) => "ok",
                 Ok(Reply::Reset { ok: false }) => "failed",
                 Ok(Reply::Lookup { .. }) => "replied",

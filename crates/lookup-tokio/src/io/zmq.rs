@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use lookup_core::timer::Backoff;
-use lookup_core::wire::{self, Format};
+use lookup_core::wire::{self, Format, WireError};
 use lookup_core::{Outgoing, Reply, RpcBody, RpcId};
 use tracing::Span;
 
@@ -336,6 +336,16 @@ impl Wire for ZmqWire {
                 Reply::Lookup {
                     hit_tokens: decoded.hit_tokens,
                 }
+            }
+            // `spec/wire.md`, "Store unavailable": the server is up, its store is
+            // not; counted as a failure by the lifecycle, logged by the server.
+            Err(WireError::StoreUnavailable) => {
+                warn.warn(
+                    "store_unavailable",
+                    now,
+                    format_args!("{} could not ask its store (error reply)", self.url),
+                );
+                Reply::StoreUnavailable
             }
             Err(error) => {
                 warn.warn(

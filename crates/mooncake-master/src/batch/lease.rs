@@ -131,9 +131,10 @@ impl Lease {
         self.checks.push(check);
     }
 
-    /// Moves to `epoch`: a new connection forgets the old one's lease and failures.
+    /// Moves forward to `epoch`: a new connection forgets the old one's lease and
+    /// failures; an epoch older than the current one (read before it) is ignored.
     pub(crate) fn enter(&mut self, epoch: LeaseEpoch) {
-        if epoch != self.epoch {
+        if epoch > self.epoch {
             self.epoch = epoch;
             let had = self.reported.take().is_some();
             self.failures = 0;
@@ -154,7 +155,12 @@ impl Lease {
     /// started). A new connection forgets the old one's lease and failures.
     pub(crate) fn start_read(&mut self, epoch: LeaseEpoch) -> bool {
         self.enter(epoch);
-        if !self.enabled || self.reading || self.reported.is_some() || self.gave_up {
+        if epoch != self.epoch
+            || !self.enabled
+            || self.reading
+            || self.reported.is_some()
+            || self.gave_up
+        {
             return false;
         }
         self.reading = true;

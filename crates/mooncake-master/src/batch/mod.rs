@@ -1,6 +1,6 @@
 //! Batching across lookups: several leading-run queries answered by shared
-//! `BatchExistKey` calls ([`Coalescer`]), planned by the pure [`LeadingRuns`], with an
-//! optional lease-backed [`PresenceCache`], going by the master's own read lease once
+//! `BatchExistKey` calls ([`Coalescer`]), planned by the pure [`LeadingRuns`], with a
+//! lease-backed [`PresenceCache`] (on by default), going by the master's own read lease once
 //! it is read ([`LeaseTtl`]).
 //!
 //! # When lookups are batched (no added delay on an idle link)
@@ -31,7 +31,6 @@ mod presence;
 mod run;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,7 +67,7 @@ pub struct BatchConfig {
     /// Batches asking the master at once before new lookups wait for one to end.
     /// Default 1.
     pub max_batches_in_flight: usize,
-    /// The lease-backed presence cache (off by default).
+    /// The lease-backed presence cache (on by default).
     pub presence: PresenceCacheConfig,
     /// Whether the master's read lease is read (one `GetReplicaList` per leader, for
     /// the first key a batch finds present; it leases that key again, which its
@@ -97,6 +96,17 @@ impl BatchConfig {
     pub fn unbatched() -> Self {
         Self {
             enabled: false,
+            presence: PresenceCacheConfig::uncached(),
+            ..Self::default()
+        }
+    }
+
+    /// Batching on, the presence cache off: every lookup's keys are asked, shared with
+    /// the lookups released with it.
+    #[must_use]
+    pub fn uncached() -> Self {
+        Self {
+            presence: PresenceCacheConfig::uncached(),
             ..Self::default()
         }
     }
@@ -148,18 +158,17 @@ pub struct BatchStats {
     pub lease_reads: u64,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    batches: AtomicU64,
-    lookups: AtomicU64,
-    lookups_dropped: AtomicU64,
-    keys_wanted: AtomicU64,
-    keys_asked: AtomicU64,
-    keys_from_cache: AtomicU64,
-}
-
-fn add(counter: &AtomicU64, n: u64) {
-    counter.fetch_add(n, Ordering::Relaxed);
+crate::counters! {
+    /// The live counters behind [`BatchStats`] (its other two fields come from the
+    /// presence cache and the lease).
+    struct Counters => BatchStats {
+        batches,
+        lookups,
+        lookups_dropped,
+        keys_wanted,
+        keys_asked,
+        keys_from_cache,
+    }
 }
 
 type Answer = Result<usize, MasterError>;
@@ -189,17 +198,24 @@ impl State {
         self.lease.current().ttl.min(config.presence.max_age)
     }
 
-    /// Moves the cache and the lease to `epoch`: entries of another epoch are dropped
-    /// (a reconnect, a leader change, a restarted master, this client's `RemoveAll`),
-    /// and the lease of another connection is forgotten.
-    fn enter(&mut self, epoch: Option<Epoch>) {
-        if self.cache_epoch != epoch {
-            self.cache.clear();
-            self.cache_epoch = epoch;
+    /// Moves the cache and the lease forward to `epoch`: entries of an earlier epoch
+    /// are dropped (a reconnect, a leader change, a restarted master, this client's
+    /// `RemoveAll`), and the lease of an earlier connection is forgotten. An epoch
+    /// read before the current one (a round that read it before another round moved
+    /// on) moves nothing back: it returns false, and that round takes nothing from the
+    /// cache. `None` (no connection) moves nothing either.
+    fn enter(&mut self, epoch: Option<Epoch>) -> bool {
+        let Some(epoch) = epoch else { return false };
+        match self.cache_epoch {
+            Some(current) if current > epoch => return false,
+            Some(current) if current == epoch => {}
+            _ => {
+                self.cache.clear();
+                self.cache_epoch = Some(epoch);
+            }
         }
-        if let Some(epoch) = epoch {
-            self.lease.enter(epoch.master());
-        }
+        self.lease.enter(epoch.master());
+        true
     }
 }
 
@@ -367,19 +383,12 @@ impl Coalescer {
     /// The counters so far.
     #[must_use]
     pub fn stats(&self) -> BatchStats {
-        let c = &self.shared.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let state = lock(&self.shared.state);
-        BatchStats {
-            batches: get(&c.batches),
-            lookups: get(&c.lookups),
-            lookups_dropped: get(&c.lookups_dropped),
-            keys_wanted: get(&c.keys_wanted),
-            keys_asked: get(&c.keys_asked),
-            keys_from_cache: get(&c.keys_from_cache),
+        self.shared.counters.snapshot_onto(BatchStats {
             cache_drops: state.cache.drops(),
             lease_reads: state.lease.reads(),
-        }
+            ..BatchStats::default()
+        })
     }
 }
 
@@ -432,5 +441,52 @@ impl Pending {
                 rx.await.unwrap_or_else(|_| Err(stopped(&shared)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn epoch(connection: u64, wipes: u64) -> Option<Epoch> {
+        Some(Epoch {
+            connection,
+            leader_changes: 0,
+            wipes,
+        })
+    }
+
+    /// A round that read its epoch before another round moved on neither wipes the
+    /// cache nor takes the lease back to the older epoch.
+    #[test]
+    fn the_cache_and_lease_epochs_never_move_backwards() {
+        let at = std::time::Instant::now();
+        let mut state = State {
+            queue: VecDeque::new(),
+            drivers: 0,
+            cache: PresenceCache::new(8),
+            cache_epoch: epoch(1, 0),
+            lease: Lease::new(Duration::from_secs(10), true, (1, 0)),
+        };
+        assert!(state.enter(epoch(2, 0)));
+        state.cache.insert("k", at + Duration::from_secs(5), at);
+        assert!(state.lease.start_read((2, 0)));
+        state
+            .lease
+            .finish_read((2, 0), Ok(Duration::from_secs(4)), "m");
+        assert!(!state.enter(epoch(1, 0)), "an older epoch");
+        assert!(!state.enter(None), "no connection");
+        assert!(state.enter(epoch(2, 0)));
+        assert_eq!(state.cache_epoch, epoch(2, 0));
+        assert_eq!(state.cache.len(), 1, "the newer epoch's entries stay");
+        assert_eq!(state.lease.current().ttl, Duration::from_secs(4));
+        assert!(state.lease.settled((2, 0)));
+        // The lease alone: an older connection's epoch moves nothing back either.
+        state.lease.enter((1, 0));
+        assert!(state.lease.settled((2, 0)));
+        // Forward: this client's RemoveAll ends the entries, not the lease.
+        assert!(state.enter(epoch(2, 1)));
+        assert!(state.cache.is_empty());
+        assert!(state.lease.settled((2, 0)));
     }
 }

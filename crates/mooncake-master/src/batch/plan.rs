@@ -290,6 +290,21 @@ impl LeadingRuns {
     }
 
     /// Moves run `i` past every block known present; ends it when its answer is known.
+    /// The keys lookup `i`'s confirmed blocks took as present without asking (from a
+    /// presence cache): what its answer rests on beyond this batch's own answers.
+    pub fn assumed_keys(&self, i: usize) -> impl Iterator<Item = &str> {
+        let run = &self.runs[i];
+        run.keys[..run.present * run.keys_per_block]
+            .iter()
+            .filter(|key| {
+                matches!(
+                    self.known.get(key.as_str()),
+                    Some(Known::Present { asked: false })
+                )
+            })
+            .map(String::as_str)
+    }
+
     fn advance(&mut self, i: usize, assume_present: &mut dyn FnMut(&str) -> bool) {
         let run = &mut self.runs[i];
         if run.done.is_some() {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Settings of the lease-backed presence cache. Off by default.
+/// Settings of the lease-backed presence cache. On by default.
 ///
 /// A key answered present is known present until the earlier of its read lease and
 /// [`max_age`](Self::max_age), both measured from the moment the batch that asked it
@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PresenceCacheConfig {
-    /// Whether the cache is used. Default `false`: every lookup asks the master about
-    /// every key of its run, as vLLM's worker does.
+    /// Whether the cache is used. Default `true`: a key the master answered present
+    /// is not asked again while its read lease outlasts the answer's TTL. `false`
+    /// asks the master about every key of every run, as vLLM's worker does.
     pub enabled: bool,
     /// The longest an entry is trusted, in addition to the lease. Default 10 s (the
     /// master's default lease; set it lower to bound how stale an answer may be when
@@ -37,9 +38,20 @@ pub struct PresenceCacheConfig {
 impl Default for PresenceCacheConfig {
     fn default() -> Self {
         Self {
-            enabled: false,
+            enabled: true,
             max_age: Duration::from_secs(10),
             max_keys: 1 << 20,
+        }
+    }
+}
+
+impl PresenceCacheConfig {
+    /// The cache off.
+    #[must_use]
+    pub fn uncached() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
         }
     }
 }
@@ -72,6 +84,16 @@ impl PresenceCache {
         self.until
             .get(key)
             .is_some_and(|until| now.checked_add(margin).is_some_and(|t| t < *until))
+    }
+
+    /// When `key`'s entry ends, if it is known present at `now` and stays so for at
+    /// least `margin` ([`is_present`](Self::is_present)).
+    #[must_use]
+    pub fn valid_until(&self, key: &str, now: Instant, margin: Duration) -> Option<Instant> {
+        let until = *self.until.get(key)?;
+        now.checked_add(margin)
+            .is_some_and(|t| t < until)
+            .then_some(until)
     }
 
     /// Records `key` as present until `until`. An entry never moves to an earlier

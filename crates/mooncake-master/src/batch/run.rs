@@ -7,8 +7,13 @@
 //! only when the epoch did not change while the round was asked and the epoch's lease
 //! is known. Each lookup is answered as soon as its run is known (its own early
 //! stop), never held for the batch's slowest lookup; an answer that rests on the
-//! cache is given only while the cache's epoch is still the client's.
+//! cache is given only while the cache's epoch is still the client's, and only while
+//! every cached entry it rests on still outlasts the answer's own instant plus the
+//! margin (a round that took long may have let an entry that was good at its send
+//! time run out before the answer: `spec/mooncake-master-rpc.md`, "Connection epochs
+//! and the presence cache").
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +21,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{Answer, LeadingRuns, Shared, Waiting, add};
+use super::{Answer, LeadingRuns, Shared, Waiting};
 use crate::client::lock;
+use crate::counters::bump;
 use crate::{Epoch, MasterError};
 
 /// How far past `at` an entry may last when `by` leaves the clock's range (~30 years:
@@ -94,7 +100,7 @@ async fn drive(shared: Arc<Shared>) {
                     break;
                 };
                 if waiting.answer.is_closed() {
-                    add(&shared.counters.lookups_dropped, 1);
+                    bump(&shared.counters.lookups_dropped, 1);
                 } else {
                     batch.push(waiting);
                 }
@@ -110,15 +116,40 @@ async fn drive(shared: Arc<Shared>) {
     }
 }
 
-/// Where the batch's answers rest on the cache: the epoch it was used in, and
-/// whether it was used in more than one.
+/// Why an answer resting on a cached key whose entry ends too soon is refused.
+fn lease_too_short(shared: &Shared) -> MasterError {
+    MasterError::Unavailable {
+        addr: shared.master.addr().to_owned(),
+        last_error: "a cached key this lookup rests on may lose its read lease within \
+                     the answer's TTL (the lookup's calls took long)"
+            .to_owned(),
+    }
+}
+
+/// Where the batch's answers rest on the cache: the epoch it was used in, whether it
+/// was used in more than one, and when each key taken from it ends.
 #[derive(Default)]
 struct CacheUse {
     epoch: Option<Epoch>,
     mixed: bool,
+    until: HashMap<String, std::time::Instant>,
 }
 
 impl CacheUse {
+    /// Whether every key of `keys` (taken from the cache) stays valid past `now` plus
+    /// `margin`.
+    fn outlasts<'k>(
+        &self,
+        mut keys: impl Iterator<Item = &'k str>,
+        now: std::time::Instant,
+        margin: Duration,
+    ) -> bool {
+        let Some(need) = now.checked_add(margin) else {
+            return false;
+        };
+        keys.all(|key| self.until.get(key).is_some_and(|until| need < *until))
+    }
+
     fn used_in(&mut self, epoch: Option<Epoch>) {
         match self.epoch {
             None => self.epoch = epoch,
@@ -151,9 +182,9 @@ impl Tally {
             plan.keys_asked(),
             plan.keys_assumed(),
         );
-        add(&c.keys_wanted, wanted - self.wanted);
-        add(&c.keys_asked, asked - self.asked);
-        add(&c.keys_from_cache, assumed - self.assumed);
+        bump(&c.keys_wanted, wanted - self.wanted);
+        bump(&c.keys_asked, asked - self.asked);
+        bump(&c.keys_from_cache, assumed - self.assumed);
         (self.wanted, self.asked, self.assumed) = (wanted, asked, assumed);
     }
 }
@@ -167,14 +198,19 @@ fn answer_finished(
     tally: &mut Tally,
 ) {
     tally.publish(shared, plan);
+    let now = Instant::now().into_std();
     for (i, result, cached) in plan.take_finished() {
-        let result = if cached && !cache.holds(shared.master.epoch()) {
+        let result = if !cached {
+            result
+        } else if !cache.holds(shared.master.epoch()) {
             Err(epoch_ended(shared))
+        } else if !cache.outlasts(plan.assumed_keys(i), now, shared.margin) {
+            Err(lease_too_short(shared))
         } else {
             result
         };
         if let Some(answer) = answers[i].take() {
-            add(&shared.counters.lookups, 1);
+            bump(&shared.counters.lookups, 1);
             // A receiver dropped meanwhile (its lookup cancelled or timed out): nobody
             // waits.
             let _ = answer.send(result);
@@ -194,19 +230,26 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
     }
     let mut cache = CacheUse::default();
     let mut tally = Tally::default();
-    add(&shared.counters.batches, 1);
+    bump(&shared.counters.batches, 1);
     loop {
         // This round's send time and epoch: the cache is checked against them.
         let sent = Instant::now().into_std();
         let epoch = shared.master.epoch();
         let calls = if use_cache {
             let mut state = lock(&shared.state);
-            state.enter(epoch);
+            let current = state.enter(epoch);
             let mut used = false;
+            let until = &mut cache.until;
             let calls = plan.next_round(&mut |key| {
-                let present = state.cache.is_present(key, sent, shared.margin);
-                used |= present;
-                present
+                let Some(at) = current
+                    .then(|| state.cache.valid_until(key, sent, shared.margin))
+                    .flatten()
+                else {
+                    return false;
+                };
+                until.insert(key.to_owned(), at);
+                used = true;
+                true
             });
             drop(state);
             if used {
@@ -246,16 +289,16 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
                 }
             }
         }
+        if use_cache && failed {
+            // Any failed call may mean a restarted or replaced master, whose store no
+            // longer holds what the cache says.
+            lock(&shared.state).cache.clear();
+        }
         let Some(epoch) = epoch else { continue };
-        if use_cache {
+        if use_cache && !failed {
             let after = shared.master.epoch();
             let mut state = lock(&shared.state);
-            if failed {
-                // Any failed call may mean a restarted or replaced master, whose store
-                // no longer holds what the cache says.
-                state.cache.clear();
-            } else if after == Some(epoch) && state.lease.settled(epoch.master()) {
-                state.enter(after);
+            if after == Some(epoch) && state.enter(after) && state.lease.settled(epoch.master()) {
                 let until = later(sent, state.keep(&shared.config));
                 for key in &present {
                     state.cache.insert(key, until, sent);
@@ -276,7 +319,7 @@ pub(super) async fn run_batch(shared: &Arc<Shared>, batch: Vec<Waiting>) {
     // Every lookup was answered in the loop; a plan left open answers unavailable.
     for (answer, result) in answers.into_iter().zip(plan.into_results()) {
         if let Some(answer) = answer {
-            add(&shared.counters.lookups, 1);
+            bump(&shared.counters.lookups, 1);
             let _ = answer.send(result);
         }
     }

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::{MasterError, TypeLiteral};
 
+/// [`MasterConfig::reopen_after_timeouts`]'s default: three call timeouts in a row
+/// replace the connection (`spec/behaviour.md` rule 17).
+pub const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 = 3;
+
 /// How the client talks to the master. Build with `MasterConfig::default()` and set
 /// fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +20,12 @@ pub struct MasterConfig {
     pub call_timeout: Duration,
     /// Longest wait for the TCP connect. Default 1 s.
     pub connect_timeout: Duration,
+    /// Call timeouts in a row after which the connection is replaced
+    /// (`spec/behaviour.md` rule 17; counted per call, not per caller, with calls in
+    /// flight together counted once: `client::streak`). Default
+    /// [`DEFAULT_REOPEN_AFTER_TIMEOUTS`] (3); 0 never replaces it. Changed later with
+    /// [`MasterClient::set_reopen_after_timeouts`](super::MasterClient::set_reopen_after_timeouts).
+    pub reopen_after_timeouts: u32,
     /// Most keys per `BatchExistKey` call; longer lists are split. Default 1,024
     /// (1,000 keys cost the master ~0.3 ms; a chunk bounds the work and the read
     /// leases one call grants).
@@ -65,6 +75,7 @@ impl Default for MasterConfig {
         Self {
             call_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
+            reopen_after_timeouts: DEFAULT_REOPEN_AFTER_TIMEOUTS,
             chunk_keys: 1024,
             tenant_id: "default".to_owned(),
             type_literal: TypeLiteral::Omit,
@@ -81,7 +92,16 @@ impl Default for MasterConfig {
 }
 
 impl MasterConfig {
-    pub(super) fn validate(&self) -> Result<(), MasterError> {
+    /// Checks every setting, as [`MasterClient::connect`](crate::MasterClient::connect)
+    /// does before connecting; callers that hold a `MasterConfig` inside their own
+    /// settings (the direct transport's `DirectConfig`) call it rather than copy it.
+    ///
+    /// # Errors
+    /// [`MasterError::InvalidConfig`] naming the field (`what`): `chunk_keys` or
+    /// `max_queued_bytes` 0; a zero `call_timeout`, `connect_timeout`,
+    /// `etcd_timeout`, `view_refresh` or `view_retry`; a `backoff_min` that is zero
+    /// or above `backoff_max`.
+    pub fn validate(&self) -> Result<(), MasterError> {
         let invalid = |what, why: &str| {
             Err(MasterError::InvalidConfig {
                 what,
@@ -113,5 +133,31 @@ impl MasterConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each check names its field, including the four a copy in the direct
+    /// transport's settings used to miss.
+    #[test]
+    fn validate_names_each_bad_field() {
+        assert!(MasterConfig::default().validate().is_ok());
+        let named = |edit: fn(&mut MasterConfig)| {
+            let mut config = MasterConfig::default();
+            edit(&mut config);
+            match config.validate() {
+                Err(MasterError::InvalidConfig { what, .. }) => what,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(named(|c| c.chunk_keys = 0), "chunk_keys");
+        assert_eq!(named(|c| c.max_queued_bytes = 0), "max_queued_bytes");
+        assert_eq!(named(|c| c.etcd_timeout = Duration::ZERO), "etcd_timeout");
+        assert_eq!(named(|c| c.view_refresh = Duration::ZERO), "view_refresh");
+        assert_eq!(named(|c| c.view_retry = Duration::ZERO), "view_retry");
+        assert_eq!(named(|c| c.backoff_min = c.backoff_max * 2), "backoff_min");
     }
 }

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::stats::{Counters, bump};
+use super::streak::Streak;
 use super::{Inner, MasterClient, lock};
 use crate::MasterError;
 use crate::addr::Endpoint;
@@ -40,15 +41,79 @@ pub(super) struct RawReply {
 type Waiter = oneshot::Sender<Result<RawReply, MasterError>>;
 
 #[derive(Default)]
-struct Pending {
+pub(super) struct Pending {
     /// Why the connection broke, once it has: no new call may wait on it.
     closed: Option<String>,
     waiters: HashMap<u32, Waiter>,
-    /// Frames not yet handed to the socket, by sequence number, in call order.
+    /// Frames not yet handed to the socket, by sequence number.
     outbox: HashMap<u32, Vec<u8>>,
+    /// Sequence numbers in call order; some may name calls that ended unwritten.
+    /// Never more than twice the outbox plus [`ORDER_SLACK`]: a writer stuck on its
+    /// socket must not make it grow per call.
     order: VecDeque<u32>,
     /// Bytes in `outbox`.
     queued_bytes: usize,
+    /// Calls registered on this connection so far: the next call's ticket.
+    pub(super) tickets: u64,
+    /// Rule 17's count of timeouts in a row on this connection.
+    pub(super) streak: Streak,
+}
+
+/// Entries of ended calls `order` may hold beyond twice the outbox before they are
+/// swept.
+const ORDER_SLACK: usize = 64;
+
+impl Pending {
+    /// Queues `frame` of call `seq` for the writer and registers its waiter; returns
+    /// the call's ticket (its rank among the connection's calls).
+    fn enqueue(&mut self, seq: u32, frame: Vec<u8>, waiter: Waiter) -> u64 {
+        self.waiters.insert(seq, waiter);
+        self.queued_bytes += frame.len();
+        self.outbox.insert(seq, frame);
+        self.order.push_back(seq);
+        let ticket = self.tickets;
+        self.tickets += 1;
+        ticket
+    }
+
+    /// Call `seq` ended (answered, timed out, dropped): its waiter and any unwritten
+    /// frame go, and `order` is swept once it holds mostly ended calls.
+    fn end(&mut self, seq: u32) {
+        self.waiters.remove(&seq);
+        if let Some(frame) = self.outbox.remove(&seq) {
+            self.queued_bytes -= frame.len();
+        }
+        if self.outbox.is_empty() {
+            self.order.clear();
+        } else if self.order.len() > 2 * self.outbox.len() + ORDER_SLACK {
+            let outbox = &self.outbox;
+            self.order.retain(|seq| outbox.contains_key(seq));
+        }
+    }
+
+    /// Takes queued frames, in call order, up to about `limit` bytes (at least one
+    /// frame), skipping those whose call ended; `None` when none waits.
+    fn take_frames(&mut self, limit: usize) -> Option<Vec<u8>> {
+        let mut out: Option<Vec<u8>> = None;
+        while let Some(seq) = self.order.pop_front() {
+            let Some(frame) = self.outbox.remove(&seq) else {
+                continue;
+            };
+            self.queued_bytes -= frame.len();
+            match &mut out {
+                None => out = Some(frame),
+                Some(out) => out.extend_from_slice(&frame),
+            }
+            if out.as_ref().is_some_and(|o| o.len() >= limit) {
+                break;
+            }
+        }
+        if self.outbox.is_empty() {
+            // Sequence numbers of calls that ended before being written.
+            self.order.clear();
+        }
+        out
+    }
 }
 
 /// One TCP connection: the writer task's queue, the calls waiting for replies, and
@@ -61,7 +126,7 @@ pub(super) struct Conn {
     wake_writer: Notify,
     /// Most bytes the outbox holds; a call that would exceed it fails fast.
     max_queued_bytes: usize,
-    pending: Mutex<Pending>,
+    pub(super) pending: Mutex<Pending>,
     /// The signatures this connection uses: the pre-0.3.12 ones (no `tenant_id`) when
     /// set. Starts as the client's last connection settled ([`Inner::legacy_hint`]),
     /// and flips when the master refuses a call with `err_code` 4 and takes it in the
@@ -195,7 +260,7 @@ impl MasterClient {
             }
         };
         let (tx, rx) = oneshot::channel();
-        {
+        let ticket = {
             let mut pending = lock(&conn.pending);
             if let Some(reason) = &pending.closed {
                 return Err(lost(reason));
@@ -215,11 +280,8 @@ impl MasterClient {
                     ),
                 });
             }
-            pending.waiters.insert(seq, tx);
-            pending.queued_bytes += frame.len();
-            pending.outbox.insert(seq, frame);
-            pending.order.push_back(seq);
-        }
+            pending.enqueue(seq, frame, tx)
+        };
         conn.wake_writer.notify_one();
         // Removes the slot and any unwritten frame however this call ends (reply,
         // timeout, or the caller dropping the future), so a late reply finds no one
@@ -230,6 +292,8 @@ impl MasterClient {
             Ok(Ok(reply)) => reply,
             Ok(Err(_)) => Err(lost("connection closed")),
             Err(_) => {
+                // Rule 17's count first: whoever reads `timeouts` sees its outcome.
+                self.timed_out(conn, ticket);
                 bump(&self.inner.counters.timeouts, 1);
                 self.inner.trouble(true);
                 Err(MasterError::Timeout {
@@ -248,11 +312,7 @@ struct SlotGuard<'a> {
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        let mut pending = lock(&self.conn.pending);
-        pending.waiters.remove(&self.seq);
-        if let Some(frame) = pending.outbox.remove(&self.seq) {
-            pending.queued_bytes -= frame.len();
-        }
+        lock(&self.conn.pending).end(self.seq);
     }
 }
 
@@ -265,26 +325,7 @@ impl Conn {
     /// Takes queued frames, in call order, up to about `limit` bytes (at least one
     /// frame), skipping those whose call ended; `None` when none waits.
     fn take_frames(&self, limit: usize) -> Option<Vec<u8>> {
-        let mut pending = lock(&self.pending);
-        let mut out: Option<Vec<u8>> = None;
-        while let Some(seq) = pending.order.pop_front() {
-            let Some(frame) = pending.outbox.remove(&seq) else {
-                continue;
-            };
-            pending.queued_bytes -= frame.len();
-            match &mut out {
-                None => out = Some(frame),
-                Some(out) => out.extend_from_slice(&frame),
-            }
-            if out.as_ref().is_some_and(|o| o.len() >= limit) {
-                break;
-            }
-        }
-        if pending.outbox.is_empty() {
-            // Sequence numbers of calls that ended before being written.
-            pending.order.clear();
-        }
-        out
+        lock(&self.pending).take_frames(limit)
     }
 }
 
@@ -519,7 +560,16 @@ async fn read_replies(
                 return format!("read failed inside a reply: {e}");
             }
         }
-        let waiter = lock(&conn.pending).waiters.remove(&header.seq_num);
+        let waiter = {
+            let mut pending = lock(&conn.pending);
+            let waiter = pending.waiters.remove(&header.seq_num);
+            if waiter.is_some() {
+                // An answer in time: the timeouts on this connection are not in a
+                // row (rule 17).
+                pending.streak.answered();
+            }
+            waiter
+        };
         let delivered = waiter.is_some_and(|w| w.send(Ok(RawReply { header, body })).is_ok());
         bump(
             if delivered {
@@ -551,5 +601,34 @@ async fn write_frames(conn: &Conn, write: &mut OwnedWriteHalf) -> String {
         if let Err(e) = write.write_all(&frames).await {
             return format!("write failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer stuck on its socket never takes frames; calls keep ending (timed out)
+    /// while one call stays queued. The order of calls must not grow per call.
+    #[test]
+    fn a_stuck_writer_keeps_the_call_order_bounded() {
+        let mut pending = Pending::default();
+        let (tx, _rx) = oneshot::channel();
+        pending.enqueue(0, vec![0; 8], tx);
+        for seq in 1..10_000u32 {
+            let (tx, _rx) = oneshot::channel();
+            pending.enqueue(seq, vec![0; 8], tx);
+            pending.end(seq);
+        }
+        assert_eq!(pending.outbox.len(), 1);
+        assert_eq!(pending.queued_bytes, 8);
+        assert!(
+            pending.order.len() <= 2 + ORDER_SLACK,
+            "{} sequence numbers kept for 1 queued frame",
+            pending.order.len()
+        );
+        assert_eq!(pending.tickets, 10_000);
+        assert_eq!(pending.take_frames(1 << 20), Some(vec![0; 8]));
+        assert!(pending.order.is_empty());
     }
 }

@@ -15,8 +15,8 @@
 //!
 //! Submodules: `config` ([`MasterConfig`]), `stats` ([`MasterStats`] and the shared
 //! counters), `conn` (one connection, its reader and writer tasks, the call path),
-//! `leader` (following the leader through etcd), `streak` ([`TimeoutStreak`]: rule 17's
-//! reopen after timeouts in a row, for the client's users).
+//! `leader` (following the leader through etcd), `streak` (rule 17: a connection on which calls
+//! time out in a row is replaced, counted per call).
 
 mod config;
 mod conn;
@@ -31,12 +31,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use config::MasterConfig;
+pub use config::{DEFAULT_REOPEN_AFTER_TIMEOUTS, MasterConfig};
 use conn::{Link, State, check, open};
 use leader::Follow;
 pub use stats::MasterStats;
 use stats::{Counters, bump};
-pub use streak::TimeoutStreak;
 
 use crate::addr::{LeaderState, MasterAddr, MasterView};
 use crate::codec::{self, ExistResult, FunctionId};
@@ -55,6 +54,8 @@ struct Inner {
     config: MasterConfig,
     next_seq: AtomicU32,
     next_conn_id: AtomicU64,
+    /// Rule 17's count ([`MasterConfig::reopen_after_timeouts`], changeable).
+    reopen_after: AtomicU32,
     /// `RemoveAll` calls of this client started plus those ended: odd while one runs.
     wipes: AtomicU64,
     /// The signatures the last connection settled on (pre-0.3.12 when set): where
@@ -92,7 +93,11 @@ impl Drop for Inner {
 /// change, a master restarted behind the same address each make a new one), and this
 /// client's own `RemoveAll` calls on it. What was learned in one epoch (the presence
 /// cache, the read lease) is not trusted in another ([`MasterClient::epoch`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// Epochs are ordered by time: each field only grows, so a later epoch of one client
+/// compares greater (field by field, in the order below), and an epoch read before
+/// another never compares above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Epoch {
     /// The connection's id (1 for the first, growing by one per connection).
     pub connection: u64,
@@ -201,6 +206,7 @@ impl MasterClient {
             addr_text,
             next_seq: AtomicU32::new(1),
             next_conn_id: AtomicU64::new(1),
+            reopen_after: AtomicU32::new(config.reopen_after_timeouts),
             wipes: AtomicU64::new(0),
             legacy_hint: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(State {

@@ -1,6 +1,8 @@
 //! The subset of struct_pack the existence RPC needs (`spec/mooncake-master-rpc.md`,
-//! "struct_pack"; yalantinglibs' `struct_pack_layout.md`): a 4-byte type hash, an
-//! optional metainfo byte, an optional NUL-terminated type literal, then the data.
+//! "struct_pack"; yalantinglibs' layout document,
+//! <https://github.com/alibaba/yalantinglibs/blob/main/website/docs/en/struct_pack/struct_pack_layout.md>):
+//! a 4-byte type hash, an optional metainfo byte, an optional NUL-terminated type
+//! literal, then the data.
 
 use super::CodecError;
 

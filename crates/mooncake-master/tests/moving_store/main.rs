@@ -238,6 +238,93 @@ async fn cached_keys_are_checked_at_each_rounds_send_time() {
     assert_eq!(coalescer.stats().keys_asked, 1 + 1 + 5);
 }
 
+/// A cached key is checked again when the answer is handed out: lease 2 s, margin
+/// 0.5 s, one key per call; c0 cached at t0; at t0 + 1.4 s a lookup of [c0, u0] takes
+/// c0 from the cache (it holds past 1.9 s), and u0's call takes 0.7 s. At the answer
+/// (t0 + 2.1 s) c0's entry no longer outlasts the margin: the master may evict c0
+/// before the client stops trusting the answer (t0 + 2.6 s), so the lookup is
+/// unavailable, not a 2-block hit.
+#[tokio::test(start_paused = true)]
+async fn a_cached_key_is_checked_again_at_answer_time() {
+    let mut config = master_config();
+    config.chunk_keys = 1;
+    config.call_timeout = Duration::from_secs(5);
+    tick();
+    let fake = FakeMaster::start(Duration::from_secs(2)).await;
+    let client = MasterClient::connect(&fake.addr, config).await.unwrap();
+    let coalescer = Coalescer::new(client.clone(), cached(), Duration::from_secs(10), MARGIN);
+    let keys = vec!["c0".to_owned(), "u0".to_owned()];
+    fake.put(&keys);
+    // The lease is read at the first hit; the second caches c0.
+    coalescer
+        .leading_blocks_flat(keys[..1].to_vec(), 1)
+        .await
+        .unwrap();
+    settle().await;
+    let t0 = Instant::now();
+    coalescer
+        .leading_blocks_flat(keys[..1].to_vec(), 1)
+        .await
+        .unwrap();
+    assert_eq!(coalescer.cached_keys(), 1);
+    tokio::time::sleep_until(t0 + Duration::from_millis(1_400)).await;
+    fake.set_delay(Duration::from_millis(700));
+    let answer = coalescer.leading_blocks_flat(keys.clone(), 1).await;
+    let at = Instant::now() - t0;
+    assert!(at >= Duration::from_millis(2_100), "answered at {at:?}");
+    assert_eq!(
+        coalescer.stats().keys_from_cache,
+        1,
+        "c0 came from the cache"
+    );
+    assert!(
+        matches!(&answer, Err(MasterError::Unavailable { last_error, .. }) if last_error.contains("read lease")),
+        "{answer:?}"
+    );
+    // Asked afresh, both are there.
+    fake.set_delay(Duration::ZERO);
+    assert_eq!(coalescer.leading_blocks_flat(keys, 1).await.unwrap(), 2);
+}
+
+/// This client's `RemoveAll` starts while a lookup whose prefix came from the cache
+/// waits for its tail call: the answer, handed out after the wipe began, must not
+/// claim the cached prefix (the answer-time epoch check).
+#[tokio::test(start_paused = true)]
+async fn remove_all_during_a_cached_prefix_lookup_ends_its_answer() {
+    let mut config = master_config();
+    config.chunk_keys = 1;
+    config.call_timeout = Duration::from_secs(5);
+    tick();
+    let fake = FakeMaster::start(Duration::from_secs(5)).await;
+    let client = MasterClient::connect(&fake.addr, config).await.unwrap();
+    let coalescer = Coalescer::new(client.clone(), cached(), Duration::from_secs(10), MARGIN);
+    let keys = vec!["p0".to_owned(), "t0".to_owned()];
+    fake.put(&keys);
+    warm(&coalescer, &keys[..1]).await;
+    assert_eq!(coalescer.cached_keys(), 1);
+    fake.set_delay(Duration::from_millis(300));
+    let from_cache = coalescer.stats().keys_from_cache;
+    let lookup = coalescer.submit(keys.clone(), 1);
+    coalescer.flush();
+    let answer = tokio::spawn(lookup.wait());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let wipe = tokio::spawn({
+        let client = client.clone();
+        async move { client.remove_all(true).await }
+    });
+    let answer = answer.await.unwrap();
+    assert!(
+        matches!(&answer, Err(MasterError::Unavailable { last_error, .. }) if last_error.contains("RemoveAll")),
+        "{answer:?}"
+    );
+    assert_eq!(
+        coalescer.stats().keys_from_cache,
+        from_cache + 1,
+        "p0 came from the cache"
+    );
+    assert_eq!(wipe.await.unwrap().unwrap(), 2);
+}
+
 /// A lookup in a batch is answered at its own early stop: a 1-key miss known after
 /// the first round does not wait for the long lookup's last round.
 #[tokio::test(start_paused = true)]
@@ -324,6 +411,8 @@ async fn a_stuck_connection_holds_only_the_frames_of_waiting_calls() {
     let mut config = master_config();
     config.call_timeout = Duration::from_millis(50);
     config.max_queued_bytes = 1 << 20;
+    // The queue is under test, not rule 17's replacement of the connection.
+    config.reopen_after_timeouts = 0;
     let client = MasterClient::connect(&fake.addr, config).await.unwrap();
     fake.stuck.store(true, std::sync::atomic::Ordering::SeqCst);
     // 1,024 keys of 100 bytes: ~100 KiB per call; the socket buffers fill first.
@@ -399,6 +488,8 @@ enum Op {
     DropConnections,
     Reconnect,
     Advance(u16),
+    /// Every answer of the fake takes this long from now on (ms).
+    Delay(u16),
     Lookups(Vec<(u8, u8)>),
 }
 
@@ -412,6 +503,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::DropConnections),
         1 => Just(Op::Reconnect),
         3 => (1..3000u16).prop_map(Op::Advance),
+        2 => prop_oneof![Just(0u16), Just(120), Just(250), Just(700)].prop_map(Op::Delay),
         6 => prop::collection::vec((0..3u8, 1..6u8), 1..4).prop_map(Op::Lookups),
     ]
 }
@@ -478,6 +570,7 @@ async fn run(ops: Vec<Op>) -> Result<(), String> {
                 settle().await;
             }
             Op::Advance(ms) => tokio::time::sleep(Duration::from_millis(u64::from(ms))).await,
+            Op::Delay(ms) => fake.set_delay(Duration::from_millis(u64::from(ms))),
             Op::Lookups(lookups) => {
                 let pending: Vec<_> = lookups
                     .iter()

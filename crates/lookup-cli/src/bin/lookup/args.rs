@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use lookup_core::{BlockHashes, Endpoint};
-use lookup_server::mooncake_master::{KeyLayout, MasterConfig, RankNamespace};
+use lookup_server::mooncake_master::{KeyLayout, MasterAddr, MasterConfig, RankNamespace};
 
 use crate::Failure;
 
@@ -174,6 +174,17 @@ impl Master {
     }
 
     /// The master client's settings: every wait bounded by `timeout`.
+    /// `addr` (the `--mooncake-master` value) as the client parses it, with
+    /// `--mooncake-cluster-id`.
+    ///
+    /// # Errors
+    /// A malformed address or cluster id: a usage error (exit 2), never an
+    /// unavailable master.
+    pub(crate) fn parse_addr(&self, addr: &str) -> Result<MasterAddr, Failure> {
+        MasterAddr::parse(addr, self.mooncake_cluster_id.as_deref())
+            .map_err(|e| Failure::usage(format!("--mooncake-master: {e}")))
+    }
+
     pub(crate) fn config(&self, timeout: Duration) -> MasterConfig {
         let mut config = MasterConfig::default();
         config.call_timeout = timeout;

@@ -3,7 +3,9 @@
 //! size, the lifecycle keys of `spec/behaviour.md`, and a prompt's hashes).
 //!
 //! Each check prints one line, `ok`, `warn` or `fail`, what it found, and for a
-//! `warn` or `fail` the fix:
+//! `warn` or `fail` the fix; or `not checked` and why, for a check that needs an
+//! answer from a store it could not reach (`prefetch` and `ttl` when reachability
+//! failed), so that a default is never printed as `ok`:
 //!
 //! - `reachability`: something listens (the client's own check, with the connect's
 //!   round trip), or the master (through etcd for `etcd://`) accepts and answers
@@ -19,7 +21,8 @@
 //!   configured layout, else under which common alternative (model name forms, cache
 //!   prefix, rank layouts) they do: see [`keys`].
 //!
-//! Exits 1 when any check fails.
+//! Exits 1 when any check fails, 2 for arguments that make no sense (a malformed
+//! `--mooncake-master` among them).
 
 mod keys;
 mod prefetch;
@@ -27,12 +30,13 @@ mod prefetch;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use lookup_core::wire::{self, Format};
+use lookup_core::wire::{self, Format, WireError};
 use lookup_core::{BlockHashes, Endpoint};
 use lookup_server::mooncake_master::{MasterClient, MasterError, StoreErrorCode};
 
 use crate::args::{Master, Prompt, Target};
 use crate::exchange::exchange;
+use crate::settings::SettingFlags;
 use crate::{EXIT_FAILED, Failure, master};
 
 /// The master's default read lease (`default_kv_lease_ttl`) in seconds
@@ -50,18 +54,10 @@ pub(crate) struct DoctorArgs {
     /// Wire format: `tagged-blob` (vLLM 0.33) or `msgpack-hex` (before vLLM #45659).
     #[arg(long, default_value = "tagged-blob")]
     format: Format,
-    /// vLLM's `enable_lookup`.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    enable_lookup: bool,
-    /// vLLM's `lookup_async`.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    lookup_async: bool,
-    /// vLLM's `lookup_prefetch_limit` (lookups started at arrival at once).
-    #[arg(long, default_value_t = 0)]
-    lookup_prefetch_limit: u32,
-    /// vLLM's `lookup_prefetch_ttl_s` (seconds a result is served).
-    #[arg(long, default_value_t = 2.0)]
-    lookup_prefetch_ttl_s: f64,
+    /// The lookup settings, one flag each (`--lookup-async`, `--lookup-prefetch-ttl-s`,
+    /// ...), from their one definition.
+    #[command(flatten)]
+    settings: SettingFlags,
     /// The store's read lease in seconds (the master's `-default_kv_lease_ttl`, in
     /// ms there), granted to every key a lookup finds. With --mooncake-master the
     /// master's own lease replaces it when the first block's first key exists.
@@ -75,6 +71,8 @@ pub(crate) enum Status {
     Ok,
     Warn,
     Fail,
+    /// Not observed: it needs an answer from a store that could not be reached.
+    NotChecked,
 }
 
 /// The lines printed so far and the count of each status.
@@ -83,6 +81,7 @@ pub(crate) struct Report {
     fails: usize,
     warns: usize,
     oks: usize,
+    not_checked: usize,
 }
 
 impl Report {
@@ -100,6 +99,10 @@ impl Report {
             Status::Fail => {
                 self.fails += 1;
                 "fail"
+            }
+            Status::NotChecked => {
+                self.not_checked += 1;
+                "not checked"
             }
         };
         match fix {
@@ -119,6 +122,23 @@ impl Report {
     pub(crate) fn fail(&mut self, check: &str, finding: &str, fix: &str) {
         self.line(Status::Fail, check, finding, Some(fix));
     }
+
+    /// `not checked {check}: {why}`: the check needs what could not be observed.
+    pub(crate) fn not_checked(&mut self, check: &str, why: &str) {
+        self.line(Status::NotChecked, check, why, None);
+    }
+
+    /// `doctor: N ok, N warn, N fail`, and `, N not checked` when any was not.
+    fn summary(&self) -> String {
+        let mut line = format!(
+            "doctor: {} ok, {} warn, {} fail",
+            self.oks, self.warns, self.fails
+        );
+        if self.not_checked > 0 {
+            line.push_str(&format!(", {} not checked", self.not_checked));
+        }
+        line
+    }
 }
 
 fn ms(d: Duration) -> String {
@@ -130,8 +150,8 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
     let block_hashes = args.prompt.block_hashes()?;
     let timeout = args.target.timeout()?;
     let layout = args.master.layout()?;
-    if !(args.lookup_prefetch_ttl_s.is_finite() && args.lookup_prefetch_ttl_s >= 0.0) {
-        return Err(Failure::usage("--lookup-prefetch-ttl-s must be at least 0"));
+    if let Some(addr) = &args.master.mooncake_master {
+        args.master.parse_addr(addr)?;
     }
     if !(args.lease_ttl_s.is_finite() && args.lease_ttl_s > 0.0) {
         return Err(Failure::usage("--lease-ttl-s must be above 0"));
@@ -170,11 +190,8 @@ pub(crate) async fn run(args: DoctorArgs) -> Result<(), Failure> {
         }
     };
     prefetch::check(&mut report, &args, &block_hashes, reachable, timeout).await;
-    check_ttl(&mut report, &args, reported_lease);
-    println!(
-        "doctor: {} ok, {} warn, {} fail",
-        report.oks, report.warns, report.fails
-    );
+    check_ttl(&mut report, &args, reported_lease, reachable);
+    println!("{}", report.summary());
     if report.fails > 0 {
         return Err(Failure {
             code: EXIT_FAILED,
@@ -251,6 +268,13 @@ async fn check_server(
                     reply.hit_tokens
                 ),
                 "give the block size the server uses (--block-size)",
+            ),
+            Err(WireError::StoreUnavailable) => report.fail(
+                "wire",
+                "the server answered that it could not ask its store (the store-unavailable \
+                 error reply): the lookup channel works, the store behind it does not",
+                "check the server's log and its Mooncake master (lookup doctor \
+                 --mooncake-master ADDR)",
             ),
             Err(e) => report.fail(
                 "wire",
@@ -358,14 +382,28 @@ async fn check_master(
 /// `ttl`: a cached result must not outlive the read lease that keeps its blocks
 /// (`spec/mooncake-master-rpc.md`, "Where the lease can be read").
 /// `reported` is the lease the master reported, which takes the place of
-/// `--lease-ttl-s`, or why there is none.
-fn check_ttl(report: &mut Report, args: &DoctorArgs, reported: Result<Duration, String>) {
-    let ttl = args.lookup_prefetch_ttl_s;
+/// `--lease-ttl-s`, or why there is none. With the store unreachable and a TTL below
+/// `--lease-ttl-s`, nothing was observed: `not checked`.
+fn check_ttl(
+    report: &mut Report,
+    args: &DoctorArgs,
+    reported: Result<Duration, String>,
+    reachable: bool,
+) {
+    let ttl = args.settings.core.lookup_prefetch_ttl.as_secs_f64();
     let (lease, source) = match reported {
         Ok(lease) => (lease.as_secs_f64(), " (reported by the master)".to_owned()),
         Err(why) => (args.lease_ttl_s, format!(" (from {why})")),
     };
-    if ttl >= lease {
+    if ttl < lease && !reachable {
+        report.not_checked(
+            "ttl",
+            &format!(
+                "the store is unreachable, so its read lease is not known (lookup_prefetch_ttl_s \
+                 {ttl} s is below --lease-ttl-s {lease} s)"
+            ),
+        );
+    } else if ttl >= lease {
         report.warn(
             "ttl",
             &format!(

@@ -24,7 +24,8 @@
 //! `probe --mooncake-master ADDR` asks the Mooncake master itself, as the client's
 //! direct transport does (`spec/wire.md`, "What the server computes";
 //! `spec/mooncake-master-rpc.md`), and prints the hit tokens and the outcome: `hit`,
-//! `miss`, `not needed` (no full block), or `unavailable` with its cause.
+//! `miss`, `not needed` (no full block), or `unavailable` with its cause (and then no
+//! hit tokens).
 //!
 //! `doctor` runs the checks a user whose hit rate looks low needs (reachability, the
 //! wire format, prefetch activity, the TTL against the store's lease, and against a
@@ -32,7 +33,8 @@
 //! `fail` with the fix.
 //!
 //! Exit status: 0 success; 1 no reply within `--timeout-s`, a reset that failed, or
-//! an unavailable master; 2 bad arguments; 3 a malformed reply (wrong length, a hit
+//! an unavailable master (which prints no `hit_tokens` line); 2 bad arguments (a
+//! malformed `--mooncake-master` among them); 3 a malformed reply (wrong length, a hit
 //! above `--num-tokens` or not a multiple of `--block-size`: `spec/wire.md`,
 //! "Client-side guards"); 4 nothing listens at the endpoint (no socket file at the
 //! ipc path, or the tcp port refused); `doctor`: 1 when any check fails.
@@ -42,17 +44,19 @@ mod doctor;
 mod exchange;
 mod hash;
 mod master;
+mod settings;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lookup_core::wire::{self, Format, LookupReply};
+use lookup_core::wire::{self, Format, LookupReply, WireError};
 
 use crate::args::{Master, Prompt, Target};
 use crate::exchange::{ensure_reachable, exchange};
 
 /// Exit status for a reply that did not come in time, a reset the server refused, an
-/// unavailable master, or a doctor's failed check.
+/// unavailable master (asked directly, or the server's store-unavailable reply), or a
+/// doctor's failed check.
 pub(crate) const EXIT_FAILED: u8 = 1;
 /// Exit status for arguments that do not make sense (clap uses it too).
 pub(crate) const EXIT_USAGE: u8 = 2;
@@ -181,7 +185,14 @@ async fn probe(args: ProbeArgs) -> Result<(), Failure> {
     let LookupReply {
         hit_tokens,
         boundaries,
-    } = wire::decode_lookup_reply(args.format, &reply).map_err(|e| malformed(e.to_string()))?;
+    } = wire::decode_lookup_reply(args.format, &reply).map_err(|e| match e {
+        // `spec/wire.md`, "Store unavailable": the server is up, its store is not.
+        WireError::StoreUnavailable => Failure {
+            code: EXIT_FAILED,
+            message: format!("{endpoint} could not ask its store: the answer is unavailable"),
+        },
+        e => malformed(e.to_string()),
+    })?;
     if hit_tokens > num_tokens {
         return Err(malformed(format!(
             "hit_tokens {hit_tokens} is above num_tokens {num_tokens}"

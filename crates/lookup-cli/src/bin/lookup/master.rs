@@ -90,7 +90,9 @@ pub(crate) async fn connect(
 }
 
 /// `lookup probe --mooncake-master ADDR`: prints `hit_tokens`, `outcome`, the keys
-/// asked, the leader (for `etcd://`) and the round trip of the query.
+/// asked, the leader (for `etcd://`) and the round trip of the query. An unavailable
+/// master prints `outcome: unavailable: CAUSE` and no `hit_tokens` line: it answered
+/// nothing, and a 0 would read as a miss.
 pub(crate) async fn probe(
     addr: &str,
     settings: &Master,
@@ -98,10 +100,10 @@ pub(crate) async fn probe(
     block_hashes: &BlockHashes,
     target: &Target,
 ) -> Result<(), Failure> {
+    settings.parse_addr(addr)?;
     let layout = settings.layout()?;
     let timeout = target.timeout()?;
     let unavailable = |error: &MasterError| {
-        println!("hit_tokens: 0");
         println!("outcome: unavailable: {error}");
         Failure {
             code: EXIT_FAILED,

@@ -12,6 +12,12 @@
 //! (`spec/mooncake-master-rpc.md`, "High availability"); leader changes are counted in
 //! `lookup_server_mooncake_leader_changes_total`.
 //!
+//! The index is an adapter over the owner of the store's answer,
+//! [`MasterLookup`]: its master client (with rule 17's replacement of a connection
+//! on which calls time out in a row, counted per call by the client), batcher, lease
+//! and presence cache (on by default) are the ones the direct transport and the
+//! router's store check use.
+//!
 //! The master's read lease is read once per connection epoch (the batcher's
 //! [`LeaseTtl`]), logged, exported as `lookup_server_mooncake_lease_seconds`, and
 //! checked against the clients' `lookup_prefetch_ttl_s`
@@ -25,8 +31,8 @@ use std::time::Duration;
 use metrics::{Counter, Gauge};
 use mooncake_master::batch::LeaseTtl;
 use mooncake_master::{
-    BatchConfig, BatchStats, Coalescer, LeaderState, MasterAddr, MasterClient, MasterConfig,
-    MasterError, MasterStats, TimeoutStreak,
+    BatchConfig, BatchStats, ChainAnswer, KeyLayout, LeaderState, LookupConfig, MasterAddr,
+    MasterClient, MasterConfig, MasterError, MasterLookup, MasterStats,
 };
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -74,9 +80,12 @@ pub enum ResetPolicy {
 /// [`BatchConfig::max_wait`], 1 ms by default), which asks the union of their keys,
 /// each key once, in chunks, with the early stop applied to each lookup on its own
 /// ([`mooncake_master::Coalescer`]); a lookup arriving at an idle index goes out at
-/// once. Each lookup still gets exactly the answer it would get alone. Set
+/// once. Each lookup still gets exactly the answer it would get alone. Keys found
+/// present are kept in the lease-backed presence cache (on by default) and not asked
+/// again while their lease outlasts the clients' result TTL. Set
 /// [`BatchConfig::unbatched`] with [`with_batching`](Self::with_batching) to ask per
-/// lookup. Counted in [`IndexStats::batch`].
+/// lookup with no cache, [`BatchConfig::uncached`] for batching alone. Counted in
+/// [`IndexStats::batch`].
 ///
 /// # Lease side effect
 ///
@@ -98,9 +107,10 @@ pub enum ResetPolicy {
 ///   5: vLLM's worker answers 0 when the store call fails). The index counts it too
 ///   ([`IndexStats::errors`]). Calls fail fast while the connection is down;
 ///   the client reconnects in the background with backoff, so lookups succeed again
-///   once the master is back on the same address. A connection on which lookups keep
+///   once the master is back on the same address. A connection on which calls keep
 ///   timing out is replaced after [`DEFAULT_REOPEN_AFTER_TIMEOUTS`] of them in a row
-///   ([`with_reopen_after_timeouts`](Self::with_reopen_after_timeouts), rule 17).
+///   ([`with_reopen_after_timeouts`](Self::with_reopen_after_timeouts), rule 17),
+///   counted per call: one call shared by many lookups is one timeout.
 /// - A key the master answers with an application `ErrorCode` (inside an otherwise
 ///   good reply) is not present: vLLM's worker counts only answers equal to 1 (the C++
 ///   client turns such a key into `-1`), so the leading run ends at that key's block
@@ -122,7 +132,7 @@ pub enum ResetPolicy {
 #[derive(Debug)]
 pub struct MooncakeIndex {
     master: MasterClient,
-    batch: Coalescer,
+    lookup: MasterLookup,
     batch_config: BatchConfig,
     /// The configured read lease (until the master reports its own).
     lease_ttl: Duration,
@@ -132,9 +142,6 @@ pub struct MooncakeIndex {
     lease_gauge: Gauge,
     reset: ResetPolicy,
     counters: IndexCounters,
-    /// Lookups failed by a call timeout in a row, and `with_reopen_after_timeouts`:
-    /// how many replace the master connection (0: never).
-    streak: TimeoutStreak,
 }
 
 /// A snapshot of a [`MooncakeIndex`]'s counters since it was created (the index's
@@ -164,7 +171,8 @@ pub struct IndexStats {
     /// Objects the master reported removed by those resets.
     pub objects_removed: u64,
     /// Master connections replaced after [`with_reopen_after_timeouts`](MooncakeIndex::with_reopen_after_timeouts)
-    /// lookups timed out in a row (`spec/behaviour.md` rule 17).
+    /// calls timed out in a row (`spec/behaviour.md` rule 17): the master client's
+    /// [`MasterStats::timeout_reopens`].
     pub reopens: u64,
     /// Resets whose `RemoveAll` call failed (the server answered `0x00`).
     pub reset_errors: u64,
@@ -188,34 +196,37 @@ struct IndexCounters {
     resets_done: AtomicU64,
     objects_removed: AtomicU64,
     reset_errors: AtomicU64,
-    reopens: AtomicU64,
 }
 
-/// Lookups timed out in a row after which the index replaces its master connection,
-/// as the direct transport's `DirectConfig::reopen_after_timeouts` (`spec/behaviour.md`
-/// rule 17).
-pub const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 = 3;
+/// Call timeouts in a row after which the index's master client replaces its
+/// connection: the master client's default, as the direct transport's
+/// `DirectConfig::reopen_after_timeouts` (`spec/behaviour.md` rule 17).
+pub const DEFAULT_REOPEN_AFTER_TIMEOUTS: u32 = mooncake_master::DEFAULT_REOPEN_AFTER_TIMEOUTS;
 
 /// The result TTL assumed for the clients when none is given: vLLM's default
 /// `lookup_prefetch_ttl_s` (`spec/behaviour.md`, "Configuration").
 pub const DEFAULT_CLIENT_TTL: Duration = Duration::from_secs(2);
 
-/// The index's batcher over `master`, going by the configured `lease_ttl` until the
-/// master reports its own. The clients keep each answer for their result TTL
-/// (`client_ttl`, else [`DEFAULT_CLIENT_TTL`]), so a cached key is used only while
-/// its lease outlasts that margin; the TTL is also checked against the lease.
-fn batcher(
+/// The index's owner of the store's answer over `master`, going by the configured
+/// `lease_ttl` until the master reports its own. The clients keep each answer for
+/// their result TTL (`client_ttl`, else [`DEFAULT_CLIENT_TTL`]), so a cached key is
+/// used only while its lease outlasts that margin; the TTL is also checked against
+/// the lease. The server builds the keys; the layout here is unused.
+fn owner(
     master: &MasterClient,
     batch: BatchConfig,
     lease_ttl: Duration,
     client_ttl: Option<Duration>,
-) -> Coalescer {
-    let margin = client_ttl.unwrap_or(DEFAULT_CLIENT_TTL);
-    let coalescer = Coalescer::new(master.clone(), batch, lease_ttl, margin);
+) -> MasterLookup {
+    let mut config = LookupConfig::default();
+    config.batch = batch;
+    config.lease_ttl = lease_ttl;
+    config.answer_ttl = client_ttl.unwrap_or(DEFAULT_CLIENT_TTL);
+    let lookup = MasterLookup::new(master.clone(), KeyLayout::default(), config);
     if let Some(ttl) = client_ttl {
-        coalescer.check_ttl(ttl, CLIENT_TTL_SETTING);
+        lookup.check_ttl(ttl, CLIENT_TTL_SETTING);
     }
-    coalescer
+    lookup
 }
 
 /// How the lease warning names the clients' TTL.
@@ -276,33 +287,34 @@ impl MooncakeIndex {
             }
         }
         let lease_ttl = mooncake_master::batch::DEFAULT_LEASE_TTL;
-        let batch = batcher(&master, BatchConfig::default(), lease_ttl, None);
+        let lookup = owner(&master, BatchConfig::default(), lease_ttl, None);
         let lease_gauge = crate::metrics::mooncake_lease();
-        export_lease(&batch, &lease_gauge);
+        export_lease(lookup.coalescer(), &lease_gauge);
         Self {
             master,
-            batch,
+            lookup,
             batch_config: BatchConfig::default(),
             lease_ttl,
             client_ttl: None,
             lease_gauge,
             reset: ResetPolicy::Refuse,
             counters: IndexCounters::default(),
-            streak: TimeoutStreak::new(DEFAULT_REOPEN_AFTER_TIMEOUTS),
         }
     }
 
-    /// The index replacing its master connection after `n` lookups in a row failed
-    /// by the call timeout ([`MasterConfig::call_timeout`]) with none answered between
-    /// ([`DEFAULT_REOPEN_AFTER_TIMEOUTS`]; 0: never). A connection on which every
+    /// The index replacing its master connection after `n` calls in a row timed out
+    /// ([`MasterConfig::call_timeout`]) with none answered between, counted per call
+    /// whichever lookups waited on it ([`DEFAULT_REOPEN_AFTER_TIMEOUTS`]; 0: never).
+    /// Sets [`MasterClient::set_reopen_after_timeouts`] of the index's client (shared
+    /// with its other users). A connection on which every
     /// call times out (a partitioned or wedged master, whose socket the kernel would
     /// keep for minutes) is dropped, its waiting calls fail as `ConnectionLost`, and
     /// the client connects again in the background ([`MasterClient::reconnect`]), so
     /// lookups fail fast while the master cannot be reached and are answered once it
     /// can (`spec/behaviour.md` rule 17). Counted in [`IndexStats::reopens`].
     #[must_use]
-    pub fn with_reopen_after_timeouts(mut self, n: u32) -> Self {
-        self.streak = TimeoutStreak::new(n);
+    pub fn with_reopen_after_timeouts(self, n: u32) -> Self {
+        self.master.set_reopen_after_timeouts(n);
         self
     }
 
@@ -358,17 +370,17 @@ impl MooncakeIndex {
     /// it.
     #[must_use]
     pub fn lease(&self) -> LeaseTtl {
-        self.batch.lease()
+        self.lookup.lease()
     }
 
     fn rebuild_batcher(&mut self) {
-        self.batch = batcher(
+        self.lookup = owner(
             &self.master,
             self.batch_config.clone(),
             self.lease_ttl,
             self.client_ttl,
         );
-        export_lease(&self.batch, &self.lease_gauge);
+        export_lease(self.lookup.coalescer(), &self.lease_gauge);
     }
 
     /// The reset policy.
@@ -399,31 +411,15 @@ impl MooncakeIndex {
             resets_done: get(&c.resets_done),
             objects_removed: get(&c.objects_removed),
             reset_errors: get(&c.reset_errors),
-            reopens: get(&c.reopens),
+            reopens: self.master.stats().timeout_reopens,
             master: self.master.stats(),
-            batch: self.batch.stats(),
+            batch: self.lookup.batch_stats(),
         }
     }
 
-    /// The master answered a query (or failed it other than by the call timeout): the
-    /// timeouts are no longer in a row.
-    fn answered(&self) {
-        self.streak.answered();
-    }
-
-    /// Counts a query made on connection `on` that failed and turns it into the
-    /// server's error; the `reopen_after_timeouts`-th call timeout in a row replaces
-    /// that connection, once however many lookups of one call end together.
-    fn failed(&self, e: &MasterError, on: Option<u64>) -> IndexError {
-        if matches!(e, MasterError::Timeout { .. }) {
-            let reason = "lookups timed out in a row (rule 17)";
-            if let Some(n) = self.streak.timed_out(&self.master, on, reason) {
-                bump(&self.counters.reopens, 1);
-                tracing::warn!(addr = %self.master.addr(), timeouts = n, "Mooncake master calls timed out {n} lookups in a row: the connection is replaced (rule 17)");
-            }
-        } else {
-            self.answered();
-        }
+    /// Counts a query that failed and turns it into the server's error (rule 17 is
+    /// the master client's: it counts the call's timeout itself).
+    fn failed(&self, e: &MasterError) -> IndexError {
         let n = bump(&self.counters.errors, 1);
         if e.is_unavailable() {
             bump(&self.counters.unavailable, 1);
@@ -451,26 +447,22 @@ impl MooncakeIndex {
         if keys_per_block == 0 {
             return Ok(LeadingRun::default());
         }
-        let on = self.master.connection_id();
         let run = match self
-            .batch
-            .leading_blocks_flat(keys.to_vec(), keys_per_block)
+            .lookup
+            .leading_keys(keys.to_vec(), keys_per_block)
             .await
         {
-            Ok(run) => run,
-            // The key that would end the run carries an ErrorCode: every key before it
-            // was answered `true`, so the run ends at its block (vLLM counts only 1s).
-            Err(
-                e @ MasterError::Store {
-                    key_index: Some(i), ..
-                },
-            ) => {
-                self.key_error(&e);
-                i / keys_per_block
+            ChainAnswer::Run { blocks, key_error } => {
+                // The key that would end the run carries an ErrorCode: every key
+                // before it was answered `true`, so the run ends at its block (vLLM
+                // counts only 1s).
+                if let Some(e) = key_error {
+                    self.key_error(&e);
+                }
+                blocks
             }
-            Err(e) => return Err(self.failed(&e, on)),
+            ChainAnswer::Failed { error, .. } => return Err(self.failed(&error)),
         };
-        self.answered();
         bump(&self.counters.blocks_found, count(run));
         let keys_asked = keys_needed(
             keys.len() / keys_per_block,
@@ -486,13 +478,11 @@ impl MooncakeIndex {
 
     async fn query_exists(&self, keys: &[String]) -> Result<Vec<bool>, IndexError> {
         bump(&self.counters.exists_calls, 1);
-        let on = self.master.connection_id();
         let answers = self
             .master
             .batch_exist_results(keys)
             .await
-            .map_err(|e| self.failed(&e, on))?;
-        self.answered();
+            .map_err(|e| self.failed(&e))?;
         Ok(answers
             .into_iter()
             .map(|answer| {
@@ -574,7 +564,7 @@ impl MooncakeIndex {
 
 /// Sets `gauge` to the lease `batch` goes by now and, inside a tokio runtime, at every
 /// change, until that batcher is gone.
-fn export_lease(batch: &Coalescer, gauge: &Gauge) {
+fn export_lease(batch: &mooncake_master::Coalescer, gauge: &Gauge) {
     let mut lease = batch.subscribe_lease();
     gauge.set(lease.borrow_and_update().ttl.as_secs_f64());
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {

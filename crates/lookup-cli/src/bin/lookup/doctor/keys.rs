@@ -150,7 +150,8 @@ pub(crate) async fn check(
     };
     let (mine, scanned) = answers.split_at(configured.len());
     let prefix = KeyFormat::new(layout.cache_prefix(), layout.model(), layout.namespaces());
-    let prefix = prefix.prefix(0).unwrap_or_default().to_owned();
+    // vLLM's prefix and the `@` before the hash: what every key of the block starts with.
+    let prefix = format!("{}@", prefix.prefix(0).unwrap_or_default());
     let present = mine.iter().filter(|&&p| p).count();
     // The namespaces of the configured naming that hold the first block.
     let found_here: Vec<RankNamespace> = grid

@@ -20,8 +20,8 @@ pub(crate) async fn check(
     reachable: bool,
     timeout: Duration,
 ) {
-    let limit = args.lookup_prefetch_limit;
-    if !args.enable_lookup {
+    let limit = args.settings.core.lookup_prefetch_limit;
+    if !args.settings.core.enable_lookup {
         report.fail(
             "prefetch",
             "lookup is disabled (enable_lookup false): every probe answers 0 external tokens",
@@ -29,7 +29,15 @@ pub(crate) async fn check(
         );
         return;
     }
-    match (args.lookup_async, limit) {
+    match (args.settings.core.lookup_async, limit) {
+        (false, 0) if !reachable => {
+            report.not_checked(
+                "prefetch",
+                "off by the settings (sync lookups, lookup_async false); no lookup was tried: \
+                 the store is unreachable",
+            );
+            return;
+        }
         (false, 0) => {
             report.ok(
                 "prefetch",
@@ -73,10 +81,9 @@ pub(crate) async fn check(
         return;
     }
     if !reachable {
-        report.warn(
+        report.not_checked(
             "prefetch",
-            &format!("active (limit {limit}), not tried: the store is unreachable"),
-            "fix reachability first",
+            &format!("active by the settings (limit {limit}), not tried: the store is unreachable"),
         );
         return;
     }
@@ -134,7 +141,7 @@ async fn prefetch_once(
         }
     };
     config.core.lookup_async = true;
-    config.core.lookup_prefetch_limit = args.lookup_prefetch_limit;
+    config.core.lookup_prefetch_limit = args.settings.core.lookup_prefetch_limit;
     // `--lookup-prefetch-ttl-s` is checked against the lease by the `ttl` line, its one
     // report. This client times one prefetch read by one probe that never waited for
     // it, so the result must outlive the few steps between its reply and that probe
