@@ -54,7 +54,7 @@ def prefetch_extra_config(extra):
         raise ValueError(
             f"lookup_on_preemption: {policy!r} keeps or waits for a preempted request's "
             "lookup, which the drop-in does not hold past its answer; use 'discard'")
-    # Stated, not left to the core's default (keep_wait), which the drop-in cannot follow.
+    # Stated, not left to the core's default, so the drop-in never follows another.
     out["lookup_on_preemption"] = "discard"
     return out
 

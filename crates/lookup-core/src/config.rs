@@ -59,10 +59,11 @@ pub struct Config {
     /// applies it. Must be positive. Default 5 s (vLLM's `lookup_timeout_s`).
     pub max_pending_age: Duration,
     /// *Ours* (`lookup_on_preemption`): what a preemption does to the request's lookup
-    /// (`spec/behaviour.md` rule 8). Default [`OnPreemption::KeepWait`]: with vLLM's
-    /// `discard`, `cargo xtask simulate` collapses 4-8 of 10 perturbed reruns of the
-    /// conversation trace in every asynchronous mode at 32 µs per key (a preempted
-    /// request readmitted last and preempted again); with `keep_wait`, none.
+    /// (`spec/behaviour.md` rule 8). Default [`OnPreemption::Discard`], vLLM's: on
+    /// the engine model that admits a waiting request only when its whole prompt fits
+    /// (vLLM's `scheduler_reserve_full_isl`), `cargo xtask simulate` finds no rerun
+    /// of any mode collapsed with it, and `keep_wait` not told apart from it (rule 8
+    /// gives the figures).
     pub lookup_on_preemption: OnPreemption,
     /// *Ours* (`lookup_preempted_wait_s`): with [`OnPreemption::Wait`] or
     /// [`OnPreemption::KeepWait`], how long the driver waits for a preempted request's
@@ -79,6 +80,7 @@ pub struct Config {
 pub enum OnPreemption {
     /// `discard` (vLLM): the lookup is dropped like at allocation; the request is
     /// looked up again when it is probed after the preemption.
+    #[default]
     Discard,
     /// `keep`: the lookup stays (queued, in flight or done). A done result answers
     /// the request's later probes within its TTL (rule 6), also when its prompt grew
@@ -89,8 +91,7 @@ pub enum OnPreemption {
     /// allocated again, a probe of it that would answer `Pending` waits up to
     /// `lookup_preempted_wait_s` for the answer instead ([`Lookups::wait_budget`](crate::Lookups::wait_budget)).
     Wait,
-    /// `keep_wait`: both `keep` and `wait`. The default.
-    #[default]
+    /// `keep_wait`: both `keep` and `wait`.
     KeepWait,
 }
 
@@ -167,7 +168,7 @@ impl Config {
             max_in_flight: 1,
             max_queued: 65_536,
             max_pending_age: Duration::from_secs(5),
-            lookup_on_preemption: OnPreemption::KeepWait,
+            lookup_on_preemption: OnPreemption::Discard,
             lookup_preempted_wait: Duration::from_secs(5),
         }
     }
@@ -258,8 +259,8 @@ mod tests {
     #[test]
     fn the_default_preemption_policy_is_the_spec_table_s() {
         let c = Config::new(16);
-        assert_eq!(c.lookup_on_preemption, OnPreemption::KeepWait);
-        assert_eq!(OnPreemption::default(), OnPreemption::KeepWait);
+        assert_eq!(c.lookup_on_preemption, OnPreemption::Discard);
+        assert_eq!(OnPreemption::default(), OnPreemption::Discard);
         assert_eq!(c.lookup_preempted_wait, Duration::from_secs(5));
     }
 }

@@ -173,9 +173,14 @@ fn s7_finish_while_queued_never_sent_and_while_in_flight_slot_freed_on_completio
 
 #[test]
 fn s8_preempt_reset_close_drop_state_and_reset_sends_one_rpc() {
-    // The default, `keep_wait`: the answered result survives the preemption, and the
-    // preempted request's probes are given the wait budget.
-    let mut kept = Harness::prefetch(4);
+    // `keep_wait`: the answered result survives the preemption, and the preempted
+    // request's probes are given the wait budget.
+    let mut c = Config::new(16);
+    c.lookup_async = true;
+    c.lookup_prefetch_limit = 4;
+    c.max_in_flight = 64;
+    c.lookup_on_preemption = lookup_core::OnPreemption::KeepWait;
+    let mut kept = Harness::new(c);
     let a = req(1, 32, &[1, 2]);
     kept.arrive(&a);
     kept.answer_hit(RpcId(1), 16);
