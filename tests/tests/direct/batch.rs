@@ -372,8 +372,9 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
         ready(6 * B)
     );
     assert_eq!(keys_asked(&mut client), 24);
-    // Its continuation to 12 blocks: only blocks 7-12 are asked (12 keys); the run
-    // ends at block 11, as without the cache.
+    // Its continuation to 12 blocks: only blocks 7-12 are asked (12 keys: block 7
+    // first, after the cached prefix, then blocks 8-12); the run ends at block 11, as
+    // without the cache.
     let cont = request(2, 12 * B + 1, &ids);
     assert_eq!(
         client.probe_until(&cont, 0, Deadline::Answer).await,
@@ -382,8 +383,9 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
     assert_eq!(keys_asked(&mut client), 36);
     let s = client.batch_stats().expect("connected");
     assert_eq!(s.keys_from_cache, 12);
-    // Another prompt sharing the first 8 blocks, then its own: only its 2 own blocks
-    // are asked (4 keys), the 8 shared ones (16 keys) come from the cache.
+    // Another prompt sharing the first 8 blocks, then its own: the 8 shared ones (16
+    // keys) come from the cache, and only the block after them is asked (2 keys): it
+    // is absent, so the block behind it is never asked.
     let mut other_ids = ids[..8].to_vec();
     other_ids.extend([100, 101]);
     let other = request(3, 10 * B + 1, &other_ids);
@@ -391,7 +393,7 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
         client.probe_until(&other, 0, Deadline::Answer).await,
         ready(8 * B)
     );
-    assert_eq!(keys_asked(&mut client), 40);
+    assert_eq!(keys_asked(&mut client), 38);
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
 
     // A reset drops the cache: the same prompt asks all 12 keys again.
@@ -402,7 +404,7 @@ async fn the_presence_cache_asks_only_the_unknown_tail_mooncake_master() {
         client.probe_until(&again, 0, Deadline::Answer).await,
         ready(6 * B)
     );
-    assert_eq!(keys_asked(&mut client), 52);
+    assert_eq!(keys_asked(&mut client), 50);
     assert_eq!(client.batch_stats().expect("connected").keys_from_cache, 28);
 
     // A failed call (the master stopped) drops it too: once the master is back with the

@@ -10,13 +10,18 @@
 //!   whole blocks after its last confirmed block, up to
 //!   [`MasterConfig::chunk_keys`](crate::MasterConfig::chunk_keys) unknown keys (at
 //!   least one block), ending before any block already known to hold an absent key;
+//! - when that last confirmed block was taken from a presence cache, the window is
+//!   that one next block (the *probe*): the cache holds what the master last answered
+//!   present, so the block after a cached prefix is most often the one it answered
+//!   absent, and asking the whole window would ask the absent tail again. A present
+//!   probe opens the full window in the next round (one more round, the same answer);
 //! - the round asks the union of the windows, each key once, in calls of at most
 //!   `chunk_keys` keys;
 //! - a lookup's run ends at its first block holding a key answered `false` or with an
 //!   `ErrorCode` (the early stop: it asks nothing past it in later rounds).
 //!
-//! A single lookup is therefore asked exactly what `leading_blocks_flat` asks: the same
-//! calls, the same keys, the same answer.
+//! A single lookup with nothing taken from a cache is therefore asked exactly what
+//! `leading_blocks_flat` asks: the same calls, the same keys, the same answer.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -144,8 +149,25 @@ impl LeadingRuns {
             if run.done.is_some() {
                 continue;
             }
+            // Right after a block resting on the cache, the cache holds what the
+            // master last answered present: the next block is most likely the one it
+            // answered absent, so one block is asked first, not the whole window.
+            let probe = run.present > 0 && {
+                let start = (run.present - 1) * run.keys_per_block;
+                run.keys[start..start + run.keys_per_block]
+                    .iter()
+                    .any(|key| {
+                        matches!(
+                            self.known.get(key.as_str()),
+                            Some(Known::Present { asked: false })
+                        )
+                    })
+            };
             let mut budget = 0;
             for block in run.present..run.blocks {
+                if probe && block > run.present {
+                    break;
+                }
                 let start = block * run.keys_per_block;
                 let keys = &run.keys[start..start + run.keys_per_block];
                 let mut unknown = 0;

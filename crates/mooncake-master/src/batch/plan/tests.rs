@@ -149,7 +149,8 @@ fn assumed_keys_are_not_asked_and_only_the_unknown_tail_is() {
     let mut plan = LeadingRuns::new(1024);
     plan.add(chain, 2);
     let made = drive(&mut plan, &store, &|k| cached.iter().any(|c| c == k));
-    assert_eq!(made, vec![keys("c", 4..8, 2)]);
+    // The block after the cached prefix first (present), then the rest of the window.
+    assert_eq!(made, vec![keys("c", 4..5, 2), keys("c", 5..8, 2)]);
     assert_eq!(plan.keys_assumed(), 8);
     assert_eq!(plan.keys_asked(), 8);
     // Only keys the master answered count as learned.
@@ -157,6 +158,27 @@ fn assumed_keys_are_not_asked_and_only_the_unknown_tail_is() {
     learned.sort_unstable();
     assert_eq!(learned.len(), 4);
     assert_eq!(flatten(&plan.into_results()[0]), Ok(6));
+}
+
+/// After a cached prefix only the next block is asked: when the master answers it
+/// absent (the usual case: the cache holds what it last answered present), the absent
+/// tail is never asked. A lookup with nothing cached asks its whole window at once.
+#[test]
+fn after_a_cached_prefix_one_block_is_asked_before_the_window() {
+    let chain = keys("c", 0..400, 1);
+    let store = store_of(&chain[..200]);
+    let cached: Vec<String> = chain[..200].to_vec();
+    let mut plan = LeadingRuns::new(1024);
+    plan.add(chain.clone(), 1);
+    let made = drive(&mut plan, &store, &|k| cached.iter().any(|c| c == k));
+    assert_eq!(made, vec![keys("c", 200..201, 1)]);
+    assert_eq!(plan.keys_asked(), 1);
+    assert_eq!(flatten(&plan.into_results()[0]), Ok(200));
+    let mut cold = LeadingRuns::new(1024);
+    cold.add(chain, 1);
+    let made = drive(&mut cold, &store, &|_| false);
+    assert_eq!(made, vec![keys("c", 0..400, 1)]);
+    assert_eq!(flatten(&cold.into_results()[0]), Ok(200));
 }
 
 #[test]
