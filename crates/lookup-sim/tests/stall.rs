@@ -156,6 +156,10 @@ fn a_livelock_is_reported_in_every_mode() {
     let mut p = SimParams::default();
     p.engine.gpu_kv_blocks = 18 * 32;
     p.engine.local_prefix_cache = false;
+    // Without vLLM 0.33's full-prompt gate (scheduler_reserve_full_isl false, vLLM
+    // before PR #37307) each request is admitted on its first chunk, and the engines
+    // preempt and re-admit the same requests: the livelock every mode must report.
+    p.engine.scheduler_reserve_full_isl = false;
     for mode in Mode::ALL {
         let err = simulate(trace().into_iter().map(Ok), mode, &p, &|_| {})
             .expect_err("18 x 32 blocks cannot hold these requests side by side");
