@@ -474,7 +474,11 @@ fn the_cheapest_setting_inside_the_noise_of_the_best_is_recommended() {
         prefetch_limit: 8,
         ..best
     };
-    let floor = best.floor(&Mode::ALL);
+    let floor = Setting {
+        mode: Mode::Prefetch,
+        ..best
+    }
+    .floor();
     assert_eq!(
         (
             floor.mode,
@@ -484,7 +488,10 @@ fn the_cheapest_setting_inside_the_noise_of_the_best_is_recommended() {
         ),
         (Mode::Prefetch, 1, 8, 1.0)
     );
-    assert_eq!(best.floor(&[Mode::PrefetchWait]).mode, Mode::PrefetchWait);
+    assert_eq!(
+        (best.floor().mode, best.floor().concurrency),
+        (Mode::PrefetchWait, 1)
+    );
     let winner = Verdict::of(Mode::PrefetchWait, &runs(&s, &WINNER));
     let close = Verdict::of(Mode::Prefetch, &runs(&s, &CLOSE));
     let sync = Verdict::of(Mode::Sync, &runs(&s, &LOSER));

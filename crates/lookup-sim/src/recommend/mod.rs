@@ -21,7 +21,7 @@
 //!    by more than the noise, and the cheapest is recommended. When it does, the
 //!    recommendation is the cheapest to run ([`Setting::cost`]: fewer connections,
 //!    smaller prefetch limit, shorter TTL, no wait) of the pick, the runner-up and
-//!    the pick's lever floor ([`Setting::floor`]) that lie inside the noise of the
+//!    each searched mode's lever floor ([`Setting::floor`]) that lie inside the noise of the
 //!    pick and beat the cheapest outside it ([`settle`]); the levers on which it
 //!    differs from the pick are said to be inside the noise. Reruns pick among near
 //!    equals by chance, so the best alone would change from seed to seed.
@@ -132,7 +132,13 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
         .into_iter()
         .flatten()
         .map(|t| t.setting)
-        .chain(best.as_ref().map(|b| b.setting.floor(problem.modes)))
+        .chain(best.as_ref().into_iter().flat_map(|b| {
+            problem
+                .modes
+                .iter()
+                .filter(|&&m| m != Mode::Sync)
+                .map(|&mode| Setting { mode, ..b.setting }.floor())
+        }))
         .chain([cheapest])
     {
         if !check.contains(&s) {

@@ -84,21 +84,18 @@ impl Setting {
         out
     }
 
-    /// The cheapest value of each lever of its own kind of mode ([`Self::cost`]):
-    /// concurrency 1, and for a prefetching mode prefetch limit 8 and TTL 1 s (the
-    /// smallest the search tries, `stages`) and `prefetch` when it is among `modes`
-    /// (the modes searched); the candidate checked on the fresh reruns besides the
-    /// best and the runner-up.
+    /// The same mode at the cheapest value of each lever ([`Self::cost`]):
+    /// concurrency 1 and, for a prefetching mode, prefetch limit 8 and TTL 1 s (the
+    /// smallest the search tries, `stages`). Each searched mode's floor runs on the
+    /// fresh reruns besides the best and the runner-up, so the cheap settings
+    /// compared do not depend on which near equal the selection reruns picked.
     #[must_use]
-    pub fn floor(&self, modes: &[Mode]) -> Self {
+    pub fn floor(&self) -> Self {
         let mut s = Self {
             concurrency: 1,
             ..*self
         };
         if self.prefetches() {
-            if modes.contains(&Mode::Prefetch) {
-                s.mode = Mode::Prefetch;
-            }
             s.prefetch_limit = 8;
             s.ttl_s = 1.0;
         }
