@@ -16,7 +16,9 @@ use lookup_sim::margin::paired;
 use lookup_sim::mechanism::{Mechanism, diagnose};
 use lookup_sim::mode::Mode;
 use lookup_sim::progress::Progress;
-use lookup_sim::recommend::{Decision, Problem, Scored, Setting, describe, search};
+use lookup_sim::recommend::{
+    Decision, Problem, Scored, Setting, Settled, describe, search, settle,
+};
 use lookup_sim::report::{ModeSummary, summarise};
 use lookup_sim::stability::Verdict;
 use lookup_sim::sweep::{Axis, cell, grid, label, panels, table};
@@ -449,4 +451,89 @@ fn only_a_margin_beyond_the_noise_on_fresh_reruns_beats_the_cheapest_setting() {
         ..pick
     };
     assert!(!kept.vllm_follows() && !scored(kept).eligible());
+}
+
+/// Among settings inside the noise of the best one on the fresh reruns, the cheapest
+/// to run is recommended (concurrency, then prefetch limit, TTL, wait, mode), with
+/// the levers it moves said to be inside the noise; one outside the noise of the
+/// best, or not ahead of sync beyond the noise, is not.
+#[test]
+fn the_cheapest_setting_inside_the_noise_of_the_best_is_recommended() {
+    let s = base();
+    let p = SimParams::default();
+    let best = Setting {
+        mode: Mode::PrefetchWait,
+        concurrency: 4,
+        prefetch_limit: 32,
+        ttl_s: 2.0,
+        ..Setting::cheapest(&p)
+    };
+    let runner_up = Setting {
+        mode: Mode::Prefetch,
+        concurrency: 4,
+        prefetch_limit: 8,
+        ..best
+    };
+    let floor = Setting {
+        mode: Mode::Prefetch,
+        ..best
+    }
+    .floor();
+    assert_eq!(
+        (
+            floor.mode,
+            floor.concurrency,
+            floor.prefetch_limit,
+            floor.ttl_s
+        ),
+        (Mode::Prefetch, 1, 8, 1.0)
+    );
+    assert_eq!(
+        (best.floor().mode, best.floor().concurrency),
+        (Mode::PrefetchWait, 1)
+    );
+    let winner = Verdict::of(Mode::PrefetchWait, &runs(&s, &WINNER));
+    let close = Verdict::of(Mode::Prefetch, &runs(&s, &CLOSE));
+    let sync = Verdict::of(Mode::Sync, &runs(&s, &LOSER));
+    let r = settle(
+        (&best, &winner),
+        &sync,
+        &[(runner_up, &close), (floor, &close)],
+    );
+    assert_eq!(
+        r,
+        Settled {
+            setting: floor,
+            inside_noise: vec![
+                "mode",
+                "server concurrency",
+                "prefetch limit",
+                "prefetch TTL"
+            ],
+        }
+    );
+    // The floor outside the noise of the best: the runner-up, cheaper than the best.
+    let slow = Verdict::of(Mode::Prefetch, &runs(&s, &LOSER));
+    let r = settle(
+        (&best, &winner),
+        &sync,
+        &[(runner_up, &close), (floor, &slow)],
+    );
+    assert_eq!(r.setting, runner_up);
+    assert_eq!(r.inside_noise, ["mode", "prefetch limit"]);
+    // Inside the noise of the best but not ahead of sync beyond it: not chosen.
+    let r = settle((&best, &winner), &close, &[(floor, &close)]);
+    assert_eq!((r.setting, r.inside_noise.len()), (best, 0));
+    // The cost order: fewer connections first, then limit, TTL, no wait.
+    assert!(floor.cheaper_than(&runner_up) && runner_up.cheaper_than(&best));
+    let waits = Setting {
+        mode: Mode::PrefetchWait,
+        ..floor
+    };
+    assert!(floor.cheaper_than(&waits) && !waits.cheaper_than(&floor));
+    assert_eq!(
+        waits.cost(),
+        (1, 8, 1.0, true, 4),
+        "connections, limit, TTL (s), waits, mode rank"
+    );
 }

@@ -18,7 +18,13 @@
 //! 3. **Decision** ([`Decision`]): the pick is recommended only when it beats the
 //!    cheapest setting on the fresh reruns by more than the noise (the 95 % interval
 //!    of the paired median lies above 1). Otherwise no lookup setting moves TTFT p99
-//!    by more than the noise, and the cheapest is recommended.
+//!    by more than the noise, and the cheapest is recommended. When it does, the
+//!    recommendation is the cheapest to run ([`Setting::cost`]: fewer connections,
+//!    smaller prefetch limit, shorter TTL, no wait) of the pick, the runner-up and
+//!    each searched mode's lever floor ([`Setting::floor`]) that lie inside the noise of the
+//!    pick and beat the cheapest outside it ([`settle`]); the levers on which it
+//!    differs from the pick are said to be inside the noise. Reruns pick among near
+//!    equals by chance, so the best alone would change from seed to seed.
 //! 4. **Apart** from the choice, at the recommended setting on the fresh reruns: the
 //!    capacity levers, 2x the GPU KV blocks, half and twice `max_num_seqs`
 //!    ([`Capacity::levers`]), and `lookup_on_preemption = keep_wait`, which this
@@ -31,6 +37,7 @@ mod capacity;
 mod outcome;
 mod runs;
 mod setting;
+mod settle;
 mod stages;
 mod text;
 
@@ -48,6 +55,7 @@ pub use self::outcome::{Confirmed, Decision, Loss, Margin, Recommendation};
 use self::runs::Runs;
 use self::setting::best_of;
 pub use self::setting::{Scored, Setting};
+pub use self::settle::{Settled, settle};
 use self::stages::{STAGES, Search};
 pub use self::text::describe;
 use crate::budget::WaitBudget;
@@ -124,6 +132,13 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
         .into_iter()
         .flatten()
         .map(|t| t.setting)
+        .chain(best.as_ref().into_iter().flat_map(|b| {
+            problem
+                .modes
+                .iter()
+                .filter(|&&m| m != Mode::Sync)
+                .map(|&mode| Setting { mode, ..b.setting }.floor())
+        }))
         .chain([cheapest])
     {
         if !check.contains(&s) {
@@ -155,7 +170,20 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
         best_setting.as_ref().and_then(fresh),
         fresh(&cheapest),
     );
-    let recommended = decision.pick(best_setting.as_ref(), &cheapest);
+    let mut recommended = decision.pick(best_setting.as_ref(), &cheapest);
+    let mut inside_noise = Vec::new();
+    if let (Decision::Better, Some(b), Some(c)) = (decision, best_setting, fresh(&cheapest)) {
+        if let Some(bv) = fresh(&b) {
+            let others: Vec<(Setting, &crate::stability::Verdict)> = confirmed
+                .iter()
+                .filter(|k| k.setting != b && k.setting != cheapest)
+                .map(|k| (k.setting, &k.verdict))
+                .collect();
+            let settled = settle((&b, bv), c, &others);
+            recommended = Some(settled.setting);
+            inside_noise = settled.inside_noise;
+        }
+    }
     let mut margins = Vec::new();
     if let Some(pick) = recommended.and_then(|r| fresh(&r).map(|v| (r, v))) {
         let (r, v) = pick;
@@ -233,6 +261,7 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
     Ok(Recommendation {
         decision,
         recommended,
+        inside_noise,
         best,
         runner_up,
         cheapest,

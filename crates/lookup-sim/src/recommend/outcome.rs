@@ -42,7 +42,8 @@ pub struct Confirmed {
 /// One margin of the recommended setting on the fresh reruns.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Margin {
-    /// `cheapest` (vLLM's own synchronous setting) or `runner-up` (the best setting
+    /// `cheapest` (vLLM's own synchronous setting), `best tried` (when another is
+    /// recommended, [`super::settle`]) or `runner-up` (the best setting
     /// of another mode than the pick's).
     pub against: &'static str,
     /// That setting.
@@ -70,6 +71,10 @@ pub struct Recommendation {
     pub decision: Decision,
     /// The setting to use (`None` with [`Decision::NoneStable`]).
     pub recommended: Option<Setting>,
+    /// With [`Decision::Better`]: the levers on which `recommended` differs from
+    /// the best tried, inside the noise of it on the fresh reruns
+    /// ([`super::settle`]); empty when the best tried is recommended.
+    pub inside_noise: Vec<&'static str>,
     /// The best stable, healthy setting on the selection reruns.
     pub best: Option<Scored>,
     /// The best stable, healthy setting of another mode than `best`'s.
@@ -78,8 +83,8 @@ pub struct Recommendation {
     pub cheapest: Setting,
     /// Selection reruns: `0..repeats`.
     pub repeats: u32,
-    /// The fresh reruns (`repeats..2 * repeats`) of the best, the runner-up and the
-    /// cheapest setting.
+    /// The fresh reruns (`repeats..2 * repeats`) of the best, the runner-up, the
+    /// best's lever floor ([`Setting::floor`]) and the cheapest setting.
     pub confirmed: Vec<Confirmed>,
     /// The pick against the cheapest setting and the runner-up, on the fresh reruns.
     pub margins: Vec<Margin>,
@@ -131,7 +136,7 @@ impl Decision {
         }
     }
 
-    /// The setting to use: `best` when [`Self::Better`], none when
+    /// The setting to use before [`super::settle`]: `best` when [`Self::Better`], none when
     /// [`Self::NoneStable`], the cheapest otherwise.
     #[must_use]
     pub fn pick(self, best: Option<&Setting>, cheapest: &Setting) -> Option<Setting> {

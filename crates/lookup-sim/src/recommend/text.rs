@@ -53,17 +53,29 @@ pub fn describe(r: &Recommendation) -> String {
     match (r.decision, best, r.recommended) {
         (Decision::Better, Some(b), Some(rec)) => {
             let _ = write!(out, "recommendation: {}", rec.describe());
-            match margin_of("cheapest") {
-                Some(p) => {
-                    let _ = writeln!(
-                        out,
-                        ": the cheapest setting's TTFT p99 is {} of it on {fresh}: outside the noise",
-                        interval(p)
-                    );
-                }
-                None => out.push('\n'),
+            if let Some(p) = margin_of("cheapest") {
+                let _ = write!(
+                    out,
+                    ": the cheapest setting's TTFT p99 is {} of it on {fresh}: outside the noise",
+                    interval(p)
+                );
             }
-            let _ = b;
+            if r.inside_noise.is_empty() {
+                out.push('\n');
+            } else {
+                let _ = write!(
+                    out,
+                    "; {} inside the noise: the cheapest of the settings inside the noise of the best tried ({}",
+                    r.inside_noise.join(", "),
+                    b.setting.describe()
+                );
+                match margin_of("best tried") {
+                    Some(p) => {
+                        let _ = writeln!(out, ", its p99 {} of the recommendation's)", interval(p));
+                    }
+                    None => out.push_str(")\n"),
+                }
+            }
         }
         (Decision::Indistinguishable, Some(b), Some(rec)) => {
             let _ = write!(
