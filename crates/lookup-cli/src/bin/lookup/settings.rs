@@ -92,6 +92,8 @@ mod tests {
                 Value::Switch(on) => (!on).to_string(),
                 Value::Count(n) => (n + 2).to_string(),
                 Value::Seconds(d) => (d.as_secs_f64() + 0.5).to_string(),
+                // Whichever policy is not the default.
+                Value::Preemption(lookup_core::OnPreemption::Discard) => "keep".to_owned(),
                 Value::Preemption(_) => "discard".to_owned(),
             };
             let flag = s.flag();
