@@ -322,8 +322,10 @@ mod tests {
     fn a_prefix_seen_within_the_lease_less_the_ttl_is_not_asked_again() {
         // 2 trace blocks = 64 vLLM blocks each, all in one call. The first finds
         // nothing; the second (5 s) finds trace block 1 (32 keys, leased until 15 s);
-        // the third (12 s, 12 + 2 < 15) takes them from the cache; the fourth (22 s)
-        // is past the lease and asks everything again (a cached key is not renewed).
+        // the third (12 s, 12 + 2 < 15) takes them from the cache and then asks only
+        // the next block (absent: the run ends there) instead of its 32-key window;
+        // the fourth (22 s) is past the lease and asks everything again (a cached key
+        // is not renewed).
         let reqs = [
             req(0, 1024, &[1, 2]),
             req(5_000, 1024, &[1, 3]),
@@ -333,7 +335,7 @@ mod tests {
         let s = measure(&reqs, &args()).unwrap();
         assert_eq!(s.lookups, 4);
         assert_eq!(s.keys_without, 256);
-        assert_eq!(s.keys_with, 256 - 32);
+        assert_eq!(s.keys_with, 256 - 32 - 31);
         assert_eq!(s.hit_blocks, 96);
         assert_eq!((s.calls_without, s.calls_with), (4, 4));
     }

@@ -461,7 +461,7 @@ mod tests {
                 "max_in_flight=1",
                 "max_queued=65,536",
                 "max_pending_age_s=5.0",
-                "lookup_on_preemption=`keep_wait`",
+                "lookup_on_preemption=`discard`",
                 "lookup_preempted_wait_s=5.0",
             ]
         );
