@@ -128,7 +128,7 @@ pub fn hit(format: Format, reply: &[Bytes]) -> u32 {
 }
 
 /// Whether a lookup reply is the server's store-unavailable error reply
-/// (`spec/wire.md`, "Store unavailable": the single byte `0x00` in `tagged-blob`).
+/// (`spec/wire.md`, "Store unavailable": the single byte `0x00`, in both formats).
 pub fn store_unavailable(format: Format, reply: &[Bytes]) -> bool {
     wire::decode_lookup_reply(format, reply) == Err(wire::WireError::StoreUnavailable)
 }

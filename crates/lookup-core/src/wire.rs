@@ -46,7 +46,7 @@ const RESET_TAG: &[u8] = b"reset";
 const RESET_OK: u8 = 0x01;
 /// Reset reply byte: the wipe failed; also the whole reply to an unknown tag.
 const RESET_FAILED: u8 = 0x00;
-/// The whole `tagged-blob` reply to a lookup the server could not ask its store
+/// The whole reply, in either format, to a lookup the server could not ask its store
 /// about: vLLM's `RESP_ERR` (`spec/wire.md`, "Store unavailable").
 const STORE_UNAVAILABLE: u8 = 0x00;
 /// Bytes of one tail-key boundary entry in a `tagged-blob` reply: two u32.
@@ -227,14 +227,14 @@ pub fn encode_reset(format: Format) -> Result<Vec<Bytes>, Error> {
 ///
 /// # Errors
 /// [`WireError::WrongFrameCount`] unless there is exactly one frame;
-/// [`WireError::StoreUnavailable`] for the `tagged-blob` error reply, the single byte
-/// `0x00` ([`encode_store_unavailable`]: the server could not ask its store);
+/// [`WireError::StoreUnavailable`] for the error reply of either format, the single
+/// byte `0x00` ([`encode_store_unavailable`]: the server could not ask its store);
 /// [`WireError::ReplyLength`] for any other `tagged-blob` frame below 4 bytes or not
 /// 4 + 8k bytes, or a `msgpack-hex` frame that is not 4 bytes (`spec/wire.md`, lookup
 /// reply).
 pub fn decode_lookup_reply(format: Format, frames: &[Bytes]) -> Result<LookupReply, WireError> {
     let frame = single_frame(frames)?;
-    if format == Format::TaggedBlob && frame.as_ref() == [STORE_UNAVAILABLE] {
+    if frame.as_ref() == [STORE_UNAVAILABLE] {
         return Err(WireError::StoreUnavailable);
     }
     let (hit, rest) = frame
@@ -545,18 +545,19 @@ pub fn encode_lookup_reply(format: Format, reply: &LookupReply) -> Bytes {
 ///   its `LookupKeyClient.lookup` answers 0 hit tokens on any exception, so vLLM reads
 ///   it as 0, as it reads its own server's answer to a failed store; this project's
 ///   client reads it as unavailable ([`WireError::StoreUnavailable`]).
-/// - `msgpack-hex`: `hit_tokens = 0` (4 bytes): how that older client would read a
-///   1-byte reply is not checked against its source, so it keeps the reference answer
-///   (`spec/wire.md`, "What the server computes", step 5).
+/// - `msgpack-hex`: the same single byte. vLLM's older `LookupKeyClient.lookup`
+///   (`mooncake_store_scheduler.py` before vLLM #45659) reads any reply as
+///   `int.from_bytes(resp, "big")`, so it reads `0x00` as 0 hit tokens, as it read its
+///   own server's answer to a failed store; this project's client reads it as
+///   unavailable.
+///
+/// `format` is taken for symmetry with [`encode_lookup_reply`]: both formats answer
+/// the same byte.
 #[must_use]
 pub fn encode_store_unavailable(format: Format) -> Bytes {
-    match format {
-        Format::TaggedBlob => {
-            const ERR: &[u8] = &[STORE_UNAVAILABLE];
-            Bytes::from_static(ERR)
-        }
-        Format::MsgpackHex => encode_lookup_reply(format, &LookupReply::default()),
-    }
+    const ERR: &[u8] = &[STORE_UNAVAILABLE];
+    let _ = format;
+    Bytes::from_static(ERR)
 }
 
 /// Encodes a reset reply: the single byte `0x01` when the store was wiped (`ok`),

@@ -55,9 +55,9 @@ pub enum Error {
 /// Why an index call failed: the store's fault (I/O or its answers) or a request it
 /// cannot serve. Nested in [`Error::Index`]; [`BlockIndex`](crate::BlockIndex) calls
 /// return it on its own. The server answers such a lookup with the error reply of
-/// `spec/wire.md`, "Store unavailable" (the single byte `0x00` in `tagged-blob`, which
-/// vLLM 0.33's client reads as 0 hit tokens and this project's as unavailable; 0 hit
-/// tokens in `msgpack-hex`), never as a miss, and counts it in `index_errors`.
+/// `spec/wire.md`, "Store unavailable" (the single byte `0x00` in either format, which
+/// vLLM's clients read as 0 hit tokens and this project's as unavailable), never as a
+/// miss, and counts it in `index_errors`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IndexError {

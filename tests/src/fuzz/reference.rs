@@ -8,8 +8,8 @@ use lookup_core::wire::{
 };
 
 /// What `decode_lookup_reply` must answer (`spec/wire.md`, lookup reply): one frame;
-/// `tagged-blob` 4 + 8k bytes or the 1-byte error reply `0x00`, `msgpack-hex`
-/// exactly 4.
+/// the 1-byte error reply `0x00` in either format; otherwise `tagged-blob` 4 + 8k
+/// bytes, `msgpack-hex` exactly 4.
 pub fn reference_lookup_reply(format: Format, frames: &[Bytes]) -> Result<LookupReply, WireError> {
     let [frame] = frames else {
         return Err(WireError::WrongFrameCount {
@@ -18,7 +18,7 @@ pub fn reference_lookup_reply(format: Format, frames: &[Bytes]) -> Result<Lookup
         });
     };
     let n = frame.len();
-    if format == Format::TaggedBlob && frame.as_ref() == [0x00] {
+    if frame.as_ref() == [0x00] {
         // `spec/wire.md`, "Store unavailable": the server's error reply.
         return Err(WireError::StoreUnavailable);
     }

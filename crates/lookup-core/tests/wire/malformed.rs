@@ -276,22 +276,29 @@ fn malformed_msgpack_trailing_bytes() {
 // ---------------------------------------------------------------------------------
 
 /// `spec/wire.md`, "Store unavailable": the server's error reply to a lookup is the
-/// single byte `0x00` in `tagged-blob`, read as unavailable, never as a miss; the
-/// older format has no error reply and keeps `hit_tokens = 0`.
+/// single byte `0x00` in both formats, read as unavailable, never as a miss; any other
+/// short reply stays malformed.
 #[test]
 fn store_unavailable_reply_is_one_byte_read_as_unavailable() {
-    let tagged = wire::encode_store_unavailable(Format::TaggedBlob);
-    assert_eq!(tagged.as_ref(), &[0x00]);
-    assert_eq!(
-        wire::decode_lookup_reply(Format::TaggedBlob, &[tagged]),
-        Err(WireError::StoreUnavailable)
-    );
-    let older = wire::encode_store_unavailable(Format::MsgpackHex);
-    assert_eq!(older.as_ref(), &[0, 0, 0, 0]);
-    assert_eq!(
-        wire::decode_lookup_reply(Format::MsgpackHex, &[Bytes::from_static(&[0x00])]),
-        Err(WireError::ReplyLength(1))
-    );
+    for format in [Format::TaggedBlob, Format::MsgpackHex] {
+        let reply = wire::encode_store_unavailable(format);
+        assert_eq!(reply.as_ref(), &[0x00], "{format}");
+        assert_eq!(
+            wire::decode_lookup_reply(format, &[reply]),
+            Err(WireError::StoreUnavailable),
+            "{format}"
+        );
+        assert_eq!(
+            wire::decode_lookup_reply(format, &[Bytes::from_static(&[0x01])]),
+            Err(WireError::ReplyLength(1)),
+            "{format}"
+        );
+        assert_eq!(
+            wire::decode_lookup_reply(format, &[Bytes::from_static(&[0x00, 0x00])]),
+            Err(WireError::ReplyLength(2)),
+            "{format}"
+        );
+    }
 }
 
 #[test]
