@@ -10,7 +10,7 @@ use lookup_tokio::Deadline;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lookup_core::wire::{self, Format, WireError};
+use lookup_core::wire::{self, Format};
 use lookup_core::{Answer, BlockHashes, Probe, Request, RequestId, Unavailable};
 use lookup_server::{LookupServer, MooncakeIndex, ServerConfig};
 use lookup_tests::mooncake::{Master, Writer};
