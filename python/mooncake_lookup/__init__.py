@@ -104,6 +104,40 @@ def _build_result(result_type, boundary_type, group_ids, hit):
     return result_type(hit, tail_key_boundaries(hit, group_ids, boundary_type))
 
 
+# The I/O runtime's threads as the kernel names them: tokio's "mooncake-lookup-io"
+# (python/src/lib.rs), cut to the kernel's 15 characters.
+IO_THREAD_COMM = "mooncake-lookup"
+
+
+def _io_threads_batch():
+    """Puts the I/O runtime's threads under ``SCHED_BATCH`` (Linux; elsewhere, or when
+    the kernel refuses, nothing changes): the same CPU share as any thread of the
+    process, but a thread woken up does not preempt the one running. Waking the I/O
+    thread is what a scheduler step's hand-over of its lookups does; under the
+    default policy, on a busy host, the woken I/O thread took the scheduler thread's
+    core at that instant and the step waited for it (``flush``: 0.4-9 ms of wall time
+    for 20-60 µs of the thread's own CPU, ``docs/performance.md``). Returns the
+    thread ids changed."""
+    if not hasattr(os, "SCHED_BATCH"):
+        return []
+    changed = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != IO_THREAD_COMM:
+                    continue
+            if os.sched_getscheduler(int(tid)) != os.SCHED_BATCH:
+                os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
+            changed.append(int(tid))
+        except OSError:
+            continue
+    return changed
+
+
 def endpoint_of(vllm_config) -> str:
     """The ipc URL of vLLM's ``get_zmq_rpc_path_lookup``: ``VLLM_RPC_BASE_PATH`` (the
     temp dir by default), ``lookup_rpc_port``, the hostname and the data-parallel
@@ -145,9 +179,19 @@ class LookupKeyClient:
         self._result, self._boundary = _result_types()
         self._tail_key_groups = (0,)
         self._native = NativeClient(transport, target, block_size, json.dumps(rust_keys), model)
+        # The runtime's thread exists once the first client is made.
+        _io_threads_batch()
         self._set_factory()
-        # The native call itself, no Python frame between: the poll costs the client's.
-        self.lookup = self._native.lookup
+        # The native calls themselves, no Python frame between: a scheduler step's
+        # polls, arrivals, allocations and finishes cost the client's work alone. The
+        # methods of the same names below are their documentation.
+        native = self._native
+        self.lookup = native.lookup
+        self.prefetch = native.prefetch
+        self.flush = native.flush
+        self.discard = native.discard
+        self.on_allocated = native.on_allocated
+        self.on_preempted = native.on_preempted
 
     def _set_factory(self):
         # A partial, not a bound method: the native client holding `self` would be a
@@ -178,32 +222,50 @@ class LookupKeyClient:
         """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent
         only while ``lookup_prefetch_limit`` allows (0 by default: announce only), at
         this client's next call of any kind (``flush`` sends it at once): the arrivals
-        before a scheduler step wake the I/O thread once."""
-        self._native.prefetch(str(req_id), int(num_tokens), block_hashes)
+        before a scheduler step wake the I/O thread once. ``req_id`` a ``str`` (other
+        objects are read as their ``str()``), ``num_tokens`` an ``int``. Replaced per
+        instance by the native method itself (``__init__``)."""
+        self._native.prefetch(req_id, num_tokens, block_hashes)
 
     def flush(self):
-        """Send the prefetches not sent yet (the connector calls it once per step)."""
+        """Send the prefetches not sent yet (the connector calls it once per step).
+        Replaced per instance by the native method itself."""
         self._native.flush()
+
+    def defer_sends(self, on=True):
+        """``on``: a non-blocking ``lookup`` leaves any new RPC (a lookup it starts, the
+        step's prefetches) for the next ``flush`` (or any call other than a
+        non-blocking ``lookup`` or ``prefetch``) instead of waking the I/O thread
+        itself: a scheduler step, which polls each waiting request once, then wakes it
+        once. A request polled twice before the next ``flush`` hands over at its second
+        poll, so a caller polling in a loop is answered one poll later, not never. For
+        a caller that calls ``flush`` once per step, as the connector of
+        ``mooncake_lookup.vllm`` does in ``build_connector_meta``; off by default
+        (vLLM's scheduler with this client alone never calls ``flush``, and a step's
+        last lookups would wait for the next step)."""
+        self._native.set_defer_sends(bool(on))
 
     def answer_of(self, req_id):
         """``Answer`` of ``req_id``'s last lookup, or ``None``: tells a miss from an
         unavailable store, which both answer 0."""
-        got = self._native.answer_of(str(req_id))
+        got = self._native.answer_of(req_id)
         return None if got is None else Answer(*got)
 
     def discard(self, req_id):
-        """Drop any queued, in-flight or answered lookup of ``req_id``."""
-        self._native.discard(str(req_id))
+        """Drop any queued, in-flight or answered lookup of ``req_id`` (a ``str``, or
+        read as its ``str()``). Replaced per instance by the native method itself."""
+        self._native.discard(req_id)
 
     def on_allocated(self, req_id):
         """``req_id`` got its blocks: a lookup still held (a prefetch never read) is
-        dropped (rule 8)."""
-        self._native.on_allocated(str(req_id))
+        dropped (rule 8). Replaced per instance by the native method itself."""
+        self._native.on_allocated(req_id)
 
     def on_preempted(self, req_id):
         """``req_id`` was preempted: its lookup and last answer are dropped; it is
-        looked up again when rescheduled (rule 8)."""
-        self._native.on_preempted(str(req_id))
+        looked up again when rescheduled (rule 8). Replaced per instance by the native
+        method itself."""
+        self._native.on_preempted(req_id)
 
     def tracked_requests(self):
         """Requests with a lookup held (announced, not yet answered or dropped)."""
