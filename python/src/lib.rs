@@ -86,6 +86,12 @@ struct NativeClient {
     /// `set_defer_sends`: a non-blocking `lookup` leaves its new RPC for the next
     /// `flush` (or any other call) instead of waking the I/O thread itself.
     defer_sends: bool,
+    /// With `defer_sends`: the arrivals (`prefetch`) not applied yet, as given: caller
+    /// id, `num_tokens`, block hashes (a reference, not read yet). The next call of
+    /// any other kind applies them first, together, so a step's arrivals cost one
+    /// pass of the client's code, not one cold call each, and every later call sees
+    /// them as if applied at arrival.
+    arrivals: Vec<(String, u32, Py<PyAny>)>,
     /// With `defer_sends`: the hand-overs of deferred RPCs so far plus one (`flush`,
     /// or a `lookup` that hands over); a slot's `polled_in` refers to it.
     handovers: u64,
@@ -250,6 +256,23 @@ impl NativeClient {
         request
     }
 
+    /// Applies the arrivals deferred by `prefetch` (`arrivals`), in arrival order. An
+    /// arrival whose block hashes cannot be read is not prefetched: its `lookup`
+    /// reads them again and raises there (vLLM's client reads them only in `lookup`
+    /// too).
+    fn apply_arrivals(&mut self, py: Python<'_>) {
+        if self.arrivals.is_empty() {
+            return;
+        }
+        let mut arrivals = std::mem::take(&mut self.arrivals);
+        for (req_id, num_tokens, block_hashes) in arrivals.drain(..) {
+            // Ignored on purpose: see the doc comment.
+            let _ = self.prefetch_str(&req_id, num_tokens, block_hashes.bind(py));
+        }
+        // The buffer is kept for the next step's arrivals.
+        self.arrivals = arrivals;
+    }
+
     /// [`prefetch`](Self::prefetch) of a `str` id: a held request is left as it is
     /// (its hashes are not read again).
     fn prefetch_str(
@@ -338,6 +361,7 @@ impl NativeClient {
             held: 0,
             next_id: 0,
             defer_sends: false,
+            arrivals: Vec::new(),
             handovers: 1,
         })
     }
@@ -357,6 +381,7 @@ impl NativeClient {
         block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
     ) -> PyResult<Option<Py<PyAny>>> {
+        self.apply_arrivals(py);
         let Self {
             slots,
             client,
@@ -451,12 +476,25 @@ impl NativeClient {
     ///
     /// `req_id`: a `str` (vLLM's), else its `str()`; `num_tokens`: an int (or any
     /// object with `__index__`); `block_hashes` as `lookup`'s.
+    ///
+    /// With `set_defer_sends(True)` the arrival is only recorded (the id copied, the
+    /// hashes referenced, read when applied): the next call of any other kind applies
+    /// the arrivals together before its own work, so a scheduler step's arrivals cost
+    /// one warm pass at its first probe, not one cold call each inside `add_request`.
+    /// Hashes that cannot be read then are not prefetched; that request's `lookup`
+    /// raises.
     fn prefetch(
         &mut self,
         req_id: &Bound<'_, PyAny>,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        if self.defer_sends {
+            let arrival = with_id(req_id, str::to_owned)?;
+            self.arrivals
+                .push((arrival, num_tokens, block_hashes.clone().unbind()));
+            return Ok(());
+        }
         with_id(req_id, |req_id| {
             self.prefetch_str(req_id, num_tokens, block_hashes)
         })?
@@ -471,9 +509,10 @@ impl NativeClient {
     /// one request in a loop without `flush` is answered one poll later, not never.
     /// For a caller that calls `flush` once per step (the connector of
     /// `mooncake_lookup.vllm`, in `build_connector_meta`). Off by default.
-    fn set_defer_sends(&mut self, on: bool) {
+    fn set_defer_sends(&mut self, py: Python<'_>, on: bool) {
         self.defer_sends = on;
         if !on {
+            self.apply_arrivals(py);
             self.client.drive();
         }
     }
@@ -481,7 +520,8 @@ impl NativeClient {
     /// Hands every prefetch not sent yet to the I/O task (the connector calls it once
     /// per scheduler step, in `build_connector_meta`; any other call does it too).
     /// Never blocks.
-    fn flush(&mut self) {
+    fn flush(&mut self, py: Python<'_>) {
+        self.apply_arrivals(py);
         self.handovers += 1;
         self.client.drive();
     }
@@ -506,7 +546,8 @@ impl NativeClient {
 
     /// vLLM's `discard`: drops `req_id`'s lookup, queued, in flight or answered, and
     /// its last answer. Never blocks. `req_id` as `prefetch`'s.
-    fn discard(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn discard(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals(py);
         with_id(req_id, |req_id| {
             if let Some(request) = self.release(req_id, true) {
                 self.client.on_finished(request.request_id);
@@ -517,7 +558,8 @@ impl NativeClient {
     /// The request got its blocks (vLLM's `update_state_after_alloc`, rule 8): its
     /// lookup, if any is still held (a prefetch never read), is consumed and dropped.
     /// Never blocks. `req_id` as `prefetch`'s.
-    fn on_allocated(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn on_allocated(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals(py);
         with_id(req_id, |req_id| {
             if let Some(request) = self.release(req_id, false) {
                 self.client.on_allocated(request.request_id);
@@ -529,7 +571,8 @@ impl NativeClient {
     /// The request was preempted (vLLM's `preempted_req_ids`, rule 8): its lookup and
     /// last answer are dropped; it is looked up again when rescheduled. Never blocks.
     /// `req_id` as `prefetch`'s.
-    fn on_preempted(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn on_preempted(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals(py);
         with_id(req_id, |req_id| {
             if let Some(request) = self.release(req_id, true) {
                 self.client.on_preempted(request.request_id);
@@ -542,6 +585,7 @@ impl NativeClient {
     /// store and waits for its answer (GIL released), at most `lookup_timeout_s` plus
     /// the wait margin. True when the server acknowledged.
     fn reset(&mut self, py: Python<'_>) -> PyResult<bool> {
+        self.arrivals.clear();
         self.slots.clear();
         self.held = 0;
         let client = &mut self.client;
@@ -553,6 +597,7 @@ impl NativeClient {
     /// vLLM's `close` (rule 14): stops the I/O task; later lookups answer 0 at once.
     /// Idempotent.
     fn close(&mut self) {
+        self.arrivals.clear();
         // Last answers stay readable (`answer_of`); held lookups go.
         self.slots.retain(|_, slot| {
             slot.request = None;
@@ -563,13 +608,15 @@ impl NativeClient {
     }
 
     /// Requests tracked (announced, not yet answered or discarded).
-    fn tracked_requests(&self) -> usize {
+    fn tracked_requests(&mut self, py: Python<'_>) -> usize {
+        self.apply_arrivals(py);
         self.held
     }
 
     /// The client's counters as a dict of ints: `rpcs_sent`, `late_replies`,
     /// `socket_reopens`, `waits_gave_up`, `slots_in_use`, `open_rpcs`.
-    fn stats(&mut self) -> HashMap<&'static str, u64> {
+    fn stats(&mut self, py: Python<'_>) -> HashMap<&'static str, u64> {
+        self.apply_arrivals(py);
         let s = self.client.stats();
         HashMap::from([
             ("rpcs_sent", s.rpcs_sent),

@@ -161,6 +161,28 @@ def test_deferred_sends_wait_for_flush_or_a_second_poll(vllm_server):
         ours.close()
 
 
+def test_deferred_arrivals_are_applied_by_the_next_call(vllm_server):
+    ours = mooncake_lookup.LookupKeyClient(
+        vllm_config(BS, lookup_prefetch_limit=4, lookup_prefetch_ttl_s=30.0))
+    try:
+        ours.defer_sends(True)
+        ours.prefetch("p", 4 * BS + 1, PRESENT)
+        ours.prefetch("p", 4 * BS + 1, PRESENT)
+        ours.prefetch("d", 4 * BS + 1, PRESENT)
+        # A bad chain is not prefetched; its lookup raises, as without deferral.
+        ours.prefetch("bad", 4 * BS + 1, [b"x", b"yy"])
+        ours.discard("d")
+        assert ours.tracked_requests() == 1
+        with pytest.raises(ValueError):
+            ours.lookup("bad", 4 * BS + 1, [b"x", b"yy"], non_block=True)
+        ours.flush()
+        assert wait_ready(ours, "p", 4 * BS + 1, PRESENT)[0].hit_length == 3 * BS
+        assert vllm_server.lookups == 1
+        assert ours.tracked_requests() == 0
+    finally:
+        ours.close()
+
+
 def test_the_io_thread_does_not_preempt_on_wake_up():
     ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
     try:

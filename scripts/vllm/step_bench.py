@@ -89,8 +89,9 @@ class HookClock:
 
     def __init__(self, connector, breakdown=False):
         self.ns, self.depth, self.calls = 0, 0, 0
-        self.by_hook, self.client_ns, self.by_call = {}, 0, {}
+        self.by_hook, self.client_ns, self.by_call, self.cpu_ns = {}, 0, {}, 0
         clock = time.perf_counter_ns
+        cpu = time.thread_time_ns
         for name in HOOKS:
             orig = getattr(connector, name, None)
             if orig is None:
@@ -100,6 +101,7 @@ class HookClock:
                 if self.depth:
                     return _orig(*a, **k)
                 self.depth += 1
+                c0 = cpu() if breakdown else 0
                 t0 = clock()
                 try:
                     return _orig(*a, **k)
@@ -107,6 +109,7 @@ class HookClock:
                     dt = clock() - t0
                     self.ns += dt
                     if breakdown:
+                        self.cpu_ns += cpu() - c0
                         self.by_hook[_name] = self.by_hook.get(_name, 0) + dt
                     self.depth -= 1
                     self.calls += 1
@@ -142,9 +145,10 @@ class HookClock:
         return ns
 
     def take_breakdown(self):
-        """({hook: ns}, client ns, {client method: ns}) since the last call."""
-        got = (self.by_hook, self.client_ns, self.by_call)
-        self.by_hook, self.client_ns, self.by_call = {}, 0, {}
+        """({hook: ns}, client ns, {client method: ns}, the hooks' thread CPU ns)
+        since the last call."""
+        got = (self.by_hook, self.client_ns, self.by_call, self.cpu_ns)
+        self.by_hook, self.client_ns, self.by_call, self.cpu_ns = {}, 0, {}, 0
         return got
 
 
@@ -221,7 +225,7 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
     out = {"client": client, "workload": workload, "queue": queue,
            "conn_ns": [], "step_ns": [], "waiting": [], "hook_calls": 0}
     if args.breakdown:
-        out.update(hook_ns=[], client_ns=[], call_ns=[])
+        out.update(hook_ns=[], client_ns=[], call_ns=[], conn_cpu_ns=[])
 
     def step(arrivals):
         made = reqs.take(arrivals)
@@ -240,8 +244,9 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
         return conn_ns, step_ns, waiting, hooks.calls - calls0, parts
 
     def keep(got):
-        conn_ns, step_ns, waiting, calls, (by_hook, client_ns, by_call) = got
+        conn_ns, step_ns, waiting, calls, (by_hook, client_ns, by_call, cpu_ns) = got
         if args.breakdown:
+            out["conn_cpu_ns"].append(cpu_ns)
             out["hook_ns"].append(by_hook)
             out["client_ns"].append(client_ns)
             out["call_ns"].append(by_call)
@@ -315,8 +320,9 @@ def summary(runs):
 
 
 def breakdown(run):
-    """Per step, mean and p50 (µs) of each hook's time, of the time inside the lookup
-    client's own methods, and of the rest (the hooks' time outside the client: vLLM's
+    """Per step, mean and p50 (µs) of the scheduler thread's CPU time inside the hooks
+    (`time.thread_time_ns`: without the time the thread waited for a core), of each
+    hook's time, of the time inside the lookup client's own methods, and of the rest (the hooks' time outside the client: vLLM's
     shared connector code and the drop-in's Python wrappers), plus each client
     method's mean."""
     n = max(len(run["conn_ns"]), 1)
@@ -327,6 +333,8 @@ def breakdown(run):
         "hooks": {h: {"mean_us": sum(d.get(h, 0) for d in run["hook_ns"]) / n / 1e3,
                       "p50_us": pct([d.get(h, 0) for d in run["hook_ns"]], 0.5) / 1e3}
                   for h in names},
+        "cpu": {"mean_us": sum(run["conn_cpu_ns"]) / n / 1e3,
+                "p50_us": pct(run["conn_cpu_ns"], 0.5) / 1e3},
         "client": {"mean_us": sum(run["client_ns"]) / n / 1e3,
                    "p50_us": pct(run["client_ns"], 0.5) / 1e3},
         "outside_client": {"mean_us": sum(rest) / n / 1e3, "p50_us": pct(rest, 0.5) / 1e3},
@@ -348,6 +356,7 @@ def breakdown_table(rows):
                           for h, v in b["calls"].items())
         lines.append(
             f"{r['delay_us']:>6} {r['workload']:<6} {r['queue']:>5} {r['client']:<10} "
+            f"thread CPU in hooks p50 {b['cpu']['p50_us']:.0f} mean {b['cpu']['mean_us']:.0f}; "
             f"client p50 {b['client']['p50_us']:.0f} mean {b['client']['mean_us']:.0f}; "
             f"outside it p50 {b['outside_client']['p50_us']:.0f} mean "
             f"{b['outside_client']['mean_us']:.0f}\n        hooks (mean µs): {hooks}"
