@@ -104,40 +104,6 @@ def _build_result(result_type, boundary_type, group_ids, hit):
     return result_type(hit, tail_key_boundaries(hit, group_ids, boundary_type))
 
 
-# The I/O runtime's threads as the kernel names them: tokio's "mooncake-lookup-io"
-# (python/src/lib.rs), cut to the kernel's 15 characters.
-IO_THREAD_COMM = "mooncake-lookup"
-
-
-def _io_threads_batch():
-    """Puts the I/O runtime's threads under ``SCHED_BATCH`` (Linux; elsewhere, or when
-    the kernel refuses, nothing changes): the same CPU share as any thread of the
-    process, but a thread woken up does not preempt the one running. Waking the I/O
-    thread is what a scheduler step's hand-over of its lookups does; under the
-    default policy, on a busy host, the woken I/O thread took the scheduler thread's
-    core at that instant and the step waited for it (``flush``: 0.4-9 ms of wall time
-    for 20-60 µs of the thread's own CPU, ``docs/performance.md``). Returns the
-    thread ids changed."""
-    if not hasattr(os, "SCHED_BATCH"):
-        return []
-    changed = []
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return []
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != IO_THREAD_COMM:
-                    continue
-            if os.sched_getscheduler(int(tid)) != os.SCHED_BATCH:
-                os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
-            changed.append(int(tid))
-        except OSError:
-            continue
-    return changed
-
-
 def endpoint_of(vllm_config) -> str:
     """The ipc URL of vLLM's ``get_zmq_rpc_path_lookup``: ``VLLM_RPC_BASE_PATH`` (the
     temp dir by default), ``lookup_rpc_port``, the hostname and the data-parallel
@@ -179,8 +145,6 @@ class LookupKeyClient:
         self._result, self._boundary = _result_types()
         self._tail_key_groups = (0,)
         self._native = NativeClient(transport, target, block_size, json.dumps(rust_keys), model)
-        # The runtime's thread exists once the first client is made.
-        _io_threads_batch()
         self._set_factory()
         # The native calls themselves, no Python frame between: a scheduler step's
         # polls, arrivals, allocations and finishes cost the client's work alone. The

@@ -2,7 +2,6 @@
 LookupKeyClient (from its wheel, conftest.py) and against `lookup-server`."""
 
 import multiprocessing
-import os
 import time
 
 import pytest
@@ -179,16 +178,6 @@ def test_deferred_arrivals_are_applied_by_the_next_call(vllm_server):
         assert wait_ready(ours, "p", 4 * BS + 1, PRESENT)[0].hit_length == 3 * BS
         assert vllm_server.lookups == 1
         assert ours.tracked_requests() == 0
-    finally:
-        ours.close()
-
-
-def test_the_io_thread_does_not_preempt_on_wake_up():
-    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
-    try:
-        tids = mooncake_lookup._io_threads_batch()
-        assert len(tids) >= 1
-        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_BATCH}
     finally:
         ours.close()
 
