@@ -31,12 +31,20 @@ Workloads, per queue length Q of `--queues`:
 - `burst`: Q requests arrive in one step, into an empty scheduler; every step until
   the queue is empty is measured (at most `--burst-steps`).
 
+With `--breakdown`, each run also has, per step, `hook_ns` (each hook's time),
+`client_ns` and `call_ns` (the time inside the lookup client's own methods, vLLM's or
+the drop-in's, per method, with call counts and the step's first call) and
+`conn_cpu_ns` (the scheduler thread's CPU time in the hooks, `time.thread_time_ns`,
+itself a system call per hook); the summary splits the hooks' time into the client's
+and the rest (vLLM's shared connector code), and a second table goes to stderr. The
+wrappers cost a Python frame per client call: the headline figures are taken without.
+
 Prints one JSON object: {"settings": {...}, "runs": [{client, delay_us, workload,
 queue, conn_ns: [...], step_ns: [...], waiting: [...]}, ...], "summary": [...]}, and a
 table on stderr.
 
 Usage: step_bench.py --wheel VLLM_WHEEL --lookup-server PATH [--queues 32,256,1024]
-       [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in]
+       [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in] [--breakdown]
 scripts/vllm/step_bench.sh builds what it needs and runs it.
 """
 
