@@ -17,7 +17,10 @@ repetitions, for vLLM's client then the drop-in:
   `time.perf_counter_ns()` around the one call, in a loop that admits
   `--arrivals-per-step` requests per step, polls the others once, then sleeps
   `--step-us` (a forward pass); p50 / p99 nearest rank (index round(q * (n - 1)));
-  `timer_ns` is the median of an empty timed region, included in every figure.
+  `timer_ns` is the median of an empty timed region, included in every figure. The
+  drop-in runs the loop twice: as is, and under `defer_sends(True)` with one timed
+  `flush()` per step after its submits (`deferred_*`, `deferred_flush_*`: the
+  connector's mode, where a step's submits wake the I/O thread once, at its flush).
 
 Floors, timed in the same loop shape (`--arrivals-per-step` calls per step, then the
 step's sleep), once per run: `floor_native_call_ns`, the p50 of the drop-in's cheapest
@@ -54,8 +57,11 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))] if values else 0
 
 
-def probe_loop(client, prefix, count, per_step, step_us):
-    submit, ready, waiting, wrong, next_id, done = [], [], [], 0, 0, 0
+def probe_loop(client, prefix, count, per_step, step_us, flush=False):
+    """The loop of the docstring; with `flush`, also one timed `client.flush()` per
+    step after its submits (the drop-in under `defer_sends`: the step's submits handed
+    to the I/O thread together, as the connector does in `build_connector_meta`)."""
+    submit, ready, waiting, wrong, next_id, done, flushes = [], [], [], 0, 0, 0, []
     clock = time.perf_counter_ns
     while done < count:
         still = []
@@ -83,12 +89,19 @@ def probe_loop(client, prefix, count, per_step, step_us):
             else:
                 wrong += got.hit_length != HIT
                 done += 1
+        if flush:
+            t0 = clock()
+            client.flush()
+            flushes.append(clock() - t0)
         time.sleep(step_us / 1e6)
-    return {
+    out = {
         "submit_p50_ns": pct(submit, 0.5), "submit_p99_ns": pct(submit, 0.99),
         "ready_p50_ns": pct(ready, 0.5), "ready_p99_ns": pct(ready, 0.99),
         "ready_n": len(ready), "wrong": wrong,
     }
+    if flush:
+        out.update(flush_p50_ns=pct(flushes, 0.5), flush_p99_ns=pct(flushes, 0.99))
+    return out
 
 
 def timer_ns():
@@ -178,6 +191,14 @@ def measure(name, make, args, rep):
         probe = probe_loop(client, f"p{rep}-", args.probe_count, args.arrivals_per_step, args.step_us)
         wrong += probe.pop("wrong")
         row.update(probe)
+        if name == "drop_in":
+            # The connector's mode: a step's submits wait for its one flush.
+            client.defer_sends(True)
+            deferred = probe_loop(client, f"d{rep}-", args.probe_count,
+                                  args.arrivals_per_step, args.step_us, flush=True)
+            client.defer_sends(False)
+            wrong += deferred.pop("wrong")
+            row.update({f"deferred_{k}": v for k, v in deferred.items()})
     finally:
         client.close()
     extra = {"lookup_prefetch_limit": args.batch, "max_in_flight": 4, **ours}

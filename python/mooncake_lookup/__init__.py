@@ -146,8 +146,16 @@ class LookupKeyClient:
         self._tail_key_groups = (0,)
         self._native = NativeClient(transport, target, block_size, json.dumps(rust_keys), model)
         self._set_factory()
-        # The native call itself, no Python frame between: the poll costs the client's.
-        self.lookup = self._native.lookup
+        # The native calls themselves, no Python frame between: a scheduler step's
+        # polls, arrivals, allocations and finishes cost the client's work alone. The
+        # methods of the same names below are their documentation.
+        native = self._native
+        self.lookup = native.lookup
+        self.prefetch = native.prefetch
+        self.flush = native.flush
+        self.discard = native.discard
+        self.on_allocated = native.on_allocated
+        self.on_preempted = native.on_preempted
 
     def _set_factory(self):
         # A partial, not a bound method: the native client holding `self` would be a
@@ -178,32 +186,52 @@ class LookupKeyClient:
         """Start ``req_id``'s lookup now (at arrival), read later with ``lookup``. Sent
         only while ``lookup_prefetch_limit`` allows (0 by default: announce only), at
         this client's next call of any kind (``flush`` sends it at once): the arrivals
-        before a scheduler step wake the I/O thread once."""
-        self._native.prefetch(str(req_id), int(num_tokens), block_hashes)
+        before a scheduler step wake the I/O thread once. ``req_id`` a ``str`` (other
+        objects are read as their ``str()``), ``num_tokens`` an ``int``. Under
+        ``defer_sends`` the arrival is only recorded, and the next call of another
+        kind applies the arrivals together (reading their hashes then). Replaced per
+        instance by the native method itself (``__init__``)."""
+        self._native.prefetch(req_id, num_tokens, block_hashes)
 
     def flush(self):
-        """Send the prefetches not sent yet (the connector calls it once per step)."""
+        """Send the prefetches not sent yet (the connector calls it once per step).
+        Replaced per instance by the native method itself."""
         self._native.flush()
+
+    def defer_sends(self, on=True):
+        """``on``: a non-blocking ``lookup`` leaves any new RPC (a lookup it starts, the
+        step's prefetches) for the next ``flush`` (or any call other than a
+        non-blocking ``lookup`` or ``prefetch``) instead of waking the I/O thread
+        itself: a scheduler step, which polls each waiting request once, then wakes it
+        once. A request polled twice before the next ``flush`` hands over at its second
+        poll, so a caller polling in a loop is answered one poll later, not never. For
+        a caller that calls ``flush`` once per step, as the connector of
+        ``mooncake_lookup.vllm`` does in ``build_connector_meta``; off by default
+        (vLLM's scheduler with this client alone never calls ``flush``, and a step's
+        last lookups would wait for the next step)."""
+        self._native.set_defer_sends(bool(on))
 
     def answer_of(self, req_id):
         """``Answer`` of ``req_id``'s last lookup, or ``None``: tells a miss from an
         unavailable store, which both answer 0."""
-        got = self._native.answer_of(str(req_id))
+        got = self._native.answer_of(req_id)
         return None if got is None else Answer(*got)
 
     def discard(self, req_id):
-        """Drop any queued, in-flight or answered lookup of ``req_id``."""
-        self._native.discard(str(req_id))
+        """Drop any queued, in-flight or answered lookup of ``req_id`` (a ``str``, or
+        read as its ``str()``). Replaced per instance by the native method itself."""
+        self._native.discard(req_id)
 
     def on_allocated(self, req_id):
         """``req_id`` got its blocks: a lookup still held (a prefetch never read) is
-        dropped (rule 8)."""
-        self._native.on_allocated(str(req_id))
+        dropped (rule 8). Replaced per instance by the native method itself."""
+        self._native.on_allocated(req_id)
 
     def on_preempted(self, req_id):
         """``req_id`` was preempted: its lookup and last answer are dropped; it is
-        looked up again when rescheduled (rule 8)."""
-        self._native.on_preempted(str(req_id))
+        looked up again when rescheduled (rule 8). Replaced per instance by the native
+        method itself."""
+        self._native.on_preempted(req_id)
 
     def tracked_requests(self):
         """Requests with a lookup held (announced, not yet answered or dropped)."""

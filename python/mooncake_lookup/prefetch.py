@@ -72,6 +72,9 @@ class SchedulerPrefetch:
         groups = getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
         if groups:
             client.tail_key_groups = tuple(range(len(groups)))
+        # The step's first lookups of requests not prefetched go out with its
+        # prefetches, at `on_step`'s flush: one wake-up of the I/O thread per step.
+        client.defer_sends(True)
         theirs, scheduler.client = scheduler.client, client
         theirs.close()
         self.scheduler = scheduler
@@ -87,9 +90,18 @@ class SchedulerPrefetch:
         return request.num_tokens >= align and len(request.block_hashes) > 0
 
     def on_new_request(self, request):
-        """vLLM's ``on_new_request``: starts the lookup of an eligible request."""
-        if self.eligible(request):
-            self.client.prefetch(request.request_id, request.num_tokens, request.block_hashes)
+        """vLLM's ``on_new_request``: starts the lookup of an eligible request
+        (``eligible``, written out here: this runs once per arrival on the scheduler's
+        thread, so it makes one native call and no other Python call)."""
+        s = self.scheduler
+        if not s.enable_lookup or getattr(request, "skip_reading_prefix_cache", False):
+            return
+        num_tokens = request.num_tokens
+        if num_tokens < (s._hash_block_size if s.enable_partial_hash_hits else s._block_size):
+            return
+        block_hashes = request.block_hashes
+        if len(block_hashes) > 0:
+            self.client.prefetch(request.request_id, num_tokens, block_hashes)
 
     def on_allocated(self, request):
         """After ``update_state_after_alloc``: a lookup still held is dropped."""
@@ -102,9 +114,12 @@ class SchedulerPrefetch:
     def on_step(self, scheduler_output):
         """Before ``build_connector_meta``: drops the lookups of the step's preempted
         requests (``discard``) and sends the step's prefetches not sent yet."""
-        for req_id in scheduler_output.preempted_req_ids or ():
-            self.client.on_preempted(req_id)
-        # The step's arrivals not sent by one of its probes go now, together.
+        preempted = scheduler_output.preempted_req_ids
+        if preempted:
+            on_preempted = self.client.on_preempted
+            for req_id in preempted:
+                on_preempted(req_id)
+        # The step's arrivals and first lookups go now, together.
         self.client.flush()
 
     def close(self):

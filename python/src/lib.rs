@@ -21,7 +21,7 @@ use lookup_tokio::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyList, PyString};
 
 /// The process's runtime for every client's I/O task: one worker thread, started at
 /// the first client.
@@ -50,6 +50,11 @@ struct Slot {
     request: Option<Request>,
     /// The last answer read.
     answer: Option<Answer>,
+    /// With `defer_sends`: the hand-over (`NativeClient::handovers`) during which a
+    /// non-blocking `lookup` last polled this request, so that a second poll before
+    /// the next hand-over (a caller polling in a loop, not once per step) hands over
+    /// itself. 0: never polled.
+    polled_in: u64,
 }
 
 /// vLLM's `LookupKeyClient` over the Rust [`LookupClient`].
@@ -78,6 +83,18 @@ struct NativeClient {
     /// Slots with a lookup held (`tracked_requests`).
     held: usize,
     next_id: u64,
+    /// `set_defer_sends`: a non-blocking `lookup` leaves its new RPC for the next
+    /// `flush` (or any other call) instead of waking the I/O thread itself.
+    defer_sends: bool,
+    /// With `defer_sends`: the arrivals (`prefetch`) not applied yet, as given: caller
+    /// id, `num_tokens`, block hashes (a reference, not read yet). The next call of
+    /// any other kind applies them first, together, so a step's arrivals cost one
+    /// pass of the client's code, not one cold call each, and every later call sees
+    /// them as if applied at arrival.
+    arrivals: Vec<(String, u32, Py<PyAny>)>,
+    /// With `defer_sends`: the hand-overs of deferred RPCs so far plus one (`flush`,
+    /// or a `lookup` that hands over); a slot's `polled_in` refers to it.
+    handovers: u64,
 }
 
 /// A hit length from an answer: the stored tokens of a hit, 0 for anything else.
@@ -168,6 +185,17 @@ fn concat_list(req_id: &str, list: &Bound<'_, PyList>) -> Option<PyResult<(usize
     Some(Ok((hash_len, data)))
 }
 
+/// `f` of a caller id given as any object: a `str` is read in place (vLLM's ids,
+/// no copy, no Python call); anything else as its `str()`, as the Python wrapper
+/// methods did before the native methods were bound in their place.
+fn with_id<R>(req_id: &Bound<'_, PyAny>, f: impl FnOnce(&str) -> R) -> PyResult<R> {
+    if let Ok(s) = req_id.cast::<PyString>() {
+        return Ok(f(s.to_str()?));
+    }
+    let s = req_id.str()?;
+    Ok(f(s.to_str()?))
+}
+
 impl NativeClient {
     /// A new request of `req_id` from `num_tokens` and `block_hashes` (a sequence of
     /// `bytes`, read once here: polls of a held request never read it again).
@@ -196,13 +224,17 @@ impl NativeClient {
     /// over by the new one's).
     fn hold(&mut self, req_id: &str, request: Request) {
         match self.slots.get_mut(req_id) {
-            Some(slot) => slot.request = Some(request),
+            Some(slot) => {
+                slot.request = Some(request);
+                slot.polled_in = 0;
+            }
             None => {
                 self.slots.insert(
                     req_id.to_owned(),
                     Slot {
                         request: Some(request),
                         answer: None,
+                        polled_in: 0,
                     },
                 );
             }
@@ -222,6 +254,42 @@ impl NativeClient {
             self.slots.remove(req_id);
         }
         request
+    }
+
+    /// Applies the arrivals deferred by `prefetch` (`arrivals`), in arrival order. An
+    /// arrival whose block hashes cannot be read is not prefetched: its `lookup`
+    /// reads them again and raises there (vLLM's client reads them only in `lookup`
+    /// too).
+    fn apply_arrivals(&mut self, py: Python<'_>) {
+        if self.arrivals.is_empty() {
+            return;
+        }
+        let mut arrivals = std::mem::take(&mut self.arrivals);
+        for (req_id, num_tokens, block_hashes) in arrivals.drain(..) {
+            // Ignored on purpose: see the doc comment.
+            let _ = self.prefetch_str(&req_id, num_tokens, block_hashes.bind(py));
+        }
+        // The buffer is kept for the next step's arrivals.
+        self.arrivals = arrivals;
+    }
+
+    /// [`prefetch`](Self::prefetch) of a `str` id: a held request is left as it is
+    /// (its hashes are not read again).
+    fn prefetch_str(
+        &mut self,
+        req_id: &str,
+        num_tokens: u32,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if self.slots.get(req_id).is_some_and(|s| s.request.is_some()) {
+            return Ok(());
+        }
+        let request = self.new_request(req_id, num_tokens, block_hashes)?;
+        // Handed to the I/O task at the next call (a probe of the step, or `flush`):
+        // a step's arrivals wake it once, not once each.
+        self.client.on_new_request_deferred(&request, req_id);
+        self.hold(req_id, request);
+        Ok(())
     }
 
     /// The Python result of `hit` tokens: the factory's, built once per hit length
@@ -292,6 +360,9 @@ impl NativeClient {
             slots: Table::default(),
             held: 0,
             next_id: 0,
+            defer_sends: false,
+            arrivals: Vec::new(),
+            handovers: 1,
         })
     }
 
@@ -310,19 +381,33 @@ impl NativeClient {
         block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
     ) -> PyResult<Option<Py<PyAny>>> {
+        self.apply_arrivals(py);
         let Self {
             slots,
             client,
             held,
+            defer_sends,
+            handovers,
             ..
         } = self;
+        let defer = *defer_sends;
+        let epoch = *handovers;
         let (probe, answer) = match slots.get_mut(req_id) {
             // Held: a poll (the hashes passed again are not read). A non-blocking one
             // probes, reads the answer and ends the request in one client call, on
             // one clock read.
             Some(slot) if slot.request.is_some() => {
                 let request = slot.request.as_ref().expect("checked");
-                let (probe, answer) = if non_block {
+                // Deferred (`set_defer_sends`) unless polled already since the last
+                // hand-over: once per scheduler step, the step's `flush` sends.
+                let deferred = non_block && defer && slot.polled_in != epoch;
+                slot.polled_in = epoch;
+                let (probe, answer) = if deferred {
+                    client.probe_and_finish_deferred(request, 0)
+                } else if non_block {
+                    if defer {
+                        *handovers += 1;
+                    }
                     client.probe_and_finish(request, 0)
                 } else {
                     let probe = probe_once(py, client, request, false)?;
@@ -346,7 +431,10 @@ impl NativeClient {
                 // First sight: announced and probed (which starts the lookup) on one
                 // clock read.
                 let request = self.new_request(req_id, num_tokens, block_hashes)?;
-                let (probe, answer) = if non_block {
+                let (probe, answer) = if non_block && defer {
+                    self.client.on_new_request_deferred(&request, req_id);
+                    self.client.probe_and_finish_deferred(&request, 0)
+                } else if non_block {
                     let mut step = self.client.step();
                     step.on_new_request_with_id(&request, req_id);
                     step.probe_and_finish(&request, 0)
@@ -359,6 +447,9 @@ impl NativeClient {
                 };
                 if probe == Probe::Pending {
                     self.hold(req_id, request);
+                    if let Some(slot) = self.slots.get_mut(req_id) {
+                        slot.polled_in = self.handovers;
+                    }
                 } else if answer.is_some() {
                     self.slots.entry(req_id.to_owned()).or_default().answer = answer;
                 }
@@ -382,27 +473,56 @@ impl NativeClient {
     /// Starts `req_id`'s lookup ahead of its first `lookup` (a prefetch: sent when
     /// `lookup_prefetch_limit` allows, rules 1-3), at this client's next call of any
     /// kind (`flush`). Never blocks.
+    ///
+    /// `req_id`: a `str` (vLLM's), else its `str()`; `num_tokens`: an int (or any
+    /// object with `__index__`); `block_hashes` as `lookup`'s.
+    ///
+    /// With `set_defer_sends(True)` the arrival is only recorded (the id copied, the
+    /// hashes referenced, read when applied): the next call of any other kind applies
+    /// the arrivals together before its own work, so a scheduler step's arrivals cost
+    /// one warm pass at its first probe, not one cold call each inside `add_request`.
+    /// Hashes that cannot be read then are not prefetched; that request's `lookup`
+    /// raises.
     fn prefetch(
         &mut self,
-        req_id: &str,
+        req_id: &Bound<'_, PyAny>,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        if self.slots.get(req_id).is_some_and(|s| s.request.is_some()) {
+        if self.defer_sends {
+            let arrival = with_id(req_id, str::to_owned)?;
+            self.arrivals
+                .push((arrival, num_tokens, block_hashes.clone().unbind()));
             return Ok(());
         }
-        let request = self.new_request(req_id, num_tokens, block_hashes)?;
-        // Handed to the I/O task at the next call (a probe of the step, or `flush`):
-        // a step's arrivals wake it once, not once each.
-        self.client.on_new_request_deferred(&request, req_id);
-        self.hold(req_id, request);
-        Ok(())
+        with_id(req_id, |req_id| {
+            self.prefetch_str(req_id, num_tokens, block_hashes)
+        })?
+    }
+
+    /// `on`: from now on a non-blocking `lookup` leaves any new RPC (a request not
+    /// prefetched, an expired answer, the step's deferred prefetches) for the next
+    /// `flush` (or any call other than a non-blocking `lookup` or `prefetch`) instead
+    /// of waking the I/O thread itself, so that a scheduler step, which polls each
+    /// waiting request once, wakes it once, at its `flush`. A request polled a second
+    /// time before the next `flush` hands over at that poll, so that a caller polling
+    /// one request in a loop without `flush` is answered one poll later, not never.
+    /// For a caller that calls `flush` once per step (the connector of
+    /// `mooncake_lookup.vllm`, in `build_connector_meta`). Off by default.
+    fn set_defer_sends(&mut self, py: Python<'_>, on: bool) {
+        self.defer_sends = on;
+        if !on {
+            self.apply_arrivals(py);
+            self.client.drive();
+        }
     }
 
     /// Hands every prefetch not sent yet to the I/O task (the connector calls it once
     /// per scheduler step, in `build_connector_meta`; any other call does it too).
     /// Never blocks.
-    fn flush(&mut self) {
+    fn flush(&mut self, py: Python<'_>) {
+        self.apply_arrivals(py);
+        self.handovers += 1;
         self.client.drive();
     }
 
@@ -411,44 +531,61 @@ impl NativeClient {
     /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"store"` (the
     /// server's store-unavailable reply, `spec/wire.md`), `"retrying"` or `"closed"`),
     /// `None` when it has none (rule 11).
-    fn answer_of(&self, req_id: &str) -> Option<(&'static str, u32, Option<&'static str>)> {
-        self.slots
-            .get(req_id)
-            .and_then(|s| s.answer)
-            .map(answer_tuple)
+    /// `req_id` as `prefetch`'s.
+    fn answer_of(
+        &self,
+        req_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(&'static str, u32, Option<&'static str>)>> {
+        with_id(req_id, |req_id| {
+            self.slots
+                .get(req_id)
+                .and_then(|s| s.answer)
+                .map(answer_tuple)
+        })
     }
 
     /// vLLM's `discard`: drops `req_id`'s lookup, queued, in flight or answered, and
-    /// its last answer. Never blocks.
-    fn discard(&mut self, req_id: &str) {
-        if let Some(request) = self.release(req_id, true) {
-            self.client.on_finished(request.request_id);
-        }
+    /// its last answer. Never blocks. `req_id` as `prefetch`'s.
+    fn discard(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals(py);
+        with_id(req_id, |req_id| {
+            if let Some(request) = self.release(req_id, true) {
+                self.client.on_finished(request.request_id);
+            }
+        })
     }
 
     /// The request got its blocks (vLLM's `update_state_after_alloc`, rule 8): its
     /// lookup, if any is still held (a prefetch never read), is consumed and dropped.
-    /// Never blocks.
-    fn on_allocated(&mut self, req_id: &str) {
-        if let Some(request) = self.release(req_id, false) {
-            self.client.on_allocated(request.request_id);
-            self.client.on_finished(request.request_id);
-        }
+    /// Never blocks. `req_id` as `prefetch`'s.
+    fn on_allocated(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals(py);
+        with_id(req_id, |req_id| {
+            if let Some(request) = self.release(req_id, false) {
+                self.client.on_allocated(request.request_id);
+                self.client.on_finished(request.request_id);
+            }
+        })
     }
 
     /// The request was preempted (vLLM's `preempted_req_ids`, rule 8): its lookup and
     /// last answer are dropped; it is looked up again when rescheduled. Never blocks.
-    fn on_preempted(&mut self, req_id: &str) {
-        if let Some(request) = self.release(req_id, true) {
-            self.client.on_preempted(request.request_id);
-            self.client.on_finished(request.request_id);
-        }
+    /// `req_id` as `prefetch`'s.
+    fn on_preempted(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals(py);
+        with_id(req_id, |req_id| {
+            if let Some(request) = self.release(req_id, true) {
+                self.client.on_preempted(request.request_id);
+                self.client.on_finished(request.request_id);
+            }
+        })
     }
 
     /// vLLM's `reset`: drops every lookup (rule 13), asks the server to wipe the
     /// store and waits for its answer (GIL released), at most `lookup_timeout_s` plus
     /// the wait margin. True when the server acknowledged.
     fn reset(&mut self, py: Python<'_>) -> PyResult<bool> {
+        self.arrivals.clear();
         self.slots.clear();
         self.held = 0;
         let client = &mut self.client;
@@ -460,6 +597,7 @@ impl NativeClient {
     /// vLLM's `close` (rule 14): stops the I/O task; later lookups answer 0 at once.
     /// Idempotent.
     fn close(&mut self) {
+        self.arrivals.clear();
         // Last answers stay readable (`answer_of`); held lookups go.
         self.slots.retain(|_, slot| {
             slot.request = None;
@@ -470,13 +608,15 @@ impl NativeClient {
     }
 
     /// Requests tracked (announced, not yet answered or discarded).
-    fn tracked_requests(&self) -> usize {
+    fn tracked_requests(&mut self, py: Python<'_>) -> usize {
+        self.apply_arrivals(py);
         self.held
     }
 
     /// The client's counters as a dict of ints: `rpcs_sent`, `late_replies`,
     /// `socket_reopens`, `waits_gave_up`, `slots_in_use`, `open_rpcs`.
-    fn stats(&mut self) -> HashMap<&'static str, u64> {
+    fn stats(&mut self, py: Python<'_>) -> HashMap<&'static str, u64> {
+        self.apply_arrivals(py);
         let s = self.client.stats();
         HashMap::from([
             ("rpcs_sent", s.rpcs_sent),

@@ -132,6 +132,56 @@ def test_prefetch_sends_at_arrival_and_lookup_reads_it(vllm_server):
         ours.close()
 
 
+def test_deferred_sends_wait_for_flush_or_a_second_poll(vllm_server):
+    ours = mooncake_lookup.LookupKeyClient(
+        vllm_config(BS, lookup_prefetch_limit=4, lookup_prefetch_ttl_s=30.0))
+    try:
+        ours.defer_sends(True)
+        ours.prefetch("p", 4 * BS + 1, PRESENT)
+        # A step: one poll of each waiting request, a first sight among them.
+        assert ours.lookup("p", 4 * BS + 1, PRESENT, non_block=True) is None
+        assert ours.lookup("q", 3 * BS + 5, PRESENT[:2] + [h(9)], non_block=True) is None
+        time.sleep(0.2)
+        assert vllm_server.lookups == 0, "nothing goes out before the step's flush"
+        ours.flush()
+        assert wait_ready(ours, "p", 4 * BS + 1, PRESENT)[0].hit_length == 3 * BS
+        assert wait_ready(ours, "q", 3 * BS + 5, PRESENT[:2] + [h(9)])[0].hit_length == 2 * BS
+        assert vllm_server.lookups == 2
+        # Without a flush, a request polled twice hands over at its second poll.
+        assert ours.lookup("r", 4 * BS + 1, PRESENT, non_block=True) is None
+        time.sleep(0.2)
+        assert vllm_server.lookups == 2
+        got, polls = wait_ready(ours, "r", 4 * BS + 1, PRESENT)
+        assert got.hit_length == 3 * BS
+        assert polls >= 1
+        assert vllm_server.lookups == 3
+        assert ours.stats()["rpcs_sent"] == 3
+    finally:
+        ours.close()
+
+
+def test_deferred_arrivals_are_applied_by_the_next_call(vllm_server):
+    ours = mooncake_lookup.LookupKeyClient(
+        vllm_config(BS, lookup_prefetch_limit=4, lookup_prefetch_ttl_s=30.0))
+    try:
+        ours.defer_sends(True)
+        ours.prefetch("p", 4 * BS + 1, PRESENT)
+        ours.prefetch("p", 4 * BS + 1, PRESENT)
+        ours.prefetch("d", 4 * BS + 1, PRESENT)
+        # A bad chain is not prefetched; its lookup raises, as without deferral.
+        ours.prefetch("bad", 4 * BS + 1, [b"x", b"yy"])
+        ours.discard("d")
+        assert ours.tracked_requests() == 1
+        with pytest.raises(ValueError):
+            ours.lookup("bad", 4 * BS + 1, [b"x", b"yy"], non_block=True)
+        ours.flush()
+        assert wait_ready(ours, "p", 4 * BS + 1, PRESENT)[0].hit_length == 3 * BS
+        assert vllm_server.lookups == 1
+        assert ours.tracked_requests() == 0
+    finally:
+        ours.close()
+
+
 def test_reset_wipes_vllms_store(vllm_classes, vllm_server):
     ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
     try:

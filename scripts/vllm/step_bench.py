@@ -31,12 +31,20 @@ Workloads, per queue length Q of `--queues`:
 - `burst`: Q requests arrive in one step, into an empty scheduler; every step until
   the queue is empty is measured (at most `--burst-steps`).
 
+With `--breakdown`, each run also has, per step, `hook_ns` (each hook's time),
+`client_ns` and `call_ns` (the time inside the lookup client's own methods, vLLM's or
+the drop-in's, per method, with call counts and the step's first call) and
+`conn_cpu_ns` (the scheduler thread's CPU time in the hooks, `time.thread_time_ns`,
+itself a system call per hook); the summary splits the hooks' time into the client's
+and the rest (vLLM's shared connector code), and a second table goes to stderr. The
+wrappers cost a Python frame per client call: the headline figures are taken without.
+
 Prints one JSON object: {"settings": {...}, "runs": [{client, delay_us, workload,
 queue, conn_ns: [...], step_ns: [...], waiting: [...]}, ...], "summary": [...]}, and a
 table on stderr.
 
 Usage: step_bench.py --wheel VLLM_WHEEL --lookup-server PATH [--queues 32,256,1024]
-       [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in]
+       [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in] [--breakdown]
 scripts/vllm/step_bench.sh builds what it needs and runs it.
 """
 
@@ -66,6 +74,10 @@ HOOKS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_all
          "get_loaded_kv_cache_group_ids", "get_external_cache_hit_sources",
          "get_kv_connector_stats", "has_pending_push_work", "register_finished_partial_tail",
          "get_finished_count")
+# The lookup client's methods the scheduler side calls (vLLM's client: lookup,
+# discard, reset; the drop-in adds the prefetch calls).
+CLIENT_CALLS = ("lookup", "discard", "prefetch", "flush", "on_allocated", "on_preempted",
+                "prefetch_many", "step_done")
 
 
 def pct(values, q):
@@ -75,33 +87,77 @@ def pct(values, q):
 
 
 class HookClock:
-    """The scheduler thread's time inside the connector's hooks since `take()`."""
+    """The scheduler thread's time inside the connector's hooks since `take()`.
 
-    def __init__(self, connector):
+    With `breakdown`, also per hook (the outermost hook a nanosecond is spent in) and
+    inside the lookup client's own methods (`CLIENT_CALLS` on the scheduler's
+    `client`, vLLM's or the drop-in), so that a hook's time splits into lookup work
+    and vLLM's shared metadata code. The client wrappers cost one Python frame per
+    call: the headline figures are taken without `breakdown`."""
+
+    def __init__(self, connector, breakdown=False):
         self.ns, self.depth, self.calls = 0, 0, 0
+        self.by_hook, self.client_ns, self.by_call, self.cpu_ns = {}, 0, {}, 0
         clock = time.perf_counter_ns
+        cpu = time.thread_time_ns
         for name in HOOKS:
             orig = getattr(connector, name, None)
             if orig is None:
                 continue
 
-            def timed(*a, _orig=orig, **k):
+            def timed(*a, _orig=orig, _name=name, **k):
                 if self.depth:
                     return _orig(*a, **k)
                 self.depth += 1
+                c0 = cpu() if breakdown else 0
                 t0 = clock()
                 try:
                     return _orig(*a, **k)
                 finally:
-                    self.ns += clock() - t0
+                    dt = clock() - t0
+                    self.ns += dt
+                    if breakdown:
+                        self.cpu_ns += cpu() - c0
+                        self.by_hook[_name] = self.by_hook.get(_name, 0) + dt
                     self.depth -= 1
                     self.calls += 1
 
             setattr(connector, name, timed)
+        sched = getattr(connector, "connector_scheduler", None)
+        client = getattr(sched, "client", None)
+        if not breakdown or client is None:
+            return
+        for name in CLIENT_CALLS:
+            orig = getattr(client, name, None)
+            if orig is None:
+                continue
+
+            def timed_call(*a, _orig=orig, _name=name, **k):
+                t0 = clock()
+                try:
+                    return _orig(*a, **k)
+                finally:
+                    dt = clock() - t0
+                    self.client_ns += dt
+                    if not self.by_call:
+                        # The step's first client call: it applies what the I/O
+                        # thread reported since the last step (the drop-in).
+                        self.by_call["first_call"] = dt
+                    self.by_call[_name] = self.by_call.get(_name, 0) + dt
+                    self.by_call["n_" + _name] = self.by_call.get("n_" + _name, 0) + 1
+
+            setattr(client, name, timed_call)
 
     def take(self):
         ns, self.ns = self.ns, 0
         return ns
+
+    def take_breakdown(self):
+        """({hook: ns}, client ns, {client method: ns}, the hooks' thread CPU ns)
+        since the last call."""
+        got = (self.by_hook, self.client_ns, self.by_call, self.cpu_ns)
+        self.by_hook, self.client_ns, self.by_call, self.cpu_ns = {}, 0, {}, 0
+        return got
 
 
 def settings(args, queue):
@@ -167,7 +223,7 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
     factory, kv = connector_for(core, client, endpoint, rpc_port, args)
     sched = vllm_core.build_scheduler(core, settings(args, queue), connector=factory,
                                       kv_transfer=kv)
-    hooks = HookClock(sched.connector)
+    hooks = HookClock(sched.connector, args.breakdown)
     engine = EngineLoop(core.wheel, sched, lambda out: model_output(core, sched, out))
     # A step admits at most max_num_batched_tokens / 1,024 prompts (8): 12 a step is
     # room to spare.
@@ -176,10 +232,13 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
     clock = time.perf_counter_ns
     out = {"client": client, "workload": workload, "queue": queue,
            "conn_ns": [], "step_ns": [], "waiting": [], "hook_calls": 0}
+    if args.breakdown:
+        out.update(hook_ns=[], client_ns=[], call_ns=[], conn_cpu_ns=[])
 
     def step(arrivals):
         made = reqs.take(arrivals)
         hooks.take()
+        hooks.take_breakdown()
         calls0 = hooks.calls
         t0 = clock()
         for r in made:
@@ -188,11 +247,17 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
         engine.turn()
         step_ns = clock() - t0
         conn_ns = hooks.take()
+        parts = hooks.take_breakdown()
         time.sleep(args.forward_ms / 1e3)
-        return conn_ns, step_ns, waiting, hooks.calls - calls0
+        return conn_ns, step_ns, waiting, hooks.calls - calls0, parts
 
     def keep(got):
-        conn_ns, step_ns, waiting, calls = got
+        conn_ns, step_ns, waiting, calls, (by_hook, client_ns, by_call, cpu_ns) = got
+        if args.breakdown:
+            out["conn_cpu_ns"].append(cpu_ns)
+            out["hook_ns"].append(by_hook)
+            out["client_ns"].append(client_ns)
+            out["call_ns"].append(by_call)
         out["conn_ns"].append(conn_ns)
         out["step_ns"].append(step_ns)
         out["waiting"].append(waiting)
@@ -239,6 +304,8 @@ def summary(runs):
         row.update(conn_p50_us=pct(c, 0.5) / 1e3, conn_p99_us=pct(c, 0.99) / 1e3,
                    conn_max_us=max(c, default=0) / 1e3, step_p50_us=pct(s, 0.5) / 1e3,
                    share_p50=pct(shares, 0.5), steps=len(c))
+        if "hook_ns" in r:
+            row["breakdown"] = breakdown(r)
         rows.append(row)
         by[(r["delay_us"], r["workload"], r["queue"], r["client"])] = r
     ratios = []
@@ -258,6 +325,51 @@ def summary(runs):
                 (r["conn_ns"][k] / max(a["conn_ns"][k], 1) for k in range(n)), default=0)
         ratios.append(got)
     return rows, ratios
+
+
+def breakdown(run):
+    """Per step, mean and p50 (µs) of the scheduler thread's CPU time inside the hooks
+    (`time.thread_time_ns`: without the time the thread waited for a core), of each
+    hook's time, of the time inside the lookup client's own methods, and of the rest (the hooks' time outside the client: vLLM's
+    shared connector code and the drop-in's Python wrappers), plus each client
+    method's mean."""
+    n = max(len(run["conn_ns"]), 1)
+    names = sorted({h for d in run["hook_ns"] for h in d})
+    calls = sorted({h for d in run["call_ns"] for h in d if not h.startswith("n_")})
+    rest = [c - k for c, k in zip(run["conn_ns"], run["client_ns"])]
+    return {
+        "hooks": {h: {"mean_us": sum(d.get(h, 0) for d in run["hook_ns"]) / n / 1e3,
+                      "p50_us": pct([d.get(h, 0) for d in run["hook_ns"]], 0.5) / 1e3}
+                  for h in names},
+        "cpu": {"mean_us": sum(run["conn_cpu_ns"]) / n / 1e3,
+                "p50_us": pct(run["conn_cpu_ns"], 0.5) / 1e3},
+        "client": {"mean_us": sum(run["client_ns"]) / n / 1e3,
+                   "p50_us": pct(run["client_ns"], 0.5) / 1e3},
+        "outside_client": {"mean_us": sum(rest) / n / 1e3, "p50_us": pct(rest, 0.5) / 1e3},
+        "calls": {h: sum(d.get(h, 0) for d in run["call_ns"]) / n / 1e3 for h in calls},
+        "calls_per_step": {h: sum(d.get("n_" + h, 0) for d in run["call_ns"]) / n
+                           for h in calls},
+    }
+
+
+def breakdown_table(rows):
+    lines = []
+    for r in rows:
+        b = r.get("breakdown")
+        if not b:
+            continue
+        hooks = ", ".join(f"{h} {v['mean_us']:.0f}" for h, v in b["hooks"].items()
+                          if v["mean_us"] >= 0.5)
+        calls = ", ".join(f"{h} {v:.0f} ({b['calls_per_step'][h]:.1f} calls)"
+                          for h, v in b["calls"].items())
+        lines.append(
+            f"{r['delay_us']:>6} {r['workload']:<6} {r['queue']:>5} {r['client']:<10} "
+            f"thread CPU in hooks p50 {b['cpu']['p50_us']:.0f} mean {b['cpu']['mean_us']:.0f}; "
+            f"client p50 {b['client']['p50_us']:.0f} mean {b['client']['mean_us']:.0f}; "
+            f"outside it p50 {b['outside_client']['p50_us']:.0f} mean "
+            f"{b['outside_client']['mean_us']:.0f}\n        hooks (mean µs): {hooks}"
+            f"\n        client calls (mean µs): {calls}")
+    return "\n".join(lines)
 
 
 def table(rows, ratios):
@@ -306,6 +418,9 @@ def main():
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--prefetch-limit", type=int, default=64)
     ap.add_argument("--max-in-flight", type=int, default=16)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time each hook and the lookup client's own calls "
+                         "(a Python frame per client call: for profiling, not the headline)")
     args = ap.parse_args()
     for c in args.clients.split(","):
         if c not in CLIENTS:
@@ -333,6 +448,8 @@ def main():
             server.wait()
     rows, ratios = summary(runs)
     print(table(rows, ratios), file=sys.stderr)
+    if args.breakdown:
+        print(breakdown_table(rows), file=sys.stderr)
     cfg = {k: v for k, v in vars(args).items() if k not in ("wheel", "lookup_server")}
     cfg.update(python=sys.version.split()[0], vllm="0.33.0", blocks=BLOCKS, block_size=BLOCK)
     print(json.dumps({"settings": cfg, "runs": runs, "summary": rows, "ratios": ratios}))

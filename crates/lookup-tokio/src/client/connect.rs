@@ -20,7 +20,7 @@ use super::{ClientBuilder, ClientConfig, LookupClient, warn_if_prefetch_inactive
 use crate::clock;
 use crate::io::direct::DirectWire;
 use crate::io::zmq::{ZmqWire, open_dealer};
-use crate::io::{IoConfig, IoLinks, IoTask, Link, ToIo, TransportStats, Wire};
+use crate::io::{IoConfig, IoLinks, IoTask, Link, ToIoBatch, TransportStats, Wire};
 use crate::warn::WarnLimiter;
 use crate::{Error, Transport};
 use lookup_core::WireEvent;
@@ -240,7 +240,7 @@ impl LookupClient {
 
 /// The handle's ends of a spawned I/O task.
 struct Spawned {
-    commands: UnboundedSender<ToIo>,
+    commands: UnboundedSender<ToIoBatch>,
     wire_events: UnboundedReceiver<WireEvent>,
     cancel: CancellationToken,
     task: JoinHandle<()>,

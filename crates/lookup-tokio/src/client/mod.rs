@@ -33,7 +33,7 @@ pub use step::Step;
 pub use wait::Deadline;
 
 use crate::clock;
-use crate::io::{Link, ToIo, TransportStats};
+use crate::io::{Link, ToIoBatch, TransportStats};
 use crate::warn::WarnLimiter;
 use handle::Announce;
 use observer::ClientObserver;
@@ -110,7 +110,7 @@ const READY_ZERO: Probe = Probe::Ready {
 #[derive(Debug)]
 pub struct LookupClient {
     core: Lookups<ClientObserver>,
-    commands: UnboundedSender<ToIo>,
+    commands: UnboundedSender<ToIoBatch>,
     /// What the I/O task reports: one core [`WireEvent`] per RPC that ended.
     wire_events: UnboundedReceiver<WireEvent>,
     cancel: CancellationToken,
@@ -385,18 +385,19 @@ impl LookupClient {
         now
     }
 
-    /// End of every call: new RPCs to the I/O task, then the metrics follow the
-    /// core's counters.
+    /// End of every call: new RPCs to the I/O task, all in one message (one wake-up:
+    /// [`ToIoBatch`]), then the metrics follow the core's counters.
     fn end(&mut self) {
+        let mut batch = Vec::new();
         while let Some(command) = self.core.poll_transmit() {
             let span = match &command {
                 Command::Send { rpc_id, .. } => self.core.observer().span(*rpc_id),
                 _ => tracing::Span::none(),
             };
-            if self.commands.send((command, span)).is_err() {
-                self.actor_gone();
-                break;
-            }
+            batch.push((command, span));
+        }
+        if !batch.is_empty() && self.commands.send(batch).is_err() {
+            self.actor_gone();
         }
         let (stats, slots, observer) = self.core.stats_and_observer();
         observer.metrics.sync(stats, slots);

@@ -139,6 +139,30 @@ impl LookupClient {
         self.core.on_new_request(req, now);
     }
 
+    /// [`probe_and_finish`](Self::probe_and_finish) whose new RPC (a first probe's
+    /// lookup) is handed to the I/O task at the next call that hands over
+    /// ([`drive`](Self::drive), or any call but this one and
+    /// [`on_new_request_deferred`](Self::on_new_request_deferred)), not at once: a
+    /// caller that drives once per scheduler step wakes the I/O task once per step,
+    /// not once per submit. Reads the clock and applies the I/O task's reports as
+    /// every call does; publishes no metrics (the next handing-over call does).
+    /// Never blocks.
+    pub fn probe_and_finish_deferred(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+    ) -> (Probe, Option<Answer>) {
+        let now = self.begin();
+        let probe = self.probe_core(req, num_computed_tokens, now);
+        if matches!(probe, Probe::Pending) {
+            return (probe, None);
+        }
+        let answer = self.core.answer_of(req.request_id);
+        self.core.observer_mut().finished(req.request_id);
+        self.core.on_finished(req.request_id);
+        (probe, answer)
+    }
+
     /// [`Step::probe_and_finish`] as a call of its own: one clock read and one pass
     /// over the reports for the probe, the answer's basis and the request's end
     /// (the Python drop-in's `lookup`). Never blocks.
@@ -256,6 +280,44 @@ mod tests {
         tokio::time::sleep(6 * MS).await;
         assert_eq!(client.probe(&a, 0), READY);
         assert_eq!(client.probe(&b, 0), READY);
+        assert_eq!(client.stats().rpcs_sent, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deferred_probe_goes_out_at_the_next_drive() {
+        let mut client = client();
+        let (a, b) = (req(1), req(2));
+        client.on_new_request_deferred(&a, "a");
+        assert_eq!(
+            client.probe_and_finish_deferred(&a, 0),
+            (Probe::Pending, None)
+        );
+        // A first probe's lookup (b is not announced): deferred as well.
+        assert_eq!(
+            client.probe_and_finish_deferred(&b, 0),
+            (Probe::Pending, None)
+        );
+        tokio::time::sleep(7 * MS).await;
+        // Nothing went out, so nothing came back.
+        assert_eq!(
+            client.probe_and_finish_deferred(&a, 0),
+            (Probe::Pending, None)
+        );
+        client.drive();
+        tokio::time::sleep(6 * MS).await;
+        assert_eq!(
+            client.probe_and_finish_deferred(&a, 0),
+            (READY, Some(Answer::Hit { hit_tokens: 64 }))
+        );
+        assert_eq!(
+            client.probe_and_finish_deferred(&b, 0),
+            (READY, Some(Answer::Hit { hit_tokens: 64 }))
+        );
+        assert_eq!(
+            client.core().tracked_requests(),
+            0,
+            "ended by the answering calls"
+        );
         assert_eq!(client.stats().rpcs_sent, 2);
     }
 

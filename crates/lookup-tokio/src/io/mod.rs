@@ -39,9 +39,18 @@ use crate::clock;
 use crate::metrics::{ActorMetrics, ReopenReason};
 use crate::warn::WarnLimiter;
 
-/// What the handle sends the I/O task: a command of the core, and the span of the
-/// lookup it belongs to ([`Span::none`] for others, or when debug tracing is off).
+/// A command of the core for the I/O task, and the span of the lookup it belongs to
+/// ([`Span::none`] for others, or when debug tracing is off).
 pub(crate) type ToIo = (Command, Span);
+
+/// What the handle sends the I/O task: every command one call produced, in order, as
+/// one message. One message wakes the task once: sent one by one, each command could
+/// wake it again (the task, on another core, takes the first and waits again while
+/// the next is sent). On the project's 2-core VM, handing over a scheduler step's 8
+/// lookups took the scheduler's thread 0.3-0.5 ms of its own CPU that way, and
+/// 0.07-0.1 ms as one message (`scripts/vllm/step_bench.py --breakdown`, the
+/// drop-in's `flush`; docs/performance.md).
+pub(crate) type ToIoBatch = Vec<ToIo>;
 
 /// The I/O task's settings.
 #[derive(Clone, Debug)]
@@ -65,7 +74,7 @@ pub(crate) struct IoConfig {
 /// The task's ends of what links it to the handle.
 pub(crate) struct IoLinks {
     /// Commands of the core, with their lookups' spans.
-    pub(crate) commands: UnboundedReceiver<ToIo>,
+    pub(crate) commands: UnboundedReceiver<ToIoBatch>,
     /// One event per RPC that ended.
     pub(crate) events: UnboundedSender<WireEvent>,
     /// Cancelled on close.
@@ -102,7 +111,7 @@ pub(crate) struct Tag {
 /// What woke the task.
 enum Wake<P> {
     Cancelled,
-    Command(Option<ToIo>),
+    Command(Option<ToIoBatch>),
     Input(WireInput<P>),
     Timer,
 }
@@ -111,7 +120,7 @@ enum Wake<P> {
 pub(crate) struct IoTask<W: Wire> {
     wire: W,
     dispatcher: Dispatcher<Tag>,
-    commands: UnboundedReceiver<ToIo>,
+    commands: UnboundedReceiver<ToIoBatch>,
     events: UnboundedSender<WireEvent>,
     cancel: CancellationToken,
     stats: Arc<TransportStats>,
@@ -194,11 +203,15 @@ impl<W: Wire> IoTask<W> {
             let now = clock::now();
             match wake {
                 Wake::Cancelled | Wake::Command(None) => break,
-                Wake::Command(Some(command)) => {
-                    self.take(command, now);
-                    // Take everything already queued, so one turn sends a whole batch.
-                    while let Ok(command) = self.commands.try_recv() {
+                Wake::Command(Some(batch)) => {
+                    for command in batch {
                         self.take(command, now);
+                    }
+                    // Take everything already queued, so one turn sends a whole batch.
+                    while let Ok(batch) = self.commands.try_recv() {
+                        for command in batch {
+                            self.take(command, now);
+                        }
                     }
                 }
                 Wake::Input(input) => self.on_input(input, now),
