@@ -1,7 +1,8 @@
 //! `cargo xtask fidelity --against vllm`: lookup-sim's engine against vLLM 0.33's own
 //! `Scheduler`, `KVCacheManager` and `BlockPool`, step by step.
 //!
-//! For each slice (a trace × a KV pressure × a connector answer, [`scenario`]) it
+//! For each slice (a trace × a KV pressure × a connector answer × async scheduling
+//! on, as vLLM 0.33 resolves it for one GPU, or off, [`scenario`]) it
 //! writes the scenario file, runs the harness `scripts/vllm/fidelity/harness.py`
 //! (vLLM's scheduler from its wheel, with a stand-in model runner and connector)
 //! on it, runs lookup-sim's engine on the same scenario in step time

@@ -461,6 +461,38 @@ mod tests {
         assert_eq!(log[6].local_hits, vec![("r1".to_owned(), 16)]);
     }
 
+    /// An asynchronous load (`load_kv_async` True) of 48 of a 50-token prompt for 2
+    /// steps: its 3 blocks are held from step 0 with nothing scheduled; the load ends
+    /// in step 1's output, seen by step 2's schedule (step 3's with async scheduling,
+    /// whose step-1 output is processed after step 2's schedule); admitted then, it
+    /// computes its last 2 tokens into a 4th block. The steps vLLM's own scheduler
+    /// gives on this scenario (scripts/vllm/fidelity/test_harness.py).
+    #[test]
+    fn an_async_load_holds_its_blocks_until_its_output_reports_it() {
+        for (overlap, admitted_at) in [(false, 2), (true, 3)] {
+            let mut sc = scenario(true);
+            sc.settings.async_scheduling = overlap;
+            sc.requests.truncate(1);
+            sc.requests[0].prompt_token_ids.truncate(50);
+            sc.requests[0].output_token_ids.truncate(2);
+            sc.requests[0].connector = ConnectorAnswer::Ready {
+                hit_tokens: 48,
+                load_steps: Some(2),
+            };
+            let (log, _) = run_steps(&sc, 16).unwrap();
+            for l in &log[..admitted_at] {
+                assert!(l.scheduled.is_empty() && l.admitted.is_empty());
+                assert_eq!((l.blocks_in_use, l.waiting, l.running), (3, 1, 0));
+            }
+            let l = &log[admitted_at];
+            assert_eq!(sched(l), vec![("r0", 2)]);
+            assert_eq!(l.admitted, vec!["r0".to_owned()]);
+            assert_eq!(l.local_hits, vec![("r0".to_owned(), 0)]);
+            assert_eq!(l.external_hits, vec![("r0".to_owned(), 0)]);
+            assert_eq!((l.blocks_in_use, l.waiting, l.running), (4, 0, 1));
+        }
+    }
+
     /// A pending answer skips the request for as many probes as scripted, then its
     /// hit is used, capped below its last token.
     #[test]
