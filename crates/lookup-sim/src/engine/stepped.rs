@@ -234,7 +234,7 @@ pub fn run_steps(
         conn,
         s.num_gpu_blocks,
         s.enable_prefix_caching,
-        s.block_size,
+        hash_tokens,
         s.async_scheduling,
     );
     engine.script = Some(Script {
@@ -276,7 +276,7 @@ pub fn run_steps(
             let i = order.pop_front().expect("checked");
             let slot = w
                 .reqs
-                .insert(request(&scenario.requests[i], i as u64, s.block_size));
+                .insert(request(&scenario.requests[i], i as u64, hash_tokens));
             engine.route(slot);
             engine.handle_arrival(engine.t, &mut w);
         }
@@ -490,6 +490,29 @@ mod tests {
             assert_eq!(l.local_hits, vec![("r0".to_owned(), 0)]);
             assert_eq!(l.external_hits, vec![("r0".to_owned(), 0)]);
             assert_eq!((l.blocks_in_use, l.waiting, l.running), (4, 0, 1));
+        }
+    }
+
+    /// `hash_tokens` is the prefix cache's granularity: r1 repeats r0's first 90
+    /// tokens after r0 finished; vLLM's 16-token blocks find 80 of them (5 full
+    /// blocks), 512-token groups none.
+    #[test]
+    fn the_prefix_cache_hashes_blocks_of_hash_tokens() {
+        let mut sc = scenario(true);
+        sc.requests[1].prompt_token_ids = sc.requests[0].prompt_token_ids[..90]
+            .iter()
+            .copied()
+            .chain(5000..5020)
+            .collect();
+        sc.requests[1].arrival_step = 10;
+        for (hash_tokens, hit) in [(16, 80), (512, 0)] {
+            let (log, _) = run_steps(&sc, hash_tokens).unwrap();
+            let hits: Vec<_> = log.iter().flat_map(|l| l.local_hits.clone()).collect();
+            assert_eq!(
+                hits,
+                vec![("r0".to_owned(), 0), ("r1".to_owned(), hit)],
+                "{hash_tokens}"
+            );
         }
     }
 
