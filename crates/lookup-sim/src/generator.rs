@@ -14,6 +14,8 @@
 //! - the others are new conversations (median 11 blocks, 90th percentile 50, max 247);
 //! - output lengths: median 350 tokens, 99th percentile 1,120, max 2,000.
 
+pub mod agent;
+
 use std::collections::VecDeque;
 
 use rand::{RngExt, SeedableRng};

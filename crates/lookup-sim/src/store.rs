@@ -158,19 +158,26 @@ impl LocalCache {
     }
 
     /// [`per_hash`](Self::per_hash) anonymous blocks of a request became the full block
-    /// `hash` (`BlockPool.cache_full_blocks`): it joins the prefix cache, or, when
-    /// another request cached the same block meanwhile, references that one and frees
-    /// its own.
-    pub fn promote(&mut self, hash: u64) {
-        self.anonymous -= self.per_hash;
+    /// `hash` (`BlockPool.cache_full_blocks`): it joins the prefix cache. When the same
+    /// block is cached already and free, the request takes that one (as a hit would)
+    /// and frees its own. When it is cached and held by another request, vLLM does
+    /// not deduplicate (`BlockHashToBlockMap`, NOTE #1, vllm/v1/core/block_pool.py:
+    /// block tables are append-only): the request keeps its own copy too. Returns
+    /// true in that case, with nothing changed: the copy stays in use, anonymous
+    /// here, without a reference on the cached block, until the request frees it
+    /// ([`Held::duplicates`]).
+    pub fn promote(&mut self, hash: u64) -> bool {
         if let Some(e) = self.entries.get_mut(&hash) {
-            if e.refs == 0 {
-                self.queue.remove(&e.freed_at);
-                self.queued -= self.per_hash;
+            if e.refs > 0 {
+                return true;
             }
-            e.refs += 1;
+            e.refs = 1;
+            self.queue.remove(&e.freed_at);
+            self.queued -= self.per_hash;
+            self.anonymous -= self.per_hash;
             self.fresh += self.per_hash;
         } else {
+            self.anonymous -= self.per_hash;
             self.entries.insert(
                 hash,
                 Entry {
@@ -179,6 +186,7 @@ impl LocalCache {
                 },
             );
         }
+        false
     }
 
     /// A request released its blocks (finished or preempted), as vLLM 0.33's
@@ -265,6 +273,11 @@ pub struct Held {
     pub hashed: Vec<u64>,
     /// KV blocks held under no hash.
     pub anonymous: u64,
+    /// The hashes of `hashed` held as a second copy of a cached block another request
+    /// held when this one's became full ([`LocalCache::promote`]): anonymous in the
+    /// pool, in use until freed, then freed as blocks without a hash (vLLM would keep
+    /// the copy's hash; this model finds the block by the first copy only).
+    pub duplicates: Vec<u64>,
 }
 
 impl Held {
@@ -317,7 +330,9 @@ impl Held {
         let per = cache.per_hash();
         while self.hashed.len() < full && self.anonymous >= per {
             let h = hash(self.hashed.len());
-            cache.promote(h);
+            if cache.promote(h) {
+                self.duplicates.push(h);
+            }
             self.anonymous -= per;
             self.hashed.push(h);
         }
@@ -326,7 +341,25 @@ impl Held {
     /// Frees everything held (finished or preempted), in vLLM's order
     /// ([`LocalCache::release`]).
     pub fn release(&mut self, cache: &mut LocalCache) {
-        cache.release(&self.hashed, self.anonymous);
+        let copies = self.duplicates.len() as u64 * cache.per_hash();
+        if self.duplicates.is_empty() {
+            cache.release(&self.hashed, self.anonymous);
+        } else {
+            let mut dups = std::mem::take(&mut self.duplicates);
+            let referenced: Vec<u64> = self
+                .hashed
+                .iter()
+                .filter(|h| match dups.iter().position(|d| d == *h) {
+                    Some(i) => {
+                        dups.swap_remove(i);
+                        false
+                    }
+                    None => true,
+                })
+                .copied()
+                .collect();
+            cache.release(&referenced, self.anonymous + copies);
+        }
         self.hashed.clear();
         self.anonymous = 0;
     }
@@ -488,16 +521,29 @@ mod tests {
     }
 
     #[test]
-    fn promote_of_a_block_cached_meanwhile_shares_it() {
+    fn promote_of_a_block_cached_meanwhile_keeps_both_copies() {
+        // Two requests fill the same block: vLLM keeps both copies (no
+        // deduplication); the second is freed without a hash.
         let mut c = LocalCache::new(4 * G);
-        assert!(c.allocate(2 * G));
-        c.promote(5);
-        c.promote(5);
-        assert_eq!(c.used(), G);
-        c.release(&[5], 0);
-        c.release(&[5], 0);
-        assert_eq!(c.used(), G);
+        let (mut a, mut b) = (Held::default(), Held::default());
+        assert!(a.allocate(&mut c, &[], 512));
+        assert!(b.allocate(&mut c, &[], 512));
+        a.promote_full(&mut c, 512, |_| 5);
+        b.promote_full(&mut c, 512, |_| 5);
+        assert_eq!((b.duplicates.clone(), b.blocks(G)), (vec![5], G));
+        assert_eq!((c.used(), c.held()), (2 * G, 2 * G));
+        // The first copy's owner frees it: it stays cached, free; the copy is held.
+        a.release(&mut c);
+        assert_eq!((c.used(), c.held()), (2 * G, G));
+        b.release(&mut c);
+        assert_eq!((c.used(), c.held()), (G, 0));
         assert_eq!(c.hit_blocks(&[5], 1), 1);
+        // A free cached copy is taken instead, and the request's own freed.
+        let mut d = Held::default();
+        assert!(d.allocate(&mut c, &[], 512));
+        d.promote_full(&mut c, 512, |_| 5);
+        assert!(d.duplicates.is_empty());
+        assert_eq!((c.used(), c.held()), (G, G));
     }
 
     #[test]

@@ -12,20 +12,19 @@ use lookup_sim::mode::Mode;
 /// tokens [5], 1,400 outputs: 125 KV blocks at most) arrives at 0, R0 (1,024 tokens
 /// [1, 2], 1,100 outputs: 133 blocks) at 5 ms; both decode side by side. When the two
 /// need more than 224 blocks (about 980 tokens each decoded) the last scheduled
-/// running request, R0, is preempted (vLLM `running.pop()`). Its blocks: two prompt
-/// groups, one full group of generated tokens and a partial one; freed tail first,
-/// they stay cached. Restarted with a prompt of 1,024 + ~980 tokens (capped at 3
-/// groups of hit), it finds all three full groups again: 1,536 local hit tokens, and
-/// only needs ~30 more blocks, so it is readmitted while R1 still decodes and
-/// preempted again when R1 grows: 4 preemptions in sync mode (3 in async), each
-/// restart hitting 1,536 tokens. Hashing prompt blocks only would find 1,024 per restart.
+/// running request, R0, is preempted (vLLM `running.pop()`), once it is out of the
+/// step in flight: with async scheduling (two batches) and the Mooncake connector
+/// (`kv_both`) vLLM fences block frees behind the step in flight and does not
+/// preempt a request scheduled in it (`_request_blocks_can_be_freed`). Its blocks,
+/// generated ones included, stay cached when freed, so its restart (a prompt of
+/// 1,024 prompt tokens plus those it generated) hits every full 16-token block of
+/// that grown prompt: 1,584 tokens, more than the 1,024 of its prompt. It is
+/// preempted once in either mode.
 #[test]
 fn a_preempted_request_hits_its_own_generated_blocks() {
     let trace = vec![req(0, 600, 1400, &[5]), req(5, 1024, 1100, &[1, 2])];
     let mut p = tiny_params(1);
     p.engine.gpu_kv_blocks = 7 * 32;
-    // In async mode R0's first probe answers `Pending` (its lookup is out), so it
-    // starts a step later than in sync mode and is readmitted one fewer time.
     let mut got = Vec::new();
     for mode in [Mode::Sync, Mode::Async] {
         let r = run(&trace, mode, &p);
@@ -41,10 +40,9 @@ fn a_preempted_request_hits_its_own_generated_blocks() {
         ));
     }
     // (R1's preemptions, R0's, R1's local hit tokens, R0's). With vLLM's 16-token
-    // blocks each restart of R0 hits every full block of its grown prompt but the
-    // last token's (about 1,884 tokens), not only the three whole 512-token groups
-    // (1,536 each with the coarser groups).
-    assert_eq!(got, vec![(0, 4, 0, 7536), (0, 3, 0, 5552)]);
+    // blocks the restart of R0 hits every full block of its grown prompt but the
+    // last token's, not only whole 512-token groups.
+    assert_eq!(got, vec![(0, 1, 0, 1584), (0, 1, 0, 1584)]);
 }
 
 /// Rule 8's policy in the engine model: the same two requests without a local prefix
@@ -74,20 +72,22 @@ fn a_preempted_request_is_waited_for_not_deferred() {
         }
     }
     // (preemptions, deferrals, preempted waits started, caught, lookups kept).
-    // Without vLLM's full-prompt gate (`scheduler_reserve_full_isl = false`, the
-    // last two): with `discard` the two first probes and the two restarts are
-    // deferred; with `keep_wait` both preemptions keep R0's lookup, one restart reads
-    // it, the other (its result past the TTL) waits 1 ms for a new one instead of
-    // being deferred. With the gate (vLLM's default, the first two), `discard`
-    // defers twice more: a restart whose answer came while its whole prompt did not
-    // fit probes again on a later step, with a new lookup.
+    // R0 is preempted once (out of the step in flight, as vLLM's deferred block
+    // frees allow; see the test above). Without vLLM's full-prompt gate
+    // (`scheduler_reserve_full_isl = false`, the last two): with `discard` the two
+    // first probes and the restart are deferred; with `keep_wait` the preemption
+    // keeps R0's lookup and the restart, its result past the TTL, waits 1 ms for a
+    // new one instead of being deferred. With the gate (vLLM's default, the first
+    // two), `discard` defers twice more: a restart whose answer came while its whole
+    // prompt did not fit probes again on later steps, with a new lookup; `keep_wait`
+    // waits on each of those probes instead (3 waits, all caught).
     assert_eq!(
         figures,
         vec![
-            (2, 6, 0, 0, 0),
-            (2, 2, 1, 1, 2),
-            (2, 4, 0, 0, 0),
-            (2, 2, 1, 1, 2)
+            (1, 5, 0, 0, 0),
+            (1, 2, 3, 3, 1),
+            (1, 3, 0, 0, 0),
+            (1, 2, 1, 1, 1)
         ]
     );
 }

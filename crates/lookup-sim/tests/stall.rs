@@ -170,8 +170,12 @@ fn a_livelock_is_reported_in_every_mode() {
             "{mode}: {msg}"
         );
         if mode == Mode::Sync {
+            // Requests whose loads are done keep their blocks (and vLLM's reservation
+            // for them) until admitted, first in the queue (`_holds_kv_blocks`,
+            // `kv_holding_waiting`): here the head needs a few blocks more than are
+            // free while the others hold the rest, and nothing runs: a deadlock.
             assert!(
-                msg.contains("livelocked (20000 steps without an output token"),
+                msg.contains(" stalled at ") && msg.contains(" and 0 running "),
                 "{msg}"
             );
         }

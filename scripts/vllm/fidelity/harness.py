@@ -23,7 +23,11 @@ coordinator, request: the wheel's own). The harness adds only:
   probe for a request shorter than one block; the hit is cut to whole blocks below
   the request's length when it would cover every token; the answer is the hit minus
   the block-aligned local hit, 0 if negative. Loads are synchronous
-  (load_kv_async False).
+  (load_kv_async False) unless the answer carries `load_steps` K: then a hit above 0
+  loads asynchronously (load_kv_async True: vLLM allocates its blocks and parks it in
+  WAITING_FOR_REMOTE_KVS), and the model runner reports it in
+  `KVConnectorOutput.finished_recving` of the K-th step it runs from the one that
+  allocated it (that one included).
 - a model runner: each scheduled request that is not a partial prefill after this
   step (vLLM's `Request.is_prefill_chunk`) samples its next token from the scenario's
   `output_token_ids`; max_tokens = len(output_token_ids), so vLLM finishes it
@@ -147,6 +151,10 @@ def validate(scenario):
                                     f"{bs} >= 0, got {n!r}")
         if kind == "pending" and (type(c.get("steps")) is not int or c["steps"] < 0):
             raise ScenarioError(f"{where}.connector.steps must be an int >= 0")
+        if "load_steps" in c and (kind == "missing" or type(c["load_steps"]) is not int
+                                  or c["load_steps"] < 1):
+            raise ScenarioError(f"{where}.connector.load_steps must be an int >= 1, "
+                                f"with kind ready or pending")
 
 
 def make_connector_class(core):
@@ -159,6 +167,7 @@ def make_connector_class(core):
             self.answers = answers  # request id -> connector dict of the scenario
             self.block_size = block_size
             self.probes = {}  # request id -> probes answered so far
+            self.loading = {}  # request id -> model-runner steps left of its async load
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             bs = self.block_size
@@ -175,10 +184,26 @@ def make_connector_class(core):
             hit = min(answer["hit_tokens"], request.num_tokens // bs * bs)
             if hit >= request.num_tokens:
                 hit = min(hit, (request.num_tokens - 1) // bs * bs)
-            return max(0, hit - num_computed_tokens), False
+            ext = max(0, hit - num_computed_tokens)
+            return ext, ext > 0 and "load_steps" in answer
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens):
-            pass  # synchronous loads: nothing to track
+            # An async load starts with its blocks: it ends in the output of the
+            # load_steps-th model-runner step from this one (this one included).
+            answer = self.answers[request.request_id]
+            if num_external_tokens > 0 and "load_steps" in answer:
+                self.loading[request.request_id] = answer["load_steps"]
+
+        def loads_done(self):
+            """One model-runner step: the requests whose async load ends in its
+            output (`KVConnectorOutput.finished_recving`)."""
+            done = set()
+            for rid in list(self.loading):
+                self.loading[rid] -= 1
+                if self.loading[rid] == 0:
+                    del self.loading[rid]
+                    done.add(rid)
+            return done
 
         def build_connector_meta(self, scheduler_output):
             return core.KVConnectorMetadata()
@@ -269,8 +294,11 @@ def model_output(core, sched, out, outputs):
             continue
         index = req.num_output_tokens + max(req.num_output_placeholders - 1, 0)
         sampled.append([outputs[rid][min(index, len(outputs[rid]) - 1)]])
+    loads_done = getattr(sched.connector, "loads_done", None)
+    done = loads_done() if loads_done is not None else set()
+    kv_out = core.KVConnectorOutput(finished_recving=done) if done else None
     return core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
-                                  sampled_token_ids=sampled)
+                                  sampled_token_ids=sampled, kv_connector_output=kv_out)
 
 
 def run(core, scenario, on_step=None, connector=None, kv_transfer=None):

@@ -254,3 +254,24 @@ def test_a_generated_scenario_runs_to_the_end(core):
     log = steps(core, scenario)
     assert log[-1] == {"end": True, "steps": 301, "finished": 12}
     assert sum(len(x.get("skipped_pending", ())) for x in log) == 3
+
+
+# r0: a 50-token prompt whose first 48 tokens are stored; the connector loads them
+# asynchronously for 2 model-runner steps (load_kv_async True).
+LOAD = [req("r0", 0, range(1000, 1050), 2, {"kind": "ready", "hit_tokens": 48, "load_steps": 2})]
+
+
+@pytest.mark.parametrize("async_scheduling,admitted_at", [(False, 2), (True, 3)])
+def test_an_async_load_holds_its_blocks_until_its_output_reports_it(core, async_scheduling,
+                                                                    admitted_at):
+    log = steps(core, {"settings": settings(async_scheduling=async_scheduling),
+                       "requests": LOAD})
+    # Step 0: its 3 blocks are allocated for the load (WAITING_FOR_REMOTE_KVS), nothing
+    # is scheduled. The load ends in the output of the 2nd step run (step 1), which a
+    # schedule sees at step 2, at step 3 with async scheduling (that output is
+    # processed after step 2's schedule). Admitted then, it computes its last 2 tokens
+    # (hits are reported for admissions: none at that admission).
+    for s in range(admitted_at):
+        assert log[s] == line(s, [], blocks=3, waiting=1)
+    assert log[admitted_at] == line(admitted_at, [("r0", 2)], admitted=["r0"], blocks=4,
+                                    local=[("r0", 0)], running=1)

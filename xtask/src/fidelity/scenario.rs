@@ -14,7 +14,8 @@
 //!   whole prompt's full trace blocks (stored by another engine before), and for
 //!   the rest the leading trace blocks an earlier request of the slice shares, capped
 //!   below the prompt; `pending` answers `None` for 1 to 3 probes first, then as
-//!   `ready`.
+//!   `ready`; `load` and `pending-load` answer as `ready` and `pending`, and the
+//!   external tokens load asynchronously (`load_kv_async`) for 1 to 4 steps.
 
 use std::collections::HashSet;
 
@@ -43,6 +44,11 @@ pub enum Answers {
     Pending,
     /// Nothing stored.
     Missing,
+    /// As `ready`, and loaded asynchronously (vLLM's `load_kv_async` True,
+    /// `WAITING_FOR_REMOTE_KVS`) for 1 to 4 model-runner steps.
+    Load,
+    /// As `pending`, then loaded asynchronously as `load`.
+    PendingLoad,
 }
 
 impl Pressure {
@@ -65,6 +71,8 @@ impl Answers {
             Self::Ready => "ready",
             Self::Pending => "pending",
             Self::Missing => "missing",
+            Self::Load => "load",
+            Self::PendingLoad => "pending-load",
         }
     }
 }
@@ -85,6 +93,8 @@ pub(super) struct Shape {
     pub max_steps: u64,
     /// vLLM's full-prompt admission gate `scheduler_reserve_full_isl`.
     pub reserve_full_isl: bool,
+    /// vLLM's `async_scheduling` (its `AsyncScheduler`, two batches in flight).
+    pub async_scheduling: bool,
 }
 
 /// SplitMix64's finaliser: the token ids' source.
@@ -163,12 +173,27 @@ pub(super) fn build(
         // engine before), the rest what the slice's earlier requests share.
         let stored = if i % 2 == 1 { full as u32 } else { shared };
         let hit_tokens = (stored * TRACE_BLOCK_TOKENS).min(cap);
+        let pending_steps = 1 + (i as u32 % 3);
+        let load_steps = Some(1 + (i as u32 % 4));
         let connector = match answers {
             Answers::Missing => ConnectorAnswer::Missing,
-            Answers::Ready => ConnectorAnswer::Ready { hit_tokens },
-            Answers::Pending => ConnectorAnswer::Pending {
-                steps: 1 + (i as u32 % 3),
+            Answers::Ready => ConnectorAnswer::Ready {
                 hit_tokens,
+                load_steps: None,
+            },
+            Answers::Pending => ConnectorAnswer::Pending {
+                steps: pending_steps,
+                hit_tokens,
+                load_steps: None,
+            },
+            Answers::Load => ConnectorAnswer::Ready {
+                hit_tokens,
+                load_steps,
+            },
+            Answers::PendingLoad => ConnectorAnswer::Pending {
+                steps: pending_steps,
+                hit_tokens,
+                load_steps,
             },
         };
         let outputs = out(r);
@@ -192,7 +217,7 @@ pub(super) fn build(
             enable_chunked_prefill: true,
             enable_prefix_caching: true,
             long_prefill_token_threshold: 0,
-            async_scheduling: false,
+            async_scheduling: shape.async_scheduling,
             scheduler_reserve_full_isl: shape.reserve_full_isl,
             max_steps: shape.max_steps,
         },
@@ -223,6 +248,7 @@ mod tests {
             max_num_seqs: 256,
             max_steps: 1000,
             reserve_full_isl: true,
+            async_scheduling: true,
         };
         let sc = build(&slice, Pressure::None, Answers::Ready, &shape).unwrap();
         let (a, b) = (&sc.requests[0], &sc.requests[1]);
@@ -231,9 +257,21 @@ mod tests {
         assert_eq!(b.arrival_step, 3);
         assert_eq!(a.output_token_ids.len(), 2);
         assert_ne!(a.output_token_ids, b.output_token_ids);
-        assert_eq!(a.connector, ConnectorAnswer::Ready { hit_tokens: 0 });
+        assert_eq!(
+            a.connector,
+            ConnectorAnswer::Ready {
+                hit_tokens: 0,
+                load_steps: None
+            }
+        );
         // The second request's whole prompt is stored: 2 full trace blocks.
-        assert_eq!(b.connector, ConnectorAnswer::Ready { hit_tokens: 1024 });
+        assert_eq!(
+            b.connector,
+            ConnectorAnswer::Ready {
+                hit_tokens: 1024,
+                load_steps: None
+            }
+        );
         // (1200 + 1) / 16 + (1100 + 1) / 16 rounded up, plus 16.
         assert_eq!(sc.settings.num_gpu_blocks, 76 + 69 + 16);
     }

@@ -1,7 +1,8 @@
 //! `cargo xtask fidelity --against vllm`: lookup-sim's engine against vLLM 0.33's own
 //! `Scheduler`, `KVCacheManager` and `BlockPool`, step by step.
 //!
-//! For each slice (a trace × a KV pressure × a connector answer, [`scenario`]) it
+//! For each slice (a trace × a KV pressure × a connector answer × async scheduling
+//! on, as vLLM 0.33 resolves it for one GPU, or off, [`scenario`]) it
 //! writes the scenario file, runs the harness `scripts/vllm/fidelity/harness.py`
 //! (vLLM's scheduler from its wheel, with a stand-in model runner and connector)
 //! on it, runs lookup-sim's engine on the same scenario in step time
@@ -10,9 +11,12 @@
 //! slice: steps, identical steps, TTFT p50/p99 in steps on each side and their
 //! ratio. Fails when a slice is below `--min-identical-pct`.
 //!
-//! Traces: the embedded generated one (`default`), and `conversation` and
-//! `synthetic` read from `../shared/traces/` beside the repository (no tool or
-//! agent trace is available; `synthetic` stands in for the third).
+//! Traces: the embedded generated one (`default`, conversation-trace shape),
+//! `conversation` read from `../shared/traces/` beside the repository, and `agent`,
+//! generated in the agent shape (`lookup_sim::generator::agent`: sessions of turns,
+//! each prompt the previous one plus its output and a tool result; no real tool or
+//! agent trace is available). `synthetic` (read beside `conversation`) is there on
+//! request.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -24,6 +28,7 @@ use anyhow::{Context, bail};
 use super::compare::{self, Comparison, divergence_context, quantile};
 use super::scenario::{self, Answers, Pressure, Shape};
 use crate::simulate::engine::stepped::{self, Scenario, StepLine};
+use crate::simulate::generator::agent::generate_agent;
 use crate::simulate::trace::{TraceRequest, TraceSource};
 
 /// Which trace a slice is cut from.
@@ -35,6 +40,8 @@ pub enum TraceName {
     Conversation,
     /// `../shared/traces/synthetic_trace.jsonl`.
     Synthetic,
+    /// The generated agent-shaped trace (`lookup_sim::generator::agent`), `--seed`.
+    Agent,
 }
 
 impl TraceName {
@@ -43,6 +50,7 @@ impl TraceName {
             Self::Default => "default",
             Self::Conversation => "conversation",
             Self::Synthetic => "synthetic",
+            Self::Agent => "agent",
         }
     }
 }
@@ -55,7 +63,7 @@ pub struct VllmArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "default,conversation,synthetic"
+        default_value = "default,conversation,agent"
     )]
     pub traces: Vec<TraceName>,
     /// KV pressures.
@@ -71,7 +79,7 @@ pub struct VllmArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "ready,pending,missing"
+        default_value = "ready,pending,missing,load,pending-load"
     )]
     pub answers: Vec<Answers>,
     /// vLLM's `scheduler_reserve_full_isl` per slice (true is vLLM's default; with
@@ -79,6 +87,13 @@ pub struct VllmArgs {
     /// often).
     #[arg(long, value_delimiter = ',', default_value = "true", action = clap::ArgAction::Set)]
     pub reserve_full_isl: Vec<bool>,
+    /// vLLM's `async_scheduling` per slice: true is what vLLM 0.33 resolves it to
+    /// for one GPU (vllm/config/vllm.py, `async_scheduling is None`): its
+    /// `AsyncScheduler` in `EngineCore.step_with_batch_queue`, two batches in flight;
+    /// false runs `Scheduler` in `EngineCore.step`. Slices at false are named
+    /// `.../sync`.
+    #[arg(long, value_delimiter = ',', default_value = "true,false", action = clap::ArgAction::Set)]
+    pub async_scheduling: Vec<bool>,
     /// Requests per slice (the trace's first N).
     #[arg(long, value_name = "N", default_value_t = 40)]
     pub requests: usize,
@@ -175,6 +190,7 @@ fn python(args: &VllmArgs) -> PathBuf {
 fn slice(trace: TraceName, n: usize, seed: u64) -> anyhow::Result<Vec<TraceRequest>> {
     let source = match trace {
         TraceName::Default => TraceSource::Generated { seed, requests: n },
+        TraceName::Agent => return Ok(generate_agent(seed, n)),
         TraceName::Conversation | TraceName::Synthetic => {
             let file = format!("{}_trace.jsonl", trace.name());
             let path = root().join("..").join("shared/traces").join(&file);
@@ -277,11 +293,11 @@ pub fn run(args: &VllmArgs, seed: u64) -> anyhow::Result<()> {
     let mut results = Vec::new();
     for &trace in &args.traces {
         let reqs = slice(trace, args.requests, seed)?;
-        for (&pressure, &gate) in args
-            .pressures
-            .iter()
-            .flat_map(|p| args.reserve_full_isl.iter().map(move |g| (p, g)))
-        {
+        for (&pressure, &gate, &overlap) in args.pressures.iter().flat_map(|p| {
+            args.reserve_full_isl
+                .iter()
+                .flat_map(move |g| args.async_scheduling.iter().map(move |a| (p, g, a)))
+        }) {
             let shape = Shape {
                 ms_per_step: args.ms_per_step,
                 max_output: args.max_output,
@@ -289,11 +305,13 @@ pub fn run(args: &VllmArgs, seed: u64) -> anyhow::Result<()> {
                 max_num_seqs: args.max_num_seqs,
                 max_steps: args.max_steps,
                 reserve_full_isl: gate,
+                async_scheduling: overlap,
             };
             for &answers in &args.answers {
                 let gate_name = if gate { "" } else { "/no-gate" };
+                let sync_name = if overlap { "" } else { "/sync" };
                 let name = format!(
-                    "{}/{}{gate_name}/{}",
+                    "{}/{}{gate_name}/{}{sync_name}",
                     trace.name(),
                     pressure.name(),
                     answers.name()
@@ -369,7 +387,7 @@ fn summary(results: &[SliceResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28} {:>6} {:>10} {:>8} {:>15} {:>7} {:>15} {:>7}",
+        "{:<34} {:>6} {:>10} {:>8} {:>15} {:>7} {:>15} {:>7}",
         "slice",
         "steps",
         "identical",
@@ -385,7 +403,7 @@ fn summary(results: &[SliceResult]) -> String {
         let (s99, v99) = (quantile(&c.ttft_sim, 0.99), quantile(&c.ttft_vllm, 0.99));
         let _ = writeln!(
             out,
-            "{:<28} {:>6} {:>9.1}% {:>8} {:>15} {:>7.3} {:>15} {:>7.3}",
+            "{:<34} {:>6} {:>9.1}% {:>8} {:>15} {:>7.3} {:>15} {:>7.3}",
             r.name,
             c.steps,
             c.identical_pct(),

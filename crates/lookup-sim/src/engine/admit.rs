@@ -48,7 +48,7 @@ impl Engine {
         w: &mut World<'_>,
     ) -> anyhow::Result<()> {
         self.holding_first(w);
-        let mut skipped = Vec::new();
+        pass.skipped.clear();
         while pass.budget > 0 && !self.waiting.is_empty() {
             if self.running.len() >= w.p.engine.max_num_seqs as usize {
                 break;
@@ -61,12 +61,12 @@ impl Engine {
                 }
                 Turn::Skipped => {
                     self.waiting.pop_front();
-                    skipped.push(idx);
+                    pass.skipped.push(idx);
                 }
                 Turn::Stop => break,
             }
         }
-        for idx in skipped.into_iter().rev() {
+        for idx in std::mem::take(&mut pass.skipped).into_iter().rev() {
             self.waiting.push_front(idx);
         }
         Ok(())
@@ -76,7 +76,7 @@ impl Engine {
     /// waiting queue, in their order: vLLM 0.33 keeps them in `kv_holding_waiting`
     /// (`_enqueue_waiting_request`, `_holds_kv_blocks`) and drains that queue first.
     fn holding_first(&mut self, w: &World<'_>) {
-        let holds = |i: &usize| matches!(w.reqs[*i].phase, Phase::Loading { .. });
+        let holds = |i: &usize| holds_blocks(&w.reqs[*i]);
         if !self.waiting.iter().skip_while(|i| holds(i)).any(holds) {
             return;
         }
@@ -130,8 +130,12 @@ impl Engine {
             computed = found.local_tokens;
         }
         w.reqs[idx].ready_at.get_or_insert(pass.now);
-        if found.external_tokens > 0 && w.p.engine.load_kv_async {
-            return Ok(self.start_load(idx, &found, pass.now, w));
+        let load_async = self
+            .script
+            .as_ref()
+            .map_or(w.p.engine.load_kv_async, |s| s.loads_async(w.reqs[idx].seq));
+        if found.external_tokens > 0 && load_async {
+            return Ok(self.start_load(idx, &found, pass, w));
         }
         computed += found.external_tokens;
         Ok(self.start_compute(idx, &found, computed, pass, w))
@@ -155,8 +159,9 @@ impl Engine {
     /// Blocks that in-flight prefills still need to hold their whole sequence (vLLM
     /// `Scheduler._inflight_prefill_reserved_blocks`, the sum of
     /// `_request_remaining_blocks` over `_inflight_prefills`: requests admitted with
-    /// prefill left after their chunk, and loads in flight).
-    fn inflight_reserved_blocks(&self, w: &World<'_>) -> u64 {
+    /// prefill left after their chunk, and requests holding blocks for a load, in
+    /// the queue or skipped earlier in this pass, a load started in it included).
+    fn inflight_reserved_blocks(&self, pass: &Pass, w: &World<'_>) -> u64 {
         let per = self.local.per_hash();
         let remaining = |i: &usize| {
             let r = &w.reqs[*i];
@@ -171,7 +176,8 @@ impl Engine {
         let loading: u64 = self
             .waiting
             .iter()
-            .filter(|&&i| matches!(w.reqs[i].phase, Phase::Loading { .. }))
+            .chain(&pass.skipped)
+            .filter(|&&i| holds_blocks(&w.reqs[i]))
             .map(remaining)
             .sum();
         running + loading
@@ -326,9 +332,10 @@ impl Engine {
     /// ([`full_prompt_fits`](Self::full_prompt_fits)) and its blocks fit beside the
     /// blocks in-flight prefills still need (vLLM's `reserved_blocks` for async
     /// loads, `_inflight_prefill_reserved_blocks`).
-    fn start_load(&mut self, idx: usize, found: &Found, now: u64, w: &mut World<'_>) -> Turn {
+    fn start_load(&mut self, idx: usize, found: &Found, pass: &Pass, w: &mut World<'_>) -> Turn {
+        let now = pass.now;
         let end = found.local_tokens + found.external_tokens;
-        let reserved = self.inflight_reserved_blocks(w);
+        let reserved = self.inflight_reserved_blocks(pass, w);
         let fits = w.reqs[idx]
             .held
             .fits(&self.local, &found.hits, end, reserved);
@@ -343,10 +350,15 @@ impl Engine {
         let first = (found.local_tokens / TRACE_BLOCK_TOKENS) as usize;
         let last = (end.div_ceil(TRACE_BLOCK_TOKENS) as usize).max(first);
         let blocks = (last - first) as u64;
-        let start = now.max(self.load_free);
-        let done_at =
-            start + nanos(w.p.store.load_fixed_s) + blocks * nanos(w.p.store.load_block_s);
-        self.load_free = done_at;
+        let done_at = if let Some(script) = &self.script {
+            script.load_done_at(w.reqs[idx].seq, now)
+        } else {
+            let start = now.max(self.load_free);
+            let done =
+                start + nanos(w.p.store.load_fixed_s) + blocks * nanos(w.p.store.load_block_s);
+            self.load_free = done;
+            done
+        };
         let r = &mut w.reqs[idx];
         let stored = r.hashes.len();
         w.store
@@ -357,7 +369,8 @@ impl Engine {
         };
         r.first_scheduled.get_or_insert(now);
         r.load_done.get_or_insert(done_at);
-        self.count_hits(idx, found, w);
+        // Not an admission: the step log's hits are those of admissions.
+        self.count_hits(idx, found, false, w);
         Turn::Skipped
     }
 
@@ -384,7 +397,7 @@ impl Engine {
         }
         let id = w.reqs[idx].core.request_id;
         self.conn.on_allocated(id, now, &w.store);
-        self.count_hits(idx, found, w);
+        self.count_hits(idx, found, true, w);
         let r = &mut w.reqs[idx];
         r.first_scheduled.get_or_insert(now);
         r.first_compute.get_or_insert(now);
@@ -404,17 +417,25 @@ impl Engine {
         Turn::Admitted
     }
 
-    /// The admission's hits go into the request's and the engine's figures, and the
-    /// step log's.
-    fn count_hits(&mut self, idx: usize, found: &Found, w: &mut World<'_>) {
+    /// The hits go into the request's and the engine's figures, and, for an
+    /// admission (`admitted`), the step log's.
+    fn count_hits(&mut self, idx: usize, found: &Found, admitted: bool, w: &mut World<'_>) {
         let r = &mut w.reqs[idx];
         r.local_hit_tokens += found.local_tokens;
         r.external_hit_tokens += found.external_tokens;
         self.local_hit_tokens += u64::from(found.local_tokens);
         self.external_hit_tokens += u64::from(found.external_tokens);
-        if let Some(log) = &mut self.log {
+        if let Some(log) = self.log.as_mut().filter(|_| admitted) {
             log.local_hits.push((r.seq, found.local_tokens));
             log.external_hits.push((r.seq, found.external_tokens));
         }
     }
+}
+
+/// A waiting request that holds KV blocks: its load in flight, or done and not yet
+/// admitted (vLLM `Scheduler._holds_kv_blocks`: `num_computed_tokens > 0` or
+/// `WAITING_FOR_REMOTE_KVS`). vLLM keeps these in `kv_holding_waiting`, drained
+/// first, and counts them in `_inflight_prefills` until their prefill is scheduled.
+fn holds_blocks(r: &super::world::Req) -> bool {
+    matches!(r.phase, Phase::Loading { .. }) || (r.phase == Phase::Waiting && r.num_computed > 0)
 }

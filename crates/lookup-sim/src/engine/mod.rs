@@ -11,6 +11,12 @@
 //!   batch queue of 2): the engine thread schedules step n+1 and hands it to the GPU
 //!   while step n runs, then waits for step n's output and processes it. The GPU runs
 //!   steps back to back; engine-thread time beyond a step's GPU time is GPU idle time.
+//!   With two batches in flight and the Mooncake connector (`kv_both`, a KV
+//!   consumer), vLLM fences block frees behind the step in flight
+//!   (`defer_block_free`, vllm/v1/core/sched/scheduler.py): a finished or preempted
+//!   request's blocks return to the pool once every step scheduled before its free
+//!   has run, and the running loop does not preempt a request scheduled in the step
+//!   in flight (it stops instead; `fence.rs`).
 //! - **Livelock watchdog**: an engine that launches `STALL_STEPS` steps without
 //!   an output token ends the run with an error, whatever the mode.
 //! - **Scheduler** (vLLM `Scheduler.schedule`, FCFS): a token budget
@@ -59,6 +65,7 @@
 //! arrival to the first scheduling (blocks allocated for compute or for a load).
 
 mod admit;
+mod fence;
 mod params;
 mod replica;
 mod result;
@@ -127,6 +134,7 @@ where
             e.gpu_kv_blocks,
             e.local_prefix_cache,
             e.prefix_hash_tokens,
+            e.batch_queue > 1,
         ));
     }
     let feed = Feed::new(Box::new(trace.into_iter()));

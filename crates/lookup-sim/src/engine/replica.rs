@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use super::fence::Fence;
 use super::params::ArrivalHandling;
 use super::result::{FirstPending, ModeResult, Waits, add_stats};
 use super::sample::Sample;
@@ -65,6 +66,9 @@ pub(super) struct Engine {
     pub(super) log: Option<super::script::Decisions>,
     /// A step-driven run's stand-in connector answers; `None`: the real connector.
     pub(super) script: Option<super::script::Script>,
+    /// Block frees deferred while a step that may write the blocks is in flight
+    /// (vLLM's `defer_block_free`, [`Fence`]).
+    pub(super) fence: Fence,
 }
 
 /// Steps an engine may launch without producing a single output token before the run
@@ -79,6 +83,7 @@ impl Engine {
         gpu_kv_blocks: u64,
         prefix_cache: bool,
         hash_tokens: u32,
+        defer_block_free: bool,
     ) -> Self {
         Self {
             conn,
@@ -113,6 +118,7 @@ impl Engine {
             schedule_began: 0,
             log: None,
             script: None,
+            fence: Fence::new(defer_block_free),
         }
     }
 
@@ -329,6 +335,7 @@ impl Engine {
     /// ends (blocks written to the store), finished requests.
     pub(super) fn process_output(&mut self, step: Step, w: &mut World<'_>) {
         let now = self.t;
+        self.fence.step_processed(&mut self.local);
         for en in step.entries {
             let Some(r) = w.reqs.get_mut(en.req, en.seq) else {
                 continue;
@@ -351,7 +358,8 @@ impl Engine {
                 w.store.put(&r.hashes);
             }
             if after >= r.target {
-                Self::release(&mut self.local, r);
+                self.fence
+                    .free(&mut self.local, r.last_sched_seq, &mut r.held);
                 let id = r.core.request_id;
                 if let Some(pos) = self.running.iter().position(|&x| x == en.req) {
                     self.running.remove(pos);

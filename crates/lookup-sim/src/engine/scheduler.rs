@@ -28,6 +28,9 @@ pub(super) struct Pass {
     /// wait: the budget is per step, so a long waiting queue of pending lookups
     /// cannot hold the engine thread for a budget each.
     pub(super) wait_left: Option<u64>,
+    /// Waiting requests skipped so far in this pass (`step_skipped_waiting` and
+    /// `step_skipped_kv_holding`), back at the head of the queue after it.
+    pub(super) skipped: Vec<usize>,
 }
 
 impl Engine {
@@ -57,16 +60,13 @@ impl Engine {
             .promote_full(local, known, |k| group_hash(hashes, seq, k));
     }
 
-    pub(super) fn release(local: &mut LocalCache, r: &mut Req) {
-        r.held.release(local);
-    }
-
     /// Recompute preemption (vLLM `Scheduler._preempt_request`): blocks freed
-    /// (`KVCacheManager.free`), `num_computed_tokens` back to 0, prepended to the
+    /// (`KVCacheManager.free`, through the [`Fence`](super::fence::Fence)), `num_computed_tokens` back to 0, prepended to the
     /// waiting queue; its prompt now includes the outputs produced so far.
     pub(super) fn preempt(&mut self, idx: usize, now: u64, w: &mut World<'_>) {
         let r = &mut w.reqs[idx];
-        Self::release(&mut self.local, r);
+        self.fence
+            .free(&mut self.local, r.last_sched_seq, &mut r.held);
         r.num_computed = 0;
         r.prefill_len = r.input + r.outputs;
         r.core.num_tokens = r.prefill_len;
@@ -102,6 +102,7 @@ impl Engine {
             preempted: false,
             probes: 0,
             wait_left: None,
+            skipped: Vec::new(),
         };
         self.schedule_began = pass.now;
         self.waiting_peak = self.waiting_peak.max(self.waiting.len());
@@ -111,14 +112,24 @@ impl Engine {
         if !pass.preempted {
             self.schedule_waiting(&mut pass, w)?;
         }
-        Ok(self.build_step(pass, w))
+        let step = self.build_step(pass, w);
+        if let Some(st) = &step {
+            let stamp = self.fence.step_scheduled();
+            for en in &st.entries {
+                w.reqs[en.req].last_sched_seq = stamp;
+            }
+        }
+        Ok(step)
     }
 
     /// vLLM `schedule()`, "First, schedule the RUNNING requests": in order, each
     /// gets the rest of its prefill (chunked by the budget) or one decode token;
     /// when its blocks do not fit, the last running request is preempted
     /// (`self.running.pop()`, FCFS) until they do, or until it preempted itself,
-    /// which ends the pass (`break`).
+    /// which ends the pass (`break`). With deferred frees (async scheduling and a KV
+    /// consumer connector) a last running request scheduled in the step in flight
+    /// is not preempted: the pass ends there, nothing preempted
+    /// (`_request_blocks_can_be_freed`, [`Fence`](super::fence::Fence)).
     fn schedule_running(&mut self, pass: &mut Pass, w: &mut World<'_>) {
         let mut i = 0;
         while i < self.running.len() && pass.budget > 0 {
@@ -138,6 +149,13 @@ impl Engine {
             let end = r.num_computed + new;
             let mut fits = true;
             while !self.allocate(&mut w.reqs[idx], &[], end, true) {
+                let last = *self.running.last().expect("the request itself is running");
+                if !self.fence.can_free(w.reqs[last].last_sched_seq) {
+                    // vLLM: "A deferred free will not help with immediate
+                    // allocation": the request is not scheduled, and the loop ends.
+                    fits = false;
+                    break;
+                }
                 let victim = self.running.pop().expect("the request itself is running");
                 self.preempt(victim, pass.now, w);
                 pass.preempted = true;

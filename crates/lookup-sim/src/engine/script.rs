@@ -15,6 +15,11 @@ pub enum ConnectorAnswer {
     Ready {
         /// Tokens of the prompt's prefix in the store.
         hit_tokens: u32,
+        /// Loaded asynchronously (`load_kv_async` True) when set: the load ends in
+        /// the output of the `load_steps`-th step run from the one that allocated
+        /// its blocks (that one included); unset, loaded synchronously.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        load_steps: Option<u32>,
     },
     /// `None` for the first `steps` probes, then as `Ready`.
     Pending {
@@ -22,7 +27,21 @@ pub enum ConnectorAnswer {
         steps: u32,
         /// Tokens of the prompt's prefix in the store.
         hit_tokens: u32,
+        /// As `Ready`'s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        load_steps: Option<u32>,
     },
+}
+
+impl ConnectorAnswer {
+    /// Steps an asynchronous load of this answer takes (`None`: synchronous).
+    #[must_use]
+    pub fn load_steps(&self) -> Option<u32> {
+        match *self {
+            Self::Missing => None,
+            Self::Ready { load_steps, .. } | Self::Pending { load_steps, .. } => load_steps,
+        }
+    }
 }
 
 /// One step's decisions, recorded by the engine as it takes them (request `seq`s).
@@ -43,6 +62,9 @@ pub(super) struct Script {
     pub(super) answers: Vec<ConnectorAnswer>,
     pub(super) probes: Vec<u32>,
     pub(super) block_size: u32,
+    /// Steps between a step's scheduling and its output's processing: 0 without
+    /// async scheduling, 1 with it (the batch queue's second place).
+    pub(super) output_lag: u64,
 }
 
 impl Script {
@@ -61,8 +83,10 @@ impl Script {
         self.probes[i] += 1;
         let hit = match self.answers[i] {
             ConnectorAnswer::Missing => 0,
-            ConnectorAnswer::Ready { hit_tokens } => hit_tokens,
-            ConnectorAnswer::Pending { steps, hit_tokens } => {
+            ConnectorAnswer::Ready { hit_tokens, .. } => hit_tokens,
+            ConnectorAnswer::Pending {
+                steps, hit_tokens, ..
+            } => {
                 if self.probes[i] <= steps {
                     return None;
                 }
@@ -71,5 +95,21 @@ impl Script {
         };
         let cap = (num_tokens.saturating_sub(1) / self.block_size) * self.block_size;
         Some(hit.min(cap).saturating_sub(local_tokens))
+    }
+
+    /// True when request `seq`'s external tokens load asynchronously.
+    pub(super) fn loads_async(&self, seq: u64) -> bool {
+        self.answers[seq as usize].load_steps().is_some()
+    }
+
+    /// When request `seq`'s asynchronous load, started by a `schedule` at step time
+    /// `now` (ns, a step per 10^6), is seen done: the load ends in the output of
+    /// the `load_steps`-th step from this one, and a `schedule` sees it once that
+    /// output is processed (`_update_from_kv_xfer_finished` adds it to
+    /// `finished_recving_kv_req_ids`; `_handle_blocked_waiting_request` reads them):
+    /// `load_steps` steps later, one more with async scheduling.
+    pub(super) fn load_done_at(&self, seq: u64, now: u64) -> u64 {
+        let k = self.answers[seq as usize].load_steps().unwrap_or(1);
+        now + (u64::from(k) + self.output_lag) * 1_000_000
     }
 }

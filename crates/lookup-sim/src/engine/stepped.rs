@@ -7,9 +7,21 @@
 //!
 //! Time is counted in steps: no step cost, no lookup server. The connector is a
 //! stand-in (`Script`) that answers as the scenario says (ready, pending for k
-//! probes, missing); external tokens load synchronously (`load_kv_async = false`);
-//! scheduling is not asynchronous (one step in flight, its output processed before
-//! the next `schedule`). The prefix cache hashes vLLM's 16-token blocks, chained
+//! probes, missing); external tokens load synchronously (`load_kv_async = false`)
+//! or, when the answer says so, asynchronously for a number of steps
+//! (`WAITING_FOR_REMOTE_KVS` until the model runner reports the load in
+//! `finished_recving`).
+//! Each step is one turn of vLLM's engine loop (vllm/v1/engine/core.py): without
+//! async scheduling `EngineCore.step` (schedule, then that batch's output); with it
+//! (`async_scheduling`, what vLLM 0.33 resolves for one GPU)
+//! `EngineCore.step_with_batch_queue` over a queue of 2 batches: a turn schedules a
+//! batch (an empty one too) and then processes the oldest batch's output only when
+//! the queue is full or nothing more can be scheduled, so a finished request is
+//! reported a step later. The connector stands for a `kv_both` one (the Mooncake
+//! store connector's role, as the harness runs it), so with async scheduling block
+//! frees are fenced behind the step in flight ([`Fence`](super::fence::Fence)) and
+//! a preempted request's output in flight is dropped (`requires_kv_delivery`).
+//! The prefix cache hashes vLLM's 16-token blocks, chained
 //! over the scenario's token ids, so equal prefixes hash equal here exactly when
 //! they do in vLLM.
 
@@ -21,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use super::replica::Engine;
 pub use super::script::ConnectorAnswer;
 use super::script::{Decisions, Script};
-use super::world::{Feed, Phase, Req, World, mix};
+use super::world::{Feed, Phase, Req, Step, World, mix};
 use super::{EngineParams, SimParams};
 use crate::connector::Connector;
 use crate::mode::Mode;
@@ -56,7 +68,8 @@ pub struct Settings {
     pub enable_prefix_caching: bool,
     /// vLLM's cap on one prefill chunk (0: none; must be 0 here).
     pub long_prefill_token_threshold: u32,
-    /// Async scheduling (must be false here).
+    /// Async scheduling (vLLM's `AsyncScheduler`, two batches in flight); vLLM 0.33
+    /// resolves it to true for one GPU (vllm/config/vllm.py).
     pub async_scheduling: bool,
     /// The full-prompt admission gate.
     pub scheduler_reserve_full_isl: bool,
@@ -143,17 +156,16 @@ impl Scenario {
     ///
     /// # Errors
     /// Settings outside what it models (block size not 16, chunked prefill off, a
-    /// long-prefill threshold, async scheduling), an empty prompt or output, a
+    /// long-prefill threshold), an empty prompt or output, a
     /// request that cannot fit the pool alone, or duplicate ids.
     pub fn validate(&self) -> anyhow::Result<()> {
         let s = &self.settings;
         if s.block_size != crate::store::KV_BLOCK_TOKENS {
             bail!("block_size must be 16, got {}", s.block_size);
         }
-        if !s.enable_chunked_prefill || s.long_prefill_token_threshold != 0 || s.async_scheduling {
+        if !s.enable_chunked_prefill || s.long_prefill_token_threshold != 0 {
             bail!(
-                "the step-driven engine models chunked prefill, no long_prefill_token_threshold \
-                 and no async scheduling"
+                "the step-driven engine models chunked prefill and no long_prefill_token_threshold"
             );
         }
         if s.max_num_seqs == 0 || s.max_num_batched_tokens == 0 {
@@ -183,8 +195,9 @@ impl Scenario {
 }
 
 /// Runs `scenario` through one engine, step by step: at each step the requests
-/// arriving by it are added, `schedule` runs, and the step's output is processed at
-/// once. Returns one [`StepLine`] per step and the [`EndLine`]; it stops when every
+/// arriving by it are added, then one turn of vLLM's engine loop runs (`schedule`,
+/// and the output of the step just scheduled, or with async scheduling of the
+/// step before it). Returns one [`StepLine`] per step and the [`EndLine`]; it stops when every
 /// request finished or at `max_steps`. The prefix cache hashes `hash_tokens`-token
 /// blocks (16: vLLM's own; 512: the timed simulator's default groups).
 ///
@@ -207,7 +220,7 @@ pub fn run_steps(
             prefix_hash_tokens: hash_tokens,
             scheduler_reserve_full_isl: s.scheduler_reserve_full_isl,
             load_kv_async: false,
-            batch_queue: 1,
+            batch_queue: if s.async_scheduling { 2 } else { 1 },
             ..EngineParams::default()
         },
         ..SimParams::default()
@@ -221,12 +234,14 @@ pub fn run_steps(
         conn,
         s.num_gpu_blocks,
         s.enable_prefix_caching,
-        s.block_size,
+        hash_tokens,
+        s.async_scheduling,
     );
     engine.script = Some(Script {
         answers: scenario.requests.iter().map(|r| r.connector).collect(),
         probes: vec![0; scenario.requests.len()],
         block_size: s.block_size,
+        output_lag: u64::from(s.async_scheduling),
     });
     let no_trace = std::iter::empty();
     let on_finished = |_: &super::RequestRecord| {};
@@ -246,6 +261,12 @@ pub fn run_steps(
     let mut step = 0u64;
     let name = |seq: u64| ids[seq as usize].to_owned();
     let named = |v: &[(u64, u32)]| v.iter().map(|&(q, n)| (name(q), n)).collect::<Vec<_>>();
+    // vLLM's batch queue (`EngineCore.batch_queue`, `max_concurrent_batches`): 2
+    // with async scheduling, 1 without. An empty step takes a place too.
+    let depth = if s.async_scheduling { 2 } else { 1 };
+    let mut batches: VecDeque<Option<Step>> = VecDeque::new();
+    // vLLM's `has_finished_requests`: a request finished since the last schedule.
+    let mut finished_since_schedule = false;
     while step < s.max_steps && (finished as usize) < scenario.requests.len() {
         engine.t = step * 1_000_000;
         while order
@@ -255,18 +276,38 @@ pub fn run_steps(
             let i = order.pop_front().expect("checked");
             let slot = w
                 .reqs
-                .insert(request(&scenario.requests[i], i as u64, s.block_size));
+                .insert(request(&scenario.requests[i], i as u64, hash_tokens));
             engine.route(slot);
             engine.handle_arrival(engine.t, &mut w);
         }
         engine.log = Some(Decisions::default());
-        let built = engine.schedule(&mut w)?;
-        let blocks_in_use = engine.local.held();
-        let (waiting, running) = (engine.waiting.len() as u64, engine.running.len() as u64);
+        let mut blocks_in_use = engine.local.held();
+        let (mut waiting, mut running) = (engine.waiting.len() as u64, engine.running.len() as u64);
         let mut scheduled = Vec::new();
-        if let Some(st) = built {
-            scheduled = st.entries.iter().map(|e| (name(e.seq), e.new)).collect();
-            engine.steps += 1;
+        let has_requests = waiting + running > 0 || finished_since_schedule;
+        let mut process = None;
+        if has_requests {
+            // One turn of `EngineCore.step` / `step_with_batch_queue`
+            // (vllm/v1/engine/core.py): schedule a batch (possibly empty) into the
+            // queue; process the oldest batch's output when the queue is full or
+            // nothing more can be scheduled.
+            let built = engine.schedule(&mut w)?;
+            finished_since_schedule = false;
+            blocks_in_use = engine.local.held();
+            (waiting, running) = (engine.waiting.len() as u64, engine.running.len() as u64);
+            let executed = built.is_some();
+            if let Some(st) = &built {
+                scheduled = st.entries.iter().map(|e| (name(e.seq), e.new)).collect();
+                engine.steps += 1;
+            }
+            batches.push_back(built);
+            if batches.len() >= depth || !(executed || waiting + running > 0) {
+                process = batches.pop_front();
+            }
+        } else {
+            process = batches.pop_front();
+        }
+        if let Some(Some(st)) = process {
             engine.process_output(st, &mut w);
         }
         scheduled.sort();
@@ -274,6 +315,7 @@ pub fn run_steps(
         d.finished
             .sort_by(|a, b| ids[*a as usize].cmp(ids[*b as usize]));
         finished += d.finished.len() as u64;
+        finished_since_schedule |= !d.finished.is_empty();
         lines.push(StepLine {
             step,
             scheduled,
@@ -375,6 +417,105 @@ mod tests {
         assert_eq!(sched(&off[2]), vec![("r0", 1)]);
     }
 
+    /// Async scheduling (vLLM 0.33's `AsyncScheduler` in
+    /// `EngineCore.step_with_batch_queue`, two batches in flight, a `kv_both`
+    /// connector so block frees are fenced): at step 2 r0's first decode needs a 7th
+    /// of 8 blocks, but r1, the last running request, was scheduled in step 1, still
+    /// in flight, so it is not preempted and nothing is scheduled
+    /// (`_request_blocks_can_be_freed`); it is preempted at step 3, once step 1's
+    /// output is processed. A finished request is reported a step after its last
+    /// token is scheduled. The lines are those vLLM's own scheduler gives on this
+    /// scenario (scripts/vllm/fidelity/harness.py).
+    #[test]
+    fn async_scheduling_preempts_only_requests_out_of_the_step_in_flight() {
+        let mut sc = scenario(false);
+        sc.settings.async_scheduling = true;
+        let (log, end) = run_steps(&sc, 16).unwrap();
+        assert_eq!((end.steps, end.finished), (8, 2));
+        type Line<'a> = (Vec<(&'a str, u32)>, Vec<&'a str>, Vec<&'a str>, u64);
+        let got: Vec<Line<'_>> = log
+            .iter()
+            .map(|l| {
+                (
+                    sched(l),
+                    l.preempted.iter().map(String::as_str).collect(),
+                    l.finished.iter().map(String::as_str).collect(),
+                    l.blocks_in_use,
+                )
+            })
+            .collect();
+        let none: Vec<&str> = Vec::new();
+        assert_eq!(
+            got,
+            vec![
+                (vec![("r0", 64)], none.clone(), none.clone(), 4),
+                (vec![("r0", 32), ("r1", 32)], none.clone(), none.clone(), 8),
+                (vec![], none.clone(), none.clone(), 8),
+                (vec![("r0", 1)], vec!["r1"], none.clone(), 7),
+                (vec![("r0", 1)], none.clone(), none.clone(), 7),
+                (vec![], none.clone(), vec!["r0"], 7),
+                (vec![("r1", 64)], none.clone(), none.clone(), 5),
+                (vec![], none.clone(), vec!["r1"], 5),
+            ]
+        );
+        assert_eq!(log[6].local_hits, vec![("r1".to_owned(), 16)]);
+    }
+
+    /// An asynchronous load (`load_kv_async` True) of 48 of a 50-token prompt for 2
+    /// steps: its 3 blocks are held from step 0 with nothing scheduled; the load ends
+    /// in step 1's output, seen by step 2's schedule (step 3's with async scheduling,
+    /// whose step-1 output is processed after step 2's schedule); admitted then, it
+    /// computes its last 2 tokens into a 4th block. The steps vLLM's own scheduler
+    /// gives on this scenario (scripts/vllm/fidelity/test_harness.py).
+    #[test]
+    fn an_async_load_holds_its_blocks_until_its_output_reports_it() {
+        for (overlap, admitted_at) in [(false, 2), (true, 3)] {
+            let mut sc = scenario(true);
+            sc.settings.async_scheduling = overlap;
+            sc.requests.truncate(1);
+            sc.requests[0].prompt_token_ids.truncate(50);
+            sc.requests[0].output_token_ids.truncate(2);
+            sc.requests[0].connector = ConnectorAnswer::Ready {
+                hit_tokens: 48,
+                load_steps: Some(2),
+            };
+            let (log, _) = run_steps(&sc, 16).unwrap();
+            for l in &log[..admitted_at] {
+                assert!(l.scheduled.is_empty() && l.admitted.is_empty());
+                assert_eq!((l.blocks_in_use, l.waiting, l.running), (3, 1, 0));
+            }
+            let l = &log[admitted_at];
+            assert_eq!(sched(l), vec![("r0", 2)]);
+            assert_eq!(l.admitted, vec!["r0".to_owned()]);
+            assert_eq!(l.local_hits, vec![("r0".to_owned(), 0)]);
+            assert_eq!(l.external_hits, vec![("r0".to_owned(), 0)]);
+            assert_eq!((l.blocks_in_use, l.waiting, l.running), (4, 0, 1));
+        }
+    }
+
+    /// `hash_tokens` is the prefix cache's granularity: r1 repeats r0's first 90
+    /// tokens after r0 finished; vLLM's 16-token blocks find 80 of them (5 full
+    /// blocks), 512-token groups none.
+    #[test]
+    fn the_prefix_cache_hashes_blocks_of_hash_tokens() {
+        let mut sc = scenario(true);
+        sc.requests[1].prompt_token_ids = sc.requests[0].prompt_token_ids[..90]
+            .iter()
+            .copied()
+            .chain(5000..5020)
+            .collect();
+        sc.requests[1].arrival_step = 10;
+        for (hash_tokens, hit) in [(16, 80), (512, 0)] {
+            let (log, _) = run_steps(&sc, hash_tokens).unwrap();
+            let hits: Vec<_> = log.iter().flat_map(|l| l.local_hits.clone()).collect();
+            assert_eq!(
+                hits,
+                vec![("r0".to_owned(), 0), ("r1".to_owned(), hit)],
+                "{hash_tokens}"
+            );
+        }
+    }
+
     /// A pending answer skips the request for as many probes as scripted, then its
     /// hit is used, capped below its last token.
     #[test]
@@ -384,6 +525,7 @@ mod tests {
         sc.requests[0].connector = ConnectorAnswer::Pending {
             steps: 2,
             hit_tokens: 96,
+            load_steps: None,
         };
         let (log, _) = run_steps(&sc, 16).unwrap();
         assert_eq!(log[0].skipped_pending, vec!["r0".to_owned()]);

@@ -74,6 +74,9 @@ pub(super) struct Req {
     pub(super) local_hit_tokens: u32,
     pub(super) external_hit_tokens: u32,
     pub(super) preemptions: u32,
+    /// The fence stamp of the last step it was scheduled in
+    /// ([`Fence`](super::fence::Fence), vLLM `request.last_sched_seq`).
+    pub(super) last_sched_seq: u64,
 }
 
 impl Req {
@@ -128,6 +131,7 @@ impl Req {
             local_hit_tokens: 0,
             external_hit_tokens: 0,
             preemptions: 0,
+            last_sched_seq: 0,
         }
     }
 
