@@ -19,7 +19,7 @@
 //! the queue is full or nothing more can be scheduled, so a finished request is
 //! reported a step later. The connector stands for a `kv_both` one (the Mooncake
 //! store connector's role, as the harness runs it), so with async scheduling block
-//! frees are fenced behind the step in flight ([`Fence`](super::fence::Fence)) and
+//! frees are fenced behind the step in flight (`engine::fence::Fence`) and
 //! a preempted request's output in flight is dropped (`requires_kv_delivery`).
 //! The prefix cache hashes vLLM's 16-token blocks, chained
 //! over the scenario's token ids, so equal prefixes hash equal here exactly when
