@@ -168,8 +168,7 @@ impl LookupClient {
     /// answer, [`crate::metrics`]).
     pub fn on_new_request(&mut self, req: &Request) {
         let now = self.begin();
-        self.core.observer_mut().arrived(req.request_id, None);
-        self.core.on_new_request(req, now);
+        self.arrive_at(req, None, now);
         self.end();
     }
 
@@ -180,10 +179,7 @@ impl LookupClient {
     /// [`end_idle`](Self::end_idle) sweep).
     pub fn on_new_request_with_id(&mut self, req: &Request, caller_id: &str) {
         let now = self.begin();
-        self.core
-            .observer_mut()
-            .arrived(req.request_id, Some(Arc::from(caller_id)));
-        self.core.on_new_request(req, now);
+        self.arrive_at(req, Some(caller_id), now);
         self.end();
     }
 

@@ -57,18 +57,12 @@ impl Step<'_> {
 
     /// [`LookupClient::on_new_request`] at the step's instant.
     pub fn on_new_request(&mut self, req: &Request) {
-        let c = &mut *self.client;
-        c.core.observer_mut().arrived(req.request_id, None);
-        c.core.on_new_request(req, self.now);
+        self.client.arrive_at(req, None, self.now);
     }
 
     /// [`LookupClient::on_new_request_with_id`] at the step's instant.
     pub fn on_new_request_with_id(&mut self, req: &Request, caller_id: &str) {
-        let c = &mut *self.client;
-        c.core
-            .observer_mut()
-            .arrived(req.request_id, Some(Arc::from(caller_id)));
-        c.core.on_new_request(req, self.now);
+        self.client.arrive_at(req, Some(caller_id), self.now);
     }
 
     /// [`LookupClient::probe`] at the step's instant, with the state as of the
@@ -86,13 +80,8 @@ impl Step<'_> {
         req: &Request,
         num_computed_tokens: u32,
     ) -> (Probe, Option<Answer>) {
-        let probe = self.probe(req, num_computed_tokens);
-        if matches!(probe, Probe::Pending) {
-            return (probe, None);
-        }
-        let answer = self.client.core.answer_of(req.request_id);
-        self.on_finished(req.request_id);
-        (probe, answer)
+        self.client
+            .probe_and_finish_at(req, num_computed_tokens, self.now)
     }
 
     /// [`LookupClient::answer_of`], as of the step's start and its calls so far.
@@ -132,11 +121,7 @@ impl LookupClient {
     /// at the step's first probe, instead of once each. Reads the clock; applies
     /// nothing the I/O task reported. Never blocks.
     pub fn on_new_request_deferred(&mut self, req: &Request, caller_id: &str) {
-        let now = crate::clock::now();
-        self.core
-            .observer_mut()
-            .arrived(req.request_id, Some(Arc::from(caller_id)));
-        self.core.on_new_request(req, now);
+        self.arrive_at(req, Some(caller_id), crate::clock::now());
     }
 
     /// [`probe_and_finish`](Self::probe_and_finish) whose new RPC (a first probe's
@@ -153,6 +138,25 @@ impl LookupClient {
         num_computed_tokens: u32,
     ) -> (Probe, Option<Answer>) {
         let now = self.begin();
+        self.probe_and_finish_at(req, num_computed_tokens, now)
+    }
+
+    /// An arrival at `now`, named `caller_id` when given; hands nothing over.
+    pub(super) fn arrive_at(&mut self, req: &Request, caller_id: Option<&str>, now: Instant) {
+        self.core
+            .observer_mut()
+            .arrived(req.request_id, caller_id.map(Arc::from));
+        self.core.on_new_request(req, now);
+    }
+
+    /// A probe at `now` that, when it answers `Ready`, reads the answer's basis and
+    /// ends the request; hands nothing over.
+    fn probe_and_finish_at(
+        &mut self,
+        req: &Request,
+        num_computed_tokens: u32,
+        now: Instant,
+    ) -> (Probe, Option<Answer>) {
         let probe = self.probe_core(req, num_computed_tokens, now);
         if matches!(probe, Probe::Pending) {
             return (probe, None);
