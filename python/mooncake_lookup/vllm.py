@@ -23,6 +23,10 @@ from .prefetch import SchedulerPrefetch
 
 __all__ = ["MooncakeLookupConnector"]
 
+# Running requests from which `build_connector_meta` hands vLLM's its running ids as a
+# dict (below it the list's scan is as cheap as the dict's build).
+_DICT_FROM = 16
+
 
 class MooncakeLookupConnector(MooncakeStoreConnector):
     """vLLM's ``MooncakeStoreConnector`` whose scheduler side uses the drop-in client
@@ -55,7 +59,20 @@ class MooncakeLookupConnector(MooncakeStoreConnector):
 
     def build_connector_meta(self, scheduler_output):
         self.lookup_prefetch.on_step(scheduler_output)
-        return super().build_connector_meta(scheduler_output)
+        cached = scheduler_output.scheduled_cached_reqs
+        req_ids = cached.req_ids
+        if len(req_ids) < _DICT_FROM:
+            return super().build_connector_meta(scheduler_output)
+        # vLLM 0.33's MooncakeStoreScheduler.build_connector_meta asks, for each of its
+        # unfinished requests, whether it is in this list: a scan each, so a step paid
+        # running x running string compares. For the call the list is a dict of the
+        # same ids in the same order: the same iteration and membership answers at one
+        # hash each. The list is put back before the output goes on to the workers.
+        cached.req_ids = dict.fromkeys(req_ids)
+        try:
+            return super().build_connector_meta(scheduler_output)
+        finally:
+            cached.req_ids = req_ids
 
     def request_finished_all_groups(self, request, block_ids):
         if self.lookup_prefetch is not None:

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use bytes::Bytes;
+use bytes::BytesMut;
 use lookup_core::Table;
 use lookup_tokio::{
     Answer, BlockHashes, Deadline, KeyLayout, LookupClient, Probe, Request, RequestId,
@@ -128,17 +128,36 @@ fn reason(why: Unavailable) -> &'static str {
     }
 }
 
-/// The block hashes of a sequence (vLLM's `list[BlockHash]`, each `bytes`; other
-/// buffers such as `bytearray` are converted) as `(hash length, concatenation)`,
-/// copied once into one buffer. Errors when an item is not bytes-like or the lengths
-/// differ.
-fn concat_hashes(req_id: &str, block_hashes: &Bound<'_, PyAny>) -> PyResult<(usize, Vec<u8>)> {
-    if let Ok(list) = block_hashes.cast_exact::<PyList>()
-        && let Some(got) = concat_list(req_id, list)
-    {
-        return got;
+/// Appends the block hashes of a sequence (vLLM's `list[BlockHash]`, each `bytes`;
+/// other buffers such as `bytearray` are converted) to `out`, copied once, and returns
+/// the hash length. Errors when an item is not bytes-like or the lengths differ;
+/// `out` is then as it was.
+fn concat_hashes(
+    req_id: &str,
+    block_hashes: &Bound<'_, PyAny>,
+    out: &mut BytesMut,
+) -> PyResult<usize> {
+    let start = out.len();
+    let got = concat_any(req_id, block_hashes, out);
+    if got.is_err() {
+        out.truncate(start);
     }
-    let mut data = Vec::new();
+    got
+}
+
+fn concat_any(
+    req_id: &str,
+    block_hashes: &Bound<'_, PyAny>,
+    out: &mut BytesMut,
+) -> PyResult<usize> {
+    let start = out.len();
+    if let Ok(list) = block_hashes.cast_exact::<PyList>() {
+        match concat_list(req_id, list, out) {
+            Some(got) => return got,
+            // Not all `bytes`: read again below.
+            None => out.truncate(start),
+        }
+    }
     let mut hash_len = None;
     for item in block_hashes.try_iter()? {
         let item = item?;
@@ -155,34 +174,51 @@ fn concat_hashes(req_id: &str, block_hashes: &Bound<'_, PyAny>) -> PyResult<(usi
                 "request {req_id}: block hashes of different lengths"
             )));
         }
-        if data.is_empty() {
-            data.reserve(len * block_hashes.len().unwrap_or(1));
+        if out.len() == start {
+            out.reserve(len * block_hashes.len().unwrap_or(1));
         }
-        data.extend_from_slice(bytes);
+        out.extend_from_slice(bytes);
     }
-    Ok((hash_len.unwrap_or(0), data))
+    Ok(hash_len.unwrap_or(0))
 }
 
 /// [`concat_hashes`] of a `list` whose items are all exactly `bytes` (vLLM's
-/// `list[BlockHash]`): one pass, no iterator object, no per-item type-flag call, one
-/// allocation. `None` at the first item of another type (the general path then
-/// reads the list again).
-fn concat_list(req_id: &str, list: &Bound<'_, PyList>) -> Option<PyResult<(usize, Vec<u8>)>> {
-    let mut data: Vec<u8> = Vec::new();
+/// `list[BlockHash]`): one pass, no iterator object, no per-item type-flag call, at
+/// most one allocation. `None` at the first item of another type (the general path
+/// then reads the list again).
+fn concat_list(
+    req_id: &str,
+    list: &Bound<'_, PyList>,
+    out: &mut BytesMut,
+) -> Option<PyResult<usize>> {
     let mut hash_len = 0;
     for (i, item) in list.iter().enumerate() {
         let bytes = item.cast_exact::<PyBytes>().ok()?.as_bytes();
         if i == 0 {
             hash_len = bytes.len();
-            data.reserve_exact(hash_len * list.len());
+            out.reserve(hash_len * list.len());
         } else if bytes.len() != hash_len {
             return Some(Err(PyValueError::new_err(format!(
                 "request {req_id}: block hashes of different lengths"
             ))));
         }
-        data.extend_from_slice(bytes);
+        out.extend_from_slice(bytes);
     }
-    Some(Ok((hash_len, data)))
+    Some(Ok(hash_len))
+}
+
+/// The bytes [`concat_list`] would copy from `block_hashes` (a `list` of `bytes` of
+/// its first item's length), 0 for anything else: what a batch buffer reserves.
+fn hashes_size(block_hashes: &Bound<'_, PyAny>) -> usize {
+    let Ok(list) = block_hashes.cast_exact::<PyList>() else {
+        return 0;
+    };
+    match list.iter().next() {
+        Some(first) => first
+            .cast_exact::<PyBytes>()
+            .map_or(0, |b| b.as_bytes().len() * list.len()),
+        None => 0,
+    }
 }
 
 /// `f` of a caller id given as any object: a `str` is read in place (vLLM's ids,
@@ -198,17 +234,29 @@ fn with_id<R>(req_id: &Bound<'_, PyAny>, f: impl FnOnce(&str) -> R) -> PyResult<
 
 impl NativeClient {
     /// A new request of `req_id` from `num_tokens` and `block_hashes` (a sequence of
-    /// `bytes`, read once here: polls of a held request never read it again).
+    /// `bytes`, read once here: polls of a held request never read it again). With
+    /// `batch`, the hashes are copied into it and the request holds its slice (a
+    /// step's arrivals share one allocation); else into a buffer of their own.
     fn new_request(
         &mut self,
         req_id: &str,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
+        batch: Option<&mut BytesMut>,
     ) -> PyResult<Request> {
-        let (hash_len, data) = concat_hashes(req_id, block_hashes)?;
+        let (hash_len, data) = match batch {
+            Some(buf) => {
+                let hash_len = concat_hashes(req_id, block_hashes, buf)?;
+                (hash_len, buf.split().freeze())
+            }
+            None => {
+                let mut own = BytesMut::new();
+                let hash_len = concat_hashes(req_id, block_hashes, &mut own)?;
+                (hash_len, own.freeze())
+            }
+        };
         let hash_len = u16::try_from(hash_len)
             .map_err(|_| PyValueError::new_err(format!("request {req_id}: hash too long")))?;
-        let data = Bytes::from(data);
         let block_hashes = BlockHashes::new(hash_len, data)
             .map_err(|e| PyValueError::new_err(format!("request {req_id}: {e}")))?;
         self.next_id += 1;
@@ -256,7 +304,9 @@ impl NativeClient {
         request
     }
 
-    /// Applies the arrivals deferred by `prefetch` (`arrivals`), in arrival order. An
+    /// Applies the arrivals deferred by `prefetch` (`arrivals`), in arrival order,
+    /// their hashes copied into one buffer (one allocation for the batch; a request
+    /// holds its slice, and the buffer goes with the batch's last request). An
     /// arrival whose block hashes cannot be read is not prefetched: its `lookup`
     /// reads them again and raises there (vLLM's client reads them only in `lookup`
     /// too).
@@ -265,26 +315,32 @@ impl NativeClient {
             return;
         }
         let mut arrivals = std::mem::take(&mut self.arrivals);
+        let size = arrivals
+            .iter()
+            .map(|(_, _, hashes)| hashes_size(hashes.bind(py)))
+            .sum();
+        let mut batch = BytesMut::with_capacity(size);
         for (req_id, num_tokens, block_hashes) in arrivals.drain(..) {
             // Ignored on purpose: see the doc comment.
-            let _ = self.prefetch_str(&req_id, num_tokens, block_hashes.bind(py));
+            let _ = self.prefetch_str(&req_id, num_tokens, block_hashes.bind(py), Some(&mut batch));
         }
-        // The buffer is kept for the next step's arrivals.
+        // The vector is kept for the next step's arrivals.
         self.arrivals = arrivals;
     }
 
     /// [`prefetch`](Self::prefetch) of a `str` id: a held request is left as it is
-    /// (its hashes are not read again).
+    /// (its hashes are not read again). `batch` as [`new_request`](Self::new_request)'s.
     fn prefetch_str(
         &mut self,
         req_id: &str,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
+        batch: Option<&mut BytesMut>,
     ) -> PyResult<()> {
         if self.slots.get(req_id).is_some_and(|s| s.request.is_some()) {
             return Ok(());
         }
-        let request = self.new_request(req_id, num_tokens, block_hashes)?;
+        let request = self.new_request(req_id, num_tokens, block_hashes, batch)?;
         // Handed to the I/O task at the next call (a probe of the step, or `flush`):
         // a step's arrivals wake it once, not once each.
         self.client.on_new_request_deferred(&request, req_id);
@@ -430,7 +486,7 @@ impl NativeClient {
             _ => {
                 // First sight: announced and probed (which starts the lookup) on one
                 // clock read.
-                let request = self.new_request(req_id, num_tokens, block_hashes)?;
+                let request = self.new_request(req_id, num_tokens, block_hashes, None)?;
                 let (probe, answer) = if non_block && defer {
                     self.client.on_new_request_deferred(&request, req_id);
                     self.client.probe_and_finish_deferred(&request, 0)
@@ -496,7 +552,7 @@ impl NativeClient {
             return Ok(());
         }
         with_id(req_id, |req_id| {
-            self.prefetch_str(req_id, num_tokens, block_hashes)
+            self.prefetch_str(req_id, num_tokens, block_hashes, None)
         })?
     }
 

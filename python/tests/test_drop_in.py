@@ -168,15 +168,19 @@ def test_deferred_arrivals_are_applied_by_the_next_call(vllm_server):
         ours.prefetch("p", 4 * BS + 1, PRESENT)
         ours.prefetch("p", 4 * BS + 1, PRESENT)
         ours.prefetch("d", 4 * BS + 1, PRESENT)
-        # A bad chain is not prefetched; its lookup raises, as without deferral.
-        ours.prefetch("bad", 4 * BS + 1, [b"x", b"yy"])
+        # A bad chain (its second hash a byte short) is not prefetched; its lookup
+        # raises, as without deferral. The arrivals share one buffer: the chain after
+        # it keeps its own hashes.
+        ours.prefetch("bad", 4 * BS + 1, [h(1), b"yy"])
+        ours.prefetch("q", 4 * BS + 1, [h(1), h(2), h(9), h(10)])
         ours.discard("d")
-        assert ours.tracked_requests() == 1
-        with pytest.raises(ValueError):
-            ours.lookup("bad", 4 * BS + 1, [b"x", b"yy"], non_block=True)
+        assert ours.tracked_requests() == 2
+        with pytest.raises(ValueError, match="different lengths"):
+            ours.lookup("bad", 4 * BS + 1, [h(1), b"yy"], non_block=True)
         ours.flush()
         assert wait_ready(ours, "p", 4 * BS + 1, PRESENT)[0].hit_length == 3 * BS
-        assert vllm_server.lookups == 1
+        assert wait_ready(ours, "q", 4 * BS + 1, [h(1), h(2)])[0].hit_length == 2 * BS
+        assert vllm_server.lookups == 2
         assert ours.tracked_requests() == 0
     finally:
         ours.close()

@@ -306,3 +306,134 @@ def test_dead_server_is_unavailable_where_vllms_scheduler_blocks(connector_modul
         blocked.kill()
         blocked.join()
         ours.shutdown()
+
+
+def _plain(value):
+    """`value` as plain comparable data: dataclasses and objects by their fields, sets
+    sorted, sequences as tuples."""
+    if isinstance(value, (str, int, float, bool, type(None), bytes)):
+        return value
+    if isinstance(value, dict):
+        return tuple(sorted((k, _plain(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted(_plain(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if hasattr(value, "__dict__"):
+        return (type(value).__name__, _plain(vars(value)))
+    return repr(value)
+
+
+def many_running(connector, worker, steps=8, per_step=8):
+    """`steps` scheduler steps of `per_step` admissions each over a growing running
+    batch (`scheduled_cached_reqs`): half the admissions hit 3 blocks in the store,
+    half miss; each prefills what it computes in chunks of
+    at most 32 tokens, then decodes one token a step; one admission per step waits for
+    its load (allocated, not scheduled: the build's pass over unscheduled requests
+    issues it) and is scheduled the step after; from step 4 one running request
+    finishes a step; at step 5 one is preempted, and it resumes at step 6. Returns,
+    per step, the metadata and what the call left in the scheduler output, as plain
+    data, and the pool's pins."""
+    pool = Pool()
+    pool.blocks = list(range(steps * per_step * 8 + 8))
+    connector.bind_gpu_block_pool(pool)
+    tables, reqs, computed, running, out = {}, {}, {}, [], []
+    next_block, loading, resumed = 1, None, None
+    for k in range(steps):
+        new, finished, preempted = [], [], []
+        if loading is not None:
+            r, ext = loading
+            new.append((r, tables[r.request_id], min(32, r.num_tokens - ext), ext))
+            loading = None
+        for i in range(per_step):
+            r = request(f"s{k}-{i}", 4)
+            if i % 2:
+                # A miss: its whole prompt prefills here, in chunks.
+                r = changed(r, block_hashes=[h(100 + k * per_step + i)] * 4)
+            reqs[r.request_id] = r
+            connector.on_new_request(r)
+            (ext, _), _ = poll(connector, r)
+            tables[r.request_id] = list(range(next_block, next_block + 5))
+            next_block += 5
+            connector.update_state_after_alloc(r, Blocks(tables[r.request_id]), ext)
+            if i == 0:
+                loading = (r, ext)
+            else:
+                new.append((r, tables[r.request_id], min(32, r.num_tokens - ext), ext))
+        if k >= 4 and running:
+            gone = running.pop(0)
+            connector.request_finished(reqs[gone], tables[gone])
+            finished.append(gone)
+        if k == 5:
+            preempted.append(running.pop(0))
+        out_step = step(new=new, finished=finished, preempted=preempted)
+        cached = out_step.scheduled_cached_reqs
+        scheduled = {}
+        for n, rid in enumerate(running):
+            cached.req_ids.append(rid)
+            cached.new_block_ids.append(None if n % 3 else ([next_block],))
+            cached.num_computed_tokens.append(computed[rid])
+            left = reqs[rid].num_tokens - computed[rid]
+            scheduled[rid] = min(32, left) if left > 0 else 1
+        if resumed is not None:
+            r = reqs[resumed]
+            connector.update_state_after_alloc(r, Blocks(tables[resumed]), 0)
+            cached.req_ids.append(resumed)
+            cached.new_block_ids.append((list(tables[resumed]),))
+            cached.num_computed_tokens.append(0)
+            cached.resumed_req_ids.add(resumed)
+            computed[resumed] = 0
+            scheduled[resumed] = 32
+            running.append(resumed)
+            resumed = None
+        out_step.num_scheduled_tokens.update(scheduled)
+        out_step.kv_connector_block_state.get_block_ids = (
+            lambda rid: (list(tables[rid]),) if rid in tables else None)
+        ids_before = cached.req_ids
+        meta = connector.build_connector_meta(out_step)
+        now_scheduled = {r.request_id for r, *_ in new}
+        out.append({
+            "meta": _plain(meta), "ids_kept": cached.req_ids is ids_before,
+            "output": _plain(cached), "running": len(cached.req_ids),
+            "pending_loads": [m.req_id for m in meta.requests
+                              if m.load_spec is not None and m.req_id not in now_scheduled],
+            "saves": sum(1 for m in meta.requests if m.can_save),
+        })
+        for rid, n in scheduled.items():
+            computed[rid] += n
+        for r, _, n, ext in new:
+            computed[r.request_id] = ext + n
+            if r.request_id not in running:
+                running.append(r.request_id)
+        if preempted:
+            resumed = preempted[0]
+    return out, dict(pool.refs)
+
+
+def test_build_connector_meta_equals_vllms_over_a_running_batch(vllm, connector_module, server):
+    """The connector's `build_connector_meta` (which gives vLLM's the step's running
+    ids as a dict, not a list, for its membership tests) builds the same metadata as
+    vLLM's own connector, step by step, over a batch of up to 60 running requests with
+    admissions, a pending load, finishes, a preemption and a resume, and leaves the
+    scheduler output as it found it."""
+    theirs = vllm.MooncakeStoreConnector(
+        engine_config(), vllm.KVConnectorRole.SCHEDULER, kv_cache_config())
+    try:
+        want, want_pins = many_running(theirs, server)
+    finally:
+        theirs.connector_scheduler.client.close()
+    # Each step's waiting load went out through the pass over unscheduled requests,
+    # and the batch outgrew the connector's dict threshold.
+    assert [w["pending_loads"] for w in want] == [[f"s{k}-0"] for k in range(8)]
+    assert [w["running"] for w in want] == [0, 7, 15, 23, 30, 36, 44, 51]
+    assert [w["saves"] for w in want] == [4, 9, 9, 9, 9, 9, 10, 10]
+    ours = connector_module.MooncakeLookupConnector(
+        engine_config(lookup_prefetch_limit=16), vllm.KVConnectorRole.SCHEDULER,
+        kv_cache_config())
+    try:
+        got, got_pins = many_running(ours, server)
+    finally:
+        ours.shutdown()
+    assert [g["ids_kept"] for g in got] == [True] * 8
+    assert got == want
+    assert got_pins == want_pins

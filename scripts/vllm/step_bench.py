@@ -51,6 +51,7 @@ scripts/vllm/step_bench.sh builds what it needs and runs it.
 import argparse
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -201,12 +202,15 @@ def connector_for(core, client, endpoint, rpc_port, args):
 
 class Requests:
     """vLLM Requests made ahead of the timed steps (vLLM hashes each block at
-    construction: 64 SHA-256 per request)."""
+    construction: 64 SHA-256 per request). Ids have the shape of vLLM 0.33's own for
+    an OpenAI-API request: `chatcmpl-` and 16 hex digits (the API's id), `-` and 8 hex
+    digits (the engine's suffix, InputProcessor), 34 characters each, seeded by `tag`."""
 
-    def __init__(self, core, prefix, count, max_tokens):
+    def __init__(self, core, tag, count, max_tokens):
+        rng = random.Random(tag)
         self.reqs = [vllm_core.make_request(
-            core, f"{prefix}{i}", [(i * BLOCKS * BLOCK + t) % 30000 + 1
-                                   for t in range(BLOCKS * BLOCK)],
+            core, f"chatcmpl-{rng.getrandbits(64):016x}-{rng.getrandbits(32):08x}",
+            [(i * BLOCKS * BLOCK + t) % 30000 + 1 for t in range(BLOCKS * BLOCK)],
             max_tokens, BLOCK) for i in range(count)]
         self.next = 0
 
@@ -228,7 +232,7 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
     # A step admits at most max_num_batched_tokens / 1,024 prompts (8): 12 a step is
     # room to spare.
     need = queue + (args.warmup_steps + args.steps) * 12 if workload == "steady" else queue
-    reqs = Requests(core, f"{tag}-", need, args.max_tokens)
+    reqs = Requests(core, tag, need, args.max_tokens)
     clock = time.perf_counter_ns
     out = {"client": client, "workload": workload, "queue": queue,
            "conn_ns": [], "step_ns": [], "waiting": [], "hook_calls": 0}

@@ -20,6 +20,14 @@ use crate::warn::WarnLimiter;
 /// of them), and the arrival table grows with the request table.
 type Map<K, V> = lookup_core::Table<K, V>;
 
+/// Whether a caller's own id is worth keeping: the `lookup` spans that record it
+/// (`caller_request_id`, debug level, target `lookup_tokio::client`) are enabled. A
+/// static check of the callsite's interest, no table or clock read. Requests that
+/// arrived while they were off have no caller id in their spans.
+pub(crate) fn caller_ids_wanted() -> bool {
+    tracing::enabled!(target: "lookup_tokio::client", tracing::Level::DEBUG)
+}
+
 /// The client's [`Observe`] implementation.
 #[derive(Debug)]
 pub(crate) struct ClientObserver {
@@ -37,7 +45,9 @@ pub(crate) struct ClientObserver {
     /// time, nanoseconds after `base` (8 bytes: the scheduler may hold 100,000s).
     arrivals: Map<RequestId, u64>,
     /// The caller's own ids (`on_new_request_with_id`), for spans, with the
-    /// arrival time (for the idle sweep); only requests given one.
+    /// arrival time (for the idle sweep); only requests given one, and only while
+    /// the lookup spans are enabled ([`caller_ids_wanted`]): otherwise nothing reads
+    /// them, and keeping one costs an allocation and two table operations a request.
     caller_ids: Map<RequestId, (u64, Arc<str>)>,
     /// The origin of the arrival times.
     base: Instant,
@@ -66,12 +76,15 @@ impl ClientObserver {
             .unwrap_or(u64::MAX)
     }
 
-    /// `request_id` arrived now (`on_new_request`), named `caller_id` by the caller.
-    /// A second arrival before the first answer keeps the first's time.
+    /// `request_id` arrived now (`on_new_request`), named `caller_id` by the caller
+    /// (kept while [`caller_ids_wanted`]). A second arrival before the first answer
+    /// keeps the first's time.
     pub(crate) fn arrived(&mut self, request_id: RequestId, caller_id: Option<Arc<str>>) {
         let now = self.now_ns();
         self.arrivals.entry(request_id).or_insert(now);
-        if let Some(caller_id) = caller_id {
+        if let Some(caller_id) = caller_id
+            && caller_ids_wanted()
+        {
             self.caller_ids.insert(request_id, (now, caller_id));
         }
     }
@@ -95,7 +108,9 @@ impl ClientObserver {
     /// `request_id` finished: forget it.
     pub(crate) fn finished(&mut self, request_id: RequestId) {
         self.arrivals.remove(&request_id);
-        self.caller_ids.remove(&request_id);
+        if !self.caller_ids.is_empty() {
+            self.caller_ids.remove(&request_id);
+        }
     }
 
     /// Forgets requests that arrived longer than `older_than` ago (the client's

@@ -143,9 +143,11 @@ impl LookupClient {
 
     /// An arrival at `now`, named `caller_id` when given; hands nothing over.
     pub(super) fn arrive_at(&mut self, req: &Request, caller_id: Option<&str>, now: Instant) {
-        self.core
-            .observer_mut()
-            .arrived(req.request_id, caller_id.map(Arc::from));
+        // The id is copied only when a span will record it.
+        let caller_id = caller_id
+            .filter(|_| super::observer::caller_ids_wanted())
+            .map(Arc::from);
+        self.core.observer_mut().arrived(req.request_id, caller_id);
         self.core.on_new_request(req, now);
     }
 

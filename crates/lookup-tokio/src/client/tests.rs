@@ -78,7 +78,9 @@ async fn tokens_and_lookup_time_per_request_under_the_clients_label() {
             load_async: true
         }
     );
-    assert_eq!(client.core.observer().tracked(), 1);
+    // The arrival time went with the first Ready answer, and the caller's id was not
+    // kept: no span records it while debug tracing is off (no subscriber here).
+    assert_eq!(client.core.observer().tracked(), 0);
     client.on_allocated(r.request_id);
     client.on_finished(r.request_id);
     client.on_finished(unannounced.request_id);
