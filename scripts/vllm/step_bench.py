@@ -39,12 +39,19 @@ itself a system call per hook); the summary splits the hooks' time into the clie
 and the rest (vLLM's shared connector code), and a second table goes to stderr. The
 wrappers cost a Python frame per client call: the headline figures are taken without.
 
+With `--reps R`, each (delay, workload, queue) runs R times, the three clients in turn
+within each repetition (so a load spike on the machine meets the clients of one
+repetition alike); the ratios are paired per repetition and reported as median
+[min-max] over the R: the figure to read, since single runs move by up to 2x on a
+busy 2-core machine.
+
 Prints one JSON object: {"settings": {...}, "runs": [{client, delay_us, workload,
-queue, conn_ns: [...], step_ns: [...], waiting: [...]}, ...], "summary": [...]}, and a
-table on stderr.
+queue, rep, conn_ns: [...], step_ns: [...], waiting: [...]}, ...], "summary": [...],
+"ratios": [...]}, and a table on stderr.
 
 Usage: step_bench.py --wheel VLLM_WHEEL --lookup-server PATH [--queues 32,256,1024]
-       [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in] [--breakdown]
+       [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in] [--reps 1]
+       [--breakdown]
 scripts/vllm/step_bench.sh builds what it needs and runs it.
 """
 
@@ -294,40 +301,58 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
     return out
 
 
+def spread(values):
+    """{median, min, max, per_rep} of per-repetition values."""
+    return {"median": pct(values, 0.5), "min": min(values), "max": max(values),
+            "per_rep": values}
+
+
 def summary(runs):
-    """Per (delay, workload, queue, client): p50/p99/max of the connector's time per
-    step (µs), the step's p50 (µs), the connector's share of the step (p50 of the
-    per-step shares); per (delay, workload, queue): the drop-in's ratios to vLLM's
-    clients (p50 against p50; for a burst, the largest per-step ratio to vLLM's async
-    client over the steps both ran)."""
+    """Per run (delay, workload, queue, client, rep): p50/p99/max of the connector's
+    time per step (µs), the step's p50 (µs), the connector's share of the step (p50 of
+    the per-step shares). Per (delay, workload, queue): the drop-in's ratios to vLLM's
+    clients, paired within each repetition (p50 against p50; for a burst also the
+    largest per-step ratio to vLLM's async client over the steps both ran, and the
+    steps where the drop-in is above a third of it), as median, min and max over the
+    repetitions."""
     rows, by = [], {}
     for r in runs:
         c, s = r["conn_ns"], r["step_ns"]
         shares = [a / b for a, b in zip(c, s) if b]
-        row = {k: r[k] for k in ("client", "delay_us", "workload", "queue")}
+        row = {k: r[k] for k in ("client", "delay_us", "workload", "queue", "rep")}
         row.update(conn_p50_us=pct(c, 0.5) / 1e3, conn_p99_us=pct(c, 0.99) / 1e3,
                    conn_max_us=max(c, default=0) / 1e3, step_p50_us=pct(s, 0.5) / 1e3,
                    share_p50=pct(shares, 0.5), steps=len(c))
         if "hook_ns" in r:
             row["breakdown"] = breakdown(r)
         rows.append(row)
-        by[(r["delay_us"], r["workload"], r["queue"], r["client"])] = r
-    ratios = []
-    for (delay, workload, queue, client), r in by.items():
+        by[(r["delay_us"], r["workload"], r["queue"], r["client"], r["rep"])] = r
+    cells = {}
+    for (delay, workload, queue, client, rep), r in by.items():
         if client != "drop_in":
             continue
         ours = pct(r["conn_ns"], 0.5)
-        got = {"delay_us": delay, "workload": workload, "queue": queue}
+        got = cells.setdefault((delay, workload, queue), {})
         for other in ("vllm_sync", "vllm_async"):
-            o = by.get((delay, workload, queue, other))
+            o = by.get((delay, workload, queue, other, rep))
             if o:
-                got[f"{other}_over_drop_in_p50"] = pct(o["conn_ns"], 0.5) / max(ours, 1)
-        a = by.get((delay, workload, queue, "vllm_async"))
+                got.setdefault(f"{other}_over_drop_in_p50", []).append(
+                    pct(o["conn_ns"], 0.5) / max(ours, 1))
+        a = by.get((delay, workload, queue, "vllm_async", rep))
         if a:
             n = min(len(a["conn_ns"]), len(r["conn_ns"]))
-            got["drop_in_over_vllm_async_max_step"] = max(
-                (r["conn_ns"][k] / max(a["conn_ns"][k], 1) for k in range(n)), default=0)
-        ratios.append(got)
+            per_step = [r["conn_ns"][k] / max(a["conn_ns"][k], 1) for k in range(n)]
+            got.setdefault("drop_in_over_vllm_async_max_step", []).append(
+                max(per_step, default=0))
+            got.setdefault("steps_over_a_third_of_vllm_async", []).append(
+                sum(1 for x in per_step if x > 1 / 3))
+            got.setdefault("steps_both_ran", []).append(n)
+    ratios = []
+    for (delay, workload, queue), got in cells.items():
+        ratio = {"delay_us": delay, "workload": workload, "queue": queue,
+                 "reps": len(next(iter(got.values()), []))}
+        ratio.update({k: spread(v) for k, v in got.items()})
+        ratios.append(ratio)
     return rows, ratios
 
 
@@ -377,18 +402,36 @@ def breakdown_table(rows):
 
 
 def table(rows, ratios):
+    """Per (delay, workload, queue, client): the median over the repetitions of each
+    run's figures; then the paired ratios, median [min-max]."""
     lines = [f"{'delay':>6} {'load':<6} {'queue':>5} {'client':<10} {'conn p50':>9} "
-             f"{'p99':>9} {'max':>9} {'step p50':>9} {'share':>6}  (µs)"]
+             f"{'p99':>9} {'max':>9} {'step p50':>9} {'share':>6}  (µs; median of reps)"]
+    cells = {}
     for r in rows:
-        lines.append(f"{r['delay_us']:>6} {r['workload']:<6} {r['queue']:>5} {r['client']:<10} "
-                     f"{r['conn_p50_us']:>9.1f} {r['conn_p99_us']:>9.1f} {r['conn_max_us']:>9.1f} "
-                     f"{r['step_p50_us']:>9.1f} {r['share_p50'] * 100:>5.1f}%")
+        cells.setdefault((r["delay_us"], r["workload"], r["queue"], r["client"]), []).append(r)
+    for (delay, workload, queue, client), rs in cells.items():
+        def med(key):
+            return pct([r[key] for r in rs], 0.5)
+        lines.append(f"{delay:>6} {workload:<6} {queue:>5} {client:<10} "
+                     f"{med('conn_p50_us'):>9.1f} {med('conn_p99_us'):>9.1f} "
+                     f"{med('conn_max_us'):>9.1f} {med('step_p50_us'):>9.1f} "
+                     f"{med('share_p50') * 100:>5.1f}%")
+
+    def show(g, key, digits):
+        v = g.get(key)
+        if not v:
+            return "-"
+        return f"{v['median']:.{digits}f} [{v['min']:.{digits}f}-{v['max']:.{digits}f}]"
+
     for g in ratios:
         lines.append(
-            f"delay {g['delay_us']} {g['workload']} {g['queue']}: vLLM sync / drop-in "
-            f"{g.get('vllm_sync_over_drop_in_p50', float('nan')):.1f}x, vLLM async / drop-in "
-            f"{g.get('vllm_async_over_drop_in_p50', float('nan')):.1f}x, worst step drop-in / "
-            f"vLLM async {g.get('drop_in_over_vllm_async_max_step', float('nan')):.3f}")
+            f"delay {g['delay_us']} {g['workload']} {g['queue']} ({g['reps']} reps, paired): "
+            f"vLLM sync / drop-in {show(g, 'vllm_sync_over_drop_in_p50', 1)}x, "
+            f"vLLM async / drop-in {show(g, 'vllm_async_over_drop_in_p50', 1)}x, "
+            f"worst step drop-in / vLLM async {show(g, 'drop_in_over_vllm_async_max_step', 2)}, "
+            f"steps above a third of vLLM async "
+            f"{show(g, 'steps_over_a_third_of_vllm_async', 0)} of "
+            f"{show(g, 'steps_both_ran', 0)}")
     return "\n".join(lines)
 
 
@@ -422,6 +465,9 @@ def main():
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--prefetch-limit", type=int, default=64)
     ap.add_argument("--max-in-flight", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=1,
+                    help="repetitions of each (delay, workload, queue): the clients run "
+                         "in turn within each, and the ratios are paired per repetition")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time each hook and the lookup client's own calls "
                          "(a Python frame per client call: for profiling, not the headline)")
@@ -439,14 +485,17 @@ def main():
         try:
             for workload in args.workloads.split(","):
                 for queue in [int(q) for q in args.queues.split(",")]:
-                    for client in args.clients.split(","):
-                        t = time.time()
-                        r = run_one(core, client, workload, queue, endpoint, 0, args,
-                                    f"{client}-{delay}-{workload}-{queue}")
-                        r["delay_us"] = delay
-                        runs.append(r)
-                        print(f"  {delay} us {workload} {queue} {client}: {len(r['conn_ns'])} "
-                              f"steps, {time.time() - t:.1f} s", file=sys.stderr, flush=True)
+                    for rep in range(args.reps):
+                        for client in args.clients.split(","):
+                            t = time.time()
+                            r = run_one(core, client, workload, queue, endpoint, 0, args,
+                                        f"{client}-{delay}-{workload}-{queue}-{rep}")
+                            r["delay_us"] = delay
+                            r["rep"] = rep
+                            runs.append(r)
+                            print(f"  {delay} us {workload} {queue} {client} rep {rep}: "
+                                  f"{len(r['conn_ns'])} steps, {time.time() - t:.1f} s",
+                                  file=sys.stderr, flush=True)
         finally:
             server.kill()
             server.wait()
