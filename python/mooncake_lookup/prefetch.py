@@ -79,29 +79,33 @@ class SchedulerPrefetch:
         theirs.close()
         self.scheduler = scheduler
         self.client = client
+        # Rule 1's settings, fixed at the scheduler's construction, read once here
+        # rather than at each arrival.
+        self._lookups_on = bool(scheduler.enable_lookup)
+        self._align = (scheduler._hash_block_size if scheduler.enable_partial_hash_hits
+                       else scheduler._block_size)
+        self._prefetch = client.prefetch
 
     def eligible(self, request):
         """Rule 1, with the scheduler's own alignment (a block, or a hash block with
         partial hash hits): the probe would ask the store for it."""
-        s = self.scheduler
-        if not s.enable_lookup or getattr(request, "skip_reading_prefix_cache", False):
+        if not self._lookups_on or getattr(request, "skip_reading_prefix_cache", False):
             return False
-        align = s._hash_block_size if s.enable_partial_hash_hits else s._block_size
-        return request.num_tokens >= align and len(request.block_hashes) > 0
+        return request.num_tokens >= self._align and len(request.block_hashes) > 0
 
     def on_new_request(self, request):
         """vLLM's ``on_new_request``: starts the lookup of an eligible request
-        (``eligible``, written out here: this runs once per arrival on the scheduler's
-        thread, so it makes one native call and no other Python call)."""
-        s = self.scheduler
-        if not s.enable_lookup or getattr(request, "skip_reading_prefix_cache", False):
+        (``eligible``, written out here with the settings read at construction: this
+        runs once per arrival on the scheduler's thread, so it makes one native call
+        and no other Python call)."""
+        if not self._lookups_on or getattr(request, "skip_reading_prefix_cache", False):
             return
         num_tokens = request.num_tokens
-        if num_tokens < (s._hash_block_size if s.enable_partial_hash_hits else s._block_size):
+        if num_tokens < self._align:
             return
         block_hashes = request.block_hashes
-        if len(block_hashes) > 0:
-            self.client.prefetch(request.request_id, num_tokens, block_hashes)
+        if block_hashes:
+            self._prefetch(request.request_id, num_tokens, block_hashes)
 
     def on_allocated(self, request):
         """After ``update_state_after_alloc``: a lookup still held is dropped."""

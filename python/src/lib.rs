@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use lookup_core::Table;
 use lookup_tokio::{
     Answer, BlockHashes, Deadline, KeyLayout, LookupClient, Probe, Request, RequestId,
@@ -57,6 +57,11 @@ struct Slot {
     polled_in: u64,
 }
 
+/// An arrival recorded under `set_defer_sends` (`NativeClient::arrivals`): caller
+/// id, `num_tokens`, and (hash length, bytes in `arrival_hashes`) or `None` when its
+/// hashes could not be read.
+type Arrival = (String, u32, Option<(u16, usize)>);
+
 /// vLLM's `LookupKeyClient` over the Rust [`LookupClient`].
 ///
 /// `NativeClient(transport, target, block_size, extra_config_json, model)`:
@@ -86,12 +91,17 @@ struct NativeClient {
     /// `set_defer_sends`: a non-blocking `lookup` leaves its new RPC for the next
     /// `flush` (or any other call) instead of waking the I/O thread itself.
     defer_sends: bool,
-    /// With `defer_sends`: the arrivals (`prefetch`) not applied yet, as given: caller
-    /// id, `num_tokens`, block hashes (a reference, not read yet). The next call of
-    /// any other kind applies them first, together, so a step's arrivals cost one
-    /// pass of the client's code, not one cold call each, and every later call sees
-    /// them as if applied at arrival.
-    arrivals: Vec<(String, u32, Py<PyAny>)>,
+    /// With `defer_sends`: the arrivals (`prefetch`) not applied yet: caller id,
+    /// `num_tokens` and (hash length, bytes in `arrival_hashes`), or `None` when the
+    /// hashes could not be read. The
+    /// next call of any other kind applies them first, together, so a step's arrivals
+    /// cost one pass of the client's code, not one cold call each, and every later
+    /// call sees them as if applied at arrival.
+    arrivals: Vec<Arrival>,
+    /// The hashes of `arrivals`, in their order, copied at arrival (when vLLM has
+    /// just computed them and they are in the cache); each applied request takes its
+    /// slice, so a step's arrivals share one allocation.
+    arrival_hashes: BytesMut,
     /// With `defer_sends`: the hand-overs of deferred RPCs so far plus one (`flush`,
     /// or a `lookup` that hands over); a slot's `polled_in` refers to it.
     handovers: u64,
@@ -207,19 +217,9 @@ fn concat_list(
     Some(Ok(hash_len))
 }
 
-/// The bytes [`concat_list`] would copy from `block_hashes` (a `list` of `bytes` of
-/// its first item's length), 0 for anything else: what a batch buffer reserves.
-fn hashes_size(block_hashes: &Bound<'_, PyAny>) -> usize {
-    let Ok(list) = block_hashes.cast_exact::<PyList>() else {
-        return 0;
-    };
-    match list.iter().next() {
-        Some(first) => first
-            .cast_exact::<PyBytes>()
-            .map_or(0, |b| b.as_bytes().len() * list.len()),
-        None => 0,
-    }
-}
+/// Bytes an arrival buffer reserves at a time when it runs out (a few steps'
+/// arrivals of 64-block prompts): one allocation for several steps, not one each.
+const ARRIVAL_CHUNK: usize = 64 * 1024;
 
 /// `f` of a caller id given as any object: a `str` is read in place (vLLM's ids,
 /// no copy, no Python call); anything else as its `str()`, as the Python wrapper
@@ -234,29 +234,30 @@ fn with_id<R>(req_id: &Bound<'_, PyAny>, f: impl FnOnce(&str) -> R) -> PyResult<
 
 impl NativeClient {
     /// A new request of `req_id` from `num_tokens` and `block_hashes` (a sequence of
-    /// `bytes`, read once here: polls of a held request never read it again). With
-    /// `batch`, the hashes are copied into it and the request holds its slice (a
-    /// step's arrivals share one allocation); else into a buffer of their own.
+    /// `bytes`, read once here, into a buffer of their own: polls of a held request
+    /// never read it again).
     fn new_request(
         &mut self,
         req_id: &str,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
-        batch: Option<&mut BytesMut>,
     ) -> PyResult<Request> {
-        let (hash_len, data) = match batch {
-            Some(buf) => {
-                let hash_len = concat_hashes(req_id, block_hashes, buf)?;
-                (hash_len, buf.split().freeze())
-            }
-            None => {
-                let mut own = BytesMut::new();
-                let hash_len = concat_hashes(req_id, block_hashes, &mut own)?;
-                (hash_len, own.freeze())
-            }
-        };
+        let mut own = BytesMut::new();
+        let hash_len = concat_hashes(req_id, block_hashes, &mut own)?;
         let hash_len = u16::try_from(hash_len)
             .map_err(|_| PyValueError::new_err(format!("request {req_id}: hash too long")))?;
+        self.request_of(req_id, num_tokens, hash_len, own.freeze())
+    }
+
+    /// A new request of `req_id` from `num_tokens` and its hashes, `hash_len` bytes
+    /// each, already copied into `data`.
+    fn request_of(
+        &mut self,
+        req_id: &str,
+        num_tokens: u32,
+        hash_len: u16,
+        data: Bytes,
+    ) -> PyResult<Request> {
         let block_hashes = BlockHashes::new(hash_len, data)
             .map_err(|e| PyValueError::new_err(format!("request {req_id}: {e}")))?;
         self.next_id += 1;
@@ -266,6 +267,26 @@ impl NativeClient {
             block_hashes,
             skip_reading_external_kv: false,
         })
+    }
+
+    /// Records an arrival for the next `apply_arrivals`: its hashes are copied into
+    /// `arrival_hashes` now (`None` when they cannot be read: the buffer is then as it
+    /// was).
+    fn record_arrival(&mut self, req_id: String, num_tokens: u32, block_hashes: &Bound<'_, PyAny>) {
+        let buf = &mut self.arrival_hashes;
+        let need = block_hashes.len().unwrap_or(0) * 32;
+        if buf.capacity() - buf.len() < need {
+            buf.reserve(need.max(ARRIVAL_CHUNK));
+        }
+        let start = buf.len();
+        let copied = concat_hashes(&req_id, block_hashes, buf)
+            .ok()
+            .and_then(|len| u16::try_from(len).ok())
+            .map(|hash_len| (hash_len, buf.len() - start));
+        if copied.is_none() {
+            buf.truncate(start);
+        }
+        self.arrivals.push((req_id, num_tokens, copied));
     }
 
     /// Holds `request` as `req_id`'s lookup (its slot's last answer stays until read
@@ -305,47 +326,58 @@ impl NativeClient {
     }
 
     /// Applies the arrivals deferred by `prefetch` (`arrivals`), in arrival order,
-    /// their hashes copied into one buffer (one allocation for the batch; a request
-    /// holds its slice, and the buffer goes with the batch's last request). An
-    /// arrival whose block hashes cannot be read is not prefetched: its `lookup`
-    /// reads them again and raises there (vLLM's client reads them only in `lookup`
-    /// too).
-    fn apply_arrivals(&mut self, py: Python<'_>) {
+    /// each request taking its hashes' slice of `arrival_hashes`. An arrival whose
+    /// block hashes could not be read is not prefetched: its `lookup` reads them again
+    /// and raises there (vLLM's client reads them only in `lookup` too).
+    fn apply_arrivals(&mut self) {
         if self.arrivals.is_empty() {
             return;
         }
         let mut arrivals = std::mem::take(&mut self.arrivals);
-        let size = arrivals
-            .iter()
-            .map(|(_, _, hashes)| hashes_size(hashes.bind(py)))
-            .sum();
-        let mut batch = BytesMut::with_capacity(size);
-        for (req_id, num_tokens, block_hashes) in arrivals.drain(..) {
-            // Ignored on purpose: see the doc comment.
-            let _ = self.prefetch_str(&req_id, num_tokens, block_hashes.bind(py), Some(&mut batch));
+        for (req_id, num_tokens, copied) in arrivals.drain(..) {
+            let Some((hash_len, bytes)) = copied else {
+                continue;
+            };
+            let data = self.arrival_hashes.split_to(bytes).freeze();
+            if self
+                .slots
+                .get(&*req_id)
+                .is_some_and(|s| s.request.is_some())
+            {
+                // Held already (a second arrival): its hashes are not read again.
+                continue;
+            }
+            // Hashes of a length BlockHashes refuses: not prefetched, as above.
+            if let Ok(request) = self.request_of(&req_id, num_tokens, hash_len, data) {
+                self.start(&req_id, request);
+            }
         }
         // The vector is kept for the next step's arrivals.
         self.arrivals = arrivals;
     }
 
     /// [`prefetch`](Self::prefetch) of a `str` id: a held request is left as it is
-    /// (its hashes are not read again). `batch` as [`new_request`](Self::new_request)'s.
+    /// (its hashes are not read again).
     fn prefetch_str(
         &mut self,
         req_id: &str,
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
-        batch: Option<&mut BytesMut>,
     ) -> PyResult<()> {
         if self.slots.get(req_id).is_some_and(|s| s.request.is_some()) {
             return Ok(());
         }
-        let request = self.new_request(req_id, num_tokens, block_hashes, batch)?;
-        // Handed to the I/O task at the next call (a probe of the step, or `flush`):
-        // a step's arrivals wake it once, not once each.
+        let request = self.new_request(req_id, num_tokens, block_hashes)?;
+        self.start(req_id, request);
+        Ok(())
+    }
+
+    /// Announces `request` as `req_id`'s prefetch and holds it. Handed to the I/O
+    /// task at the next call (a probe of the step, or `flush`): a step's arrivals wake
+    /// it once, not once each.
+    fn start(&mut self, req_id: &str, request: Request) {
         self.client.on_new_request_deferred(&request, req_id);
         self.hold(req_id, request);
-        Ok(())
     }
 
     /// The Python result of `hit` tokens: the factory's, built once per hit length
@@ -418,6 +450,7 @@ impl NativeClient {
             next_id: 0,
             defer_sends: false,
             arrivals: Vec::new(),
+            arrival_hashes: BytesMut::new(),
             handovers: 1,
         })
     }
@@ -437,7 +470,7 @@ impl NativeClient {
         block_hashes: &Bound<'_, PyAny>,
         non_block: bool,
     ) -> PyResult<Option<Py<PyAny>>> {
-        self.apply_arrivals(py);
+        self.apply_arrivals();
         let Self {
             slots,
             client,
@@ -486,7 +519,7 @@ impl NativeClient {
             _ => {
                 // First sight: announced and probed (which starts the lookup) on one
                 // clock read.
-                let request = self.new_request(req_id, num_tokens, block_hashes, None)?;
+                let request = self.new_request(req_id, num_tokens, block_hashes)?;
                 let (probe, answer) = if non_block && defer {
                     self.client.on_new_request_deferred(&request, req_id);
                     self.client.probe_and_finish_deferred(&request, 0)
@@ -547,12 +580,11 @@ impl NativeClient {
     ) -> PyResult<()> {
         if self.defer_sends {
             let arrival = with_id(req_id, str::to_owned)?;
-            self.arrivals
-                .push((arrival, num_tokens, block_hashes.clone().unbind()));
+            self.record_arrival(arrival, num_tokens, block_hashes);
             return Ok(());
         }
         with_id(req_id, |req_id| {
-            self.prefetch_str(req_id, num_tokens, block_hashes, None)
+            self.prefetch_str(req_id, num_tokens, block_hashes)
         })?
     }
 
@@ -565,10 +597,10 @@ impl NativeClient {
     /// one request in a loop without `flush` is answered one poll later, not never.
     /// For a caller that calls `flush` once per step (the connector of
     /// `mooncake_lookup.vllm`, in `build_connector_meta`). Off by default.
-    fn set_defer_sends(&mut self, py: Python<'_>, on: bool) {
+    fn set_defer_sends(&mut self, on: bool) {
         self.defer_sends = on;
         if !on {
-            self.apply_arrivals(py);
+            self.apply_arrivals();
             self.client.drive();
         }
     }
@@ -576,8 +608,8 @@ impl NativeClient {
     /// Hands every prefetch not sent yet to the I/O task (the connector calls it once
     /// per scheduler step, in `build_connector_meta`; any other call does it too).
     /// Never blocks.
-    fn flush(&mut self, py: Python<'_>) {
-        self.apply_arrivals(py);
+    fn flush(&mut self) {
+        self.apply_arrivals();
         self.handovers += 1;
         self.client.drive();
     }
@@ -602,8 +634,8 @@ impl NativeClient {
 
     /// vLLM's `discard`: drops `req_id`'s lookup, queued, in flight or answered, and
     /// its last answer. Never blocks. `req_id` as `prefetch`'s.
-    fn discard(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.apply_arrivals(py);
+    fn discard(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals();
         with_id(req_id, |req_id| {
             if let Some(request) = self.release(req_id, true) {
                 self.client.on_finished(request.request_id);
@@ -614,8 +646,8 @@ impl NativeClient {
     /// The request got its blocks (vLLM's `update_state_after_alloc`, rule 8): its
     /// lookup, if any is still held (a prefetch never read), is consumed and dropped.
     /// Never blocks. `req_id` as `prefetch`'s.
-    fn on_allocated(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.apply_arrivals(py);
+    fn on_allocated(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals();
         with_id(req_id, |req_id| {
             if let Some(request) = self.release(req_id, false) {
                 self.client.on_allocated(request.request_id);
@@ -627,8 +659,8 @@ impl NativeClient {
     /// The request was preempted (vLLM's `preempted_req_ids`, rule 8): its lookup and
     /// last answer are dropped; it is looked up again when rescheduled. Never blocks.
     /// `req_id` as `prefetch`'s.
-    fn on_preempted(&mut self, py: Python<'_>, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.apply_arrivals(py);
+    fn on_preempted(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.apply_arrivals();
         with_id(req_id, |req_id| {
             if let Some(request) = self.release(req_id, true) {
                 self.client.on_preempted(request.request_id);
@@ -642,6 +674,7 @@ impl NativeClient {
     /// the wait margin. True when the server acknowledged.
     fn reset(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.arrivals.clear();
+        self.arrival_hashes.clear();
         self.slots.clear();
         self.held = 0;
         let client = &mut self.client;
@@ -654,6 +687,7 @@ impl NativeClient {
     /// Idempotent.
     fn close(&mut self) {
         self.arrivals.clear();
+        self.arrival_hashes.clear();
         // Last answers stay readable (`answer_of`); held lookups go.
         self.slots.retain(|_, slot| {
             slot.request = None;
@@ -664,15 +698,15 @@ impl NativeClient {
     }
 
     /// Requests tracked (announced, not yet answered or discarded).
-    fn tracked_requests(&mut self, py: Python<'_>) -> usize {
-        self.apply_arrivals(py);
+    fn tracked_requests(&mut self) -> usize {
+        self.apply_arrivals();
         self.held
     }
 
     /// The client's counters as a dict of ints: `rpcs_sent`, `late_replies`,
     /// `socket_reopens`, `waits_gave_up`, `slots_in_use`, `open_rpcs`.
-    fn stats(&mut self, py: Python<'_>) -> HashMap<&'static str, u64> {
-        self.apply_arrivals(py);
+    fn stats(&mut self) -> HashMap<&'static str, u64> {
+        self.apply_arrivals();
         let s = self.client.stats();
         HashMap::from([
             ("rpcs_sent", s.rpcs_sent),

@@ -209,9 +209,10 @@ def connector_for(core, client, endpoint, rpc_port, args):
 
 class Requests:
     """vLLM Requests made ahead of the timed steps (vLLM hashes each block at
-    construction: 64 SHA-256 per request). Ids have the shape of vLLM 0.33's own for
-    an OpenAI-API request: `chatcmpl-` and 16 hex digits (the API's id), `-` and 8 hex
-    digits (the engine's suffix, InputProcessor), 34 characters each, seeded by `tag`."""
+    construction: 64 SHA-256 per request; in vLLM the engine's input thread makes
+    them). Ids have the shape of vLLM 0.33's own for an OpenAI-API request:
+    `chatcmpl-` and 16 hex digits (the API's id), `-` and 8 hex digits (the engine's
+    suffix, InputProcessor), 34 characters each, seeded by `tag`."""
 
     def __init__(self, core, tag, count, max_tokens):
         rng = random.Random(tag)

@@ -68,8 +68,8 @@ struct Args {
     /// Data-parallel rank in vLLM's ipc file name.
     #[arg(long, default_value_t = 0, conflicts_with = "bind")]
     dp_rank: u32,
-    /// Block size in tokens: the lookup alignment.
-    #[arg(long, default_value_t = 16)]
+    /// Block size in tokens: the lookup alignment (at least 1).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     block_size: u32,
     /// Model name in the store keys, verbatim. vLLM's worker keys by the last path
     /// component of its --model (Qwen3-8B for --model Qwen/Qwen3-8B); a name with a

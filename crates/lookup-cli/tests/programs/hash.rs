@@ -134,4 +134,14 @@ fn hash_writes_the_file_probe_reads_and_refuses_bad_tokens() {
     );
     let output = run(&["--tokens", "1,2", "--hash-algo", "xxhash"]);
     assert_eq!(output.status.code(), Some(2));
+    // No input at all is a usage error, not an empty answer.
+    let output = run(&[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+    // An empty prompt given explicitly has no full block: no hashes, exit 0.
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let output = run(&["--tokens-file", empty.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
 }

@@ -289,6 +289,11 @@ fn lookup_server_program_exits_2_for_arguments_that_make_no_sense() {
              not-a-host: expected host:port\n",
         ),
         (&["--model", "m"][..], ""), // clap's: --hostname is required
+        // clap's: a block of 0 tokens aligns nothing.
+        (
+            &["--bind", "tcp://127.0.0.1:0", "--block-size", "0"][..],
+            "",
+        ),
         (
             &[
                 "--bind",

@@ -10,8 +10,10 @@ use vllm_block_hash::{BlockHasher, HashAlgo, NoneHashSeed, RequestExtraKeys};
 
 use crate::Failure;
 
-/// Turn a prompt's token ids into its block hashes, one hex hash a line.
+/// Turn a prompt's token ids into its block hashes, one hex hash a line. One of
+/// `--tokens` and `--tokens-file` is required (clap refuses neither, exit 2).
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["tokens", "tokens_file"])))]
 pub(crate) struct HashArgs {
     /// Token ids, comma-separated.
     #[arg(long, value_delimiter = ',', conflicts_with = "tokens_file")]
