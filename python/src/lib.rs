@@ -10,10 +10,13 @@
 //! thread; the only waits (a blocking `lookup`, `reset`) release the GIL while they
 //! sleep on the I/O task's reports.
 
+mod caller_id;
+
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use bytes::{Bytes, BytesMut};
+use caller_id::CallerId;
 use lookup_core::Table;
 use lookup_tokio::{
     Answer, BlockHashes, Deadline, KeyLayout, LookupClient, Probe, Request, RequestId,
@@ -83,8 +86,9 @@ struct NativeClient {
     results: HashMap<u32, Py<PyAny>>,
     /// Every caller id with a lookup held or a last answer kept. The core's table
     /// (foldhash): every poll hashes its id once, and SipHash's cost on a 40-byte
-    /// vLLM id was a third of the ready poll's.
-    slots: Table<String, Slot>,
+    /// vLLM id was a third of the ready poll's; keys inline ([`CallerId`]), so a
+    /// probe compares the id in the bucket it read.
+    slots: Table<CallerId, Slot>,
     /// Slots with a lookup held (`tracked_requests`).
     held: usize,
     next_id: u64,
@@ -299,7 +303,7 @@ impl NativeClient {
             }
             None => {
                 self.slots.insert(
-                    req_id.to_owned(),
+                    CallerId::from(req_id),
                     Slot {
                         request: Some(request),
                         answer: None,
@@ -540,7 +544,7 @@ impl NativeClient {
                         slot.polled_in = self.handovers;
                     }
                 } else if answer.is_some() {
-                    self.slots.entry(req_id.to_owned()).or_default().answer = answer;
+                    self.slots.entry(CallerId::from(req_id)).or_default().answer = answer;
                 }
                 (probe, answer)
             }
