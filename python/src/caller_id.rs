@@ -11,21 +11,18 @@ use std::hash::{Hash, Hasher};
 /// the bucket.
 const INLINE: usize = 47;
 
-/// A caller id, compared, hashed and borrowed as its `str` (so the table is probed
-/// with a `&str`).
+/// A caller id, compared, hashed and borrowed as its UTF-8 bytes (so the table is
+/// probed with `id.as_bytes()`, and a compare reads bytes without validating them).
 pub(crate) enum CallerId {
     Inline { len: u8, bytes: [u8; INLINE] },
     Heap(Box<str>),
 }
 
 impl CallerId {
-    pub(crate) fn as_str(&self) -> &str {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
-            Self::Inline { len, bytes } => {
-                // Written from a `&str` of `len` bytes (`From<&str>`): valid UTF-8.
-                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
-            Self::Heap(s) => s,
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(s) => s.as_bytes(),
         }
     }
 }
@@ -43,22 +40,22 @@ impl From<&str> for CallerId {
     }
 }
 
-impl Borrow<str> for CallerId {
-    fn borrow(&self) -> &str {
-        self.as_str()
+impl Borrow<[u8]> for CallerId {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
     }
 }
 
 impl Hash for CallerId {
-    // As `str` hashes: `Borrow<str>` requires it.
+    // As `[u8]` hashes: `Borrow<[u8]>` requires it.
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
+        self.as_bytes().hash(state);
     }
 }
 
 impl PartialEq for CallerId {
     fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -66,7 +63,7 @@ impl Eq for CallerId {}
 
 impl std::fmt::Debug for CallerId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.as_str().fmt(f)
+        String::from_utf8_lossy(self.as_bytes()).fmt(f)
     }
 }
 
@@ -93,11 +90,12 @@ mod tests {
             CallerId::Inline { len: 47, .. }
         ));
         assert!(matches!(CallerId::from(long.as_str()), CallerId::Heap(_)));
-        assert_eq!(table.get(short), Some(&0));
-        assert_eq!(table.get(edge.as_str()), Some(&1));
-        assert_eq!(table.get(long.as_str()), Some(&2));
-        assert_eq!(table.get(""), Some(&3));
-        assert_eq!(table.get("chatcmpl-0123456789abcdef-0123456"), None);
-        assert_eq!(CallerId::from("é-ü").as_str(), "é-ü");
+        assert_eq!(table.get(short.as_bytes()), Some(&0));
+        assert_eq!(table.get(edge.as_bytes()), Some(&1));
+        assert_eq!(table.get(long.as_bytes()), Some(&2));
+        assert_eq!(table.get(&b""[..]), Some(&3));
+        assert_eq!(table.get(&b"chatcmpl-0123456789abcdef-0123456"[..]), None);
+        assert_eq!(CallerId::from("é-ü").as_bytes(), "é-ü".as_bytes());
+        assert_eq!(format!("{:?}", CallerId::from("é-ü")), "\"é-ü\"");
     }
 }

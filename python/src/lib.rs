@@ -296,7 +296,7 @@ impl NativeClient {
     /// Holds `request` as `req_id`'s lookup (its slot's last answer stays until read
     /// over by the new one's).
     fn hold(&mut self, req_id: &str, request: Request) {
-        match self.slots.get_mut(req_id) {
+        match self.slots.get_mut(req_id.as_bytes()) {
             Some(slot) => {
                 slot.request = Some(request);
                 slot.polled_in = 0;
@@ -318,13 +318,13 @@ impl NativeClient {
     /// Drops `req_id`'s held lookup, if any, and returns it; `forget` drops its last
     /// answer too (and the slot).
     fn release(&mut self, req_id: &str, forget: bool) -> Option<Request> {
-        let slot = self.slots.get_mut(req_id)?;
+        let slot = self.slots.get_mut(req_id.as_bytes())?;
         let request = slot.request.take();
         if request.is_some() {
             self.held -= 1;
         }
         if forget || slot.answer.is_none() {
-            self.slots.remove(req_id);
+            self.slots.remove(req_id.as_bytes());
         }
         request
     }
@@ -345,7 +345,7 @@ impl NativeClient {
             let data = self.arrival_hashes.split_to(bytes).freeze();
             if self
                 .slots
-                .get(&*req_id)
+                .get(req_id.as_bytes())
                 .is_some_and(|s| s.request.is_some())
             {
                 // Held already (a second arrival): its hashes are not read again.
@@ -368,7 +368,11 @@ impl NativeClient {
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        if self.slots.get(req_id).is_some_and(|s| s.request.is_some()) {
+        if self
+            .slots
+            .get(req_id.as_bytes())
+            .is_some_and(|s| s.request.is_some())
+        {
             return Ok(());
         }
         let request = self.new_request(req_id, num_tokens, block_hashes)?;
@@ -485,7 +489,7 @@ impl NativeClient {
         } = self;
         let defer = *defer_sends;
         let epoch = *handovers;
-        let (probe, answer) = match slots.get_mut(req_id) {
+        let (probe, answer) = match slots.get_mut(req_id.as_bytes()) {
             // Held: a poll (the hashes passed again are not read). A non-blocking one
             // probes, reads the answer and ends the request in one client call, on
             // one clock read.
@@ -540,7 +544,7 @@ impl NativeClient {
                 };
                 if probe == Probe::Pending {
                     self.hold(req_id, request);
-                    if let Some(slot) = self.slots.get_mut(req_id) {
+                    if let Some(slot) = self.slots.get_mut(req_id.as_bytes()) {
                         slot.polled_in = self.handovers;
                     }
                 } else if answer.is_some() {
@@ -630,7 +634,7 @@ impl NativeClient {
     ) -> PyResult<Option<(&'static str, u32, Option<&'static str>)>> {
         with_id(req_id, |req_id| {
             self.slots
-                .get(req_id)
+                .get(req_id.as_bytes())
                 .and_then(|s| s.answer)
                 .map(answer_tuple)
         })
