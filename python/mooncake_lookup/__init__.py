@@ -188,8 +188,8 @@ class LookupKeyClient:
         this client's next call of any kind (``flush`` sends it at once): the arrivals
         before a scheduler step wake the I/O thread once. ``req_id`` a ``str`` (other
         objects are read as their ``str()``), ``num_tokens`` an ``int``. Under
-        ``defer_sends`` the arrival is only recorded, and the next call of another
-        kind applies the arrivals together (reading their hashes then). Replaced per
+        ``defer_sends`` the arrival is only recorded (its id and hashes copied), and
+        the next call of another kind applies the arrivals together. Replaced per
         instance by the native method itself (``__init__``)."""
         self._native.prefetch(req_id, num_tokens, block_hashes)
 

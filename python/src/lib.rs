@@ -574,12 +574,13 @@ impl NativeClient {
     /// `req_id`: a `str` (vLLM's), else its `str()`; `num_tokens`: an int (or any
     /// object with `__index__`); `block_hashes` as `lookup`'s.
     ///
-    /// With `set_defer_sends(True)` the arrival is only recorded (the id copied, the
-    /// hashes referenced, read when applied): the next call of any other kind applies
-    /// the arrivals together before its own work, so a scheduler step's arrivals cost
-    /// one warm pass at its first probe, not one cold call each inside `add_request`.
-    /// Hashes that cannot be read then are not prefetched; that request's `lookup`
-    /// raises.
+    /// With `set_defer_sends(True)` the arrival is only recorded: the id and the
+    /// hashes copied (into the arrival buffer, now, while vLLM's freshly computed
+    /// hashes are in the cache), nothing else; the next call of any other kind
+    /// applies the arrivals together before its own work, so a scheduler step's
+    /// arrivals cost one warm pass of the client's code at its first probe, not one
+    /// cold call each inside `add_request`. Hashes that cannot be read are not
+    /// prefetched; that request's `lookup` reads them again and raises.
     fn prefetch(
         &mut self,
         req_id: &Bound<'_, PyAny>,
