@@ -11,6 +11,9 @@ metrics: all vLLM's); on the scheduler side its ``MooncakeStoreScheduler`` asks 
 drop-in ``mooncake_lookup.LookupKeyClient`` instead of vLLM's client, and
 ``SchedulerPrefetch`` starts each eligible lookup at arrival (``on_new_request``) and
 drops it on allocation, finish, preemption, reset and close (``mooncake_lookup.prefetch``).
+Around vLLM's ``build_connector_meta`` it makes the build's two passes over the
+running batch cost the step's admissions and loads instead (``mooncake_lookup._meta``),
+with the same metadata.
 
 Importing this module imports vLLM (and torch).
 """
@@ -19,13 +22,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector impor
     MooncakeStoreConnector,
 )
 
+from ._meta import UnfinishedRequests, running_ids_as_dict
 from .prefetch import SchedulerPrefetch
 
 __all__ = ["MooncakeLookupConnector"]
-
-# Running requests from which `build_connector_meta` hands vLLM's its running ids as a
-# dict (below it the list's scan is as cheap as the dict's build).
-_DICT_FROM = 16
 
 
 class MooncakeLookupConnector(MooncakeStoreConnector):
@@ -39,9 +39,11 @@ class MooncakeLookupConnector(MooncakeStoreConnector):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.lookup_prefetch = None
+        self._unfinished = None
         if self.connector_scheduler is not None:
             self.lookup_prefetch = SchedulerPrefetch(
                 self.connector_scheduler, vllm_config, kv_cache_config)
+            self._unfinished = UnfinishedRequests.install(self.connector_scheduler)
 
     def on_new_request(self, request):
         super().on_new_request(request)
@@ -59,20 +61,10 @@ class MooncakeLookupConnector(MooncakeStoreConnector):
 
     def build_connector_meta(self, scheduler_output):
         self.lookup_prefetch.on_step(scheduler_output)
-        cached = scheduler_output.scheduled_cached_reqs
-        req_ids = cached.req_ids
-        if len(req_ids) < _DICT_FROM:
+        # vLLM's build, with its two batch-sized passes made step-sized
+        # (mooncake_lookup._meta): the same metadata.
+        with running_ids_as_dict(scheduler_output), self._unfinished.narrowed_to_loads():
             return super().build_connector_meta(scheduler_output)
-        # vLLM 0.33's MooncakeStoreScheduler.build_connector_meta asks, for each of its
-        # unfinished requests, whether it is in this list: a scan each, so a step paid
-        # running x running string compares. For the call the list is a dict of the
-        # same ids in the same order: the same iteration and membership answers at one
-        # hash each. The list is put back before the output goes on to the workers.
-        cached.req_ids = dict.fromkeys(req_ids)
-        try:
-            return super().build_connector_meta(scheduler_output)
-        finally:
-            cached.req_ids = req_ids
 
     def request_finished_all_groups(self, request, block_ids):
         if self.lookup_prefetch is not None:

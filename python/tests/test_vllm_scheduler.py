@@ -328,9 +328,10 @@ def many_running(connector, worker, steps=8, per_step=8):
     """`steps` scheduler steps of `per_step` admissions each over a growing running
     batch (`scheduled_cached_reqs`): half the admissions hit 3 blocks in the store,
     half miss; each prefills what it computes in chunks of
-    at most 32 tokens, then decodes one token a step; one admission per step waits for
-    its load (allocated, not scheduled: the build's pass over unscheduled requests
-    issues it) and is scheduled the step after; from step 4 one running request
+    at most 32 tokens, then decodes one token a step; two admissions per step (both hits) wait
+    for their loads (allocated, not scheduled: the build's pass over unscheduled requests
+    issues it) and is scheduled the step after; one more is looked up each step (a
+    hit) and never admitted; from step 4 one running request
     finishes a step; at step 5 one is preempted, and it resumes at step 6. Returns,
     per step, the metadata and what the call left in the scheduler output, as plain
     data, and the pool's pins."""
@@ -338,13 +339,12 @@ def many_running(connector, worker, steps=8, per_step=8):
     pool.blocks = list(range(steps * per_step * 8 + 8))
     connector.bind_gpu_block_pool(pool)
     tables, reqs, computed, running, out = {}, {}, {}, [], []
-    next_block, loading, resumed = 1, None, None
+    next_block, loading, resumed = 1, [], None
     for k in range(steps):
         new, finished, preempted = [], [], []
-        if loading is not None:
-            r, ext = loading
+        for r, ext in loading:
             new.append((r, tables[r.request_id], min(32, r.num_tokens - ext), ext))
-            loading = None
+        loading = []
         for i in range(per_step):
             r = request(f"s{k}-{i}", 4)
             if i % 2:
@@ -356,10 +356,15 @@ def many_running(connector, worker, steps=8, per_step=8):
             tables[r.request_id] = list(range(next_block, next_block + 5))
             next_block += 5
             connector.update_state_after_alloc(r, Blocks(tables[r.request_id]), ext)
-            if i == 0:
-                loading = (r, ext)
+            if i in (0, 2):
+                loading.append((r, ext))
             else:
                 new.append((r, tables[r.request_id], min(32, r.num_tokens - ext), ext))
+        # Looked up (a hit: vLLM keeps its load spec) but not admitted: in no pass's
+        # output, in both builds.
+        w = request(f"w{k}", 4)
+        connector.on_new_request(w)
+        poll(connector, w)
         if k >= 4 and running:
             gone = running.pop(0)
             connector.request_finished(reqs[gone], tables[gone])
@@ -412,7 +417,8 @@ def many_running(connector, worker, steps=8, per_step=8):
 
 def test_build_connector_meta_equals_vllms_over_a_running_batch(vllm, connector_module, server):
     """The connector's `build_connector_meta` (which gives vLLM's the step's running
-    ids as a dict, not a list, for its membership tests) builds the same metadata as
+    ids as a dict, not a list, for its membership tests, and narrows its pass over
+    unfinished requests to those with a load spec) builds the same metadata as
     vLLM's own connector, step by step, over a batch of up to 60 running requests with
     admissions, a pending load, finishes, a preemption and a resume, and leaves the
     scheduler output as it found it."""
@@ -424,9 +430,9 @@ def test_build_connector_meta_equals_vllms_over_a_running_batch(vllm, connector_
         theirs.connector_scheduler.client.close()
     # Each step's waiting load went out through the pass over unscheduled requests,
     # and the batch outgrew the connector's dict threshold.
-    assert [w["pending_loads"] for w in want] == [[f"s{k}-0"] for k in range(8)]
-    assert [w["running"] for w in want] == [0, 7, 15, 23, 30, 36, 44, 51]
-    assert [w["saves"] for w in want] == [4, 9, 9, 9, 9, 9, 10, 10]
+    assert [w["pending_loads"] for w in want] == [[f"s{k}-0", f"s{k}-2"] for k in range(8)]
+    assert [w["running"] for w in want] == [0, 6, 14, 22, 29, 35, 43, 50]
+    assert [w["saves"] for w in want] == [4, 10, 10, 10, 10, 10, 11, 11]
     ours = connector_module.MooncakeLookupConnector(
         engine_config(lookup_prefetch_limit=16), vllm.KVConnectorRole.SCHEDULER,
         kv_cache_config())
