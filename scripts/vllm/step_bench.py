@@ -17,6 +17,8 @@ after `--delays-us` (a thread's sleep: `--index-delay-us`); the store is empty, 
 every lookup is a miss and no KV is loaded. Prompts are 64 blocks of 16 tokens, each
 request's own tokens; every request samples `--max-tokens` tokens. Between two steps
 the loop sleeps `--forward-ms` (the model's forward pass), during which lookups go on.
+Before each run's steps the Python heap is collected and frozen (`gc.freeze`), as
+vLLM's EngineCore does after its startup.
 
 Per step it times the scheduler thread's time inside the connector's hooks (every
 method the scheduler calls on it: on_new_request in add_request,
@@ -56,6 +58,7 @@ scripts/vllm/step_bench.sh builds what it needs and runs it.
 """
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -275,6 +278,12 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
         out["waiting"].append(waiting)
         out["hook_calls"] += calls
 
+    # As vLLM's EngineCore does after its startup (freeze_gc_heap): what exists now
+    # (the scheduler, the requests made ahead, the previous runs' garbage collected)
+    # is frozen out of the collector, so a collection inside a timed step scans what
+    # this run allocated, not the whole process.
+    gc.collect()
+    gc.freeze()
     try:
         if workload == "steady":
             for i in range(args.warmup_steps + args.steps):
@@ -286,6 +295,7 @@ def run_one(core, client, workload, queue, endpoint, rpc_port, args, tag):
             while sched.waiting and len(out["conn_ns"]) < args.burst_steps:
                 keep(step(0))
     finally:
+        gc.unfreeze()
         conn = sched.connector
         prefetch = getattr(conn, "lookup_prefetch", None)
         if prefetch is not None:
