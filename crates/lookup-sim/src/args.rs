@@ -42,7 +42,8 @@ pub struct Args {
     /// Requests of the generated trace (without `--trace`).
     #[arg(long, value_name = "N", default_value_t = 4_000)]
     pub gen_requests: usize,
-    /// Also write every figure and parameter as JSON to this file.
+    /// Also write every figure and parameter as JSON to this file (its folder is made
+    /// before the run when missing).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// Where to draw the plots (PNG): the TTFT CDF and tail here, a sweep's p50/p99
@@ -52,7 +53,7 @@ pub struct Args {
     pub plot: Option<PathBuf>,
     /// Also write every engine's state once per virtual second (waiting, running, KV
     /// held, preemptions, lookups in flight) of the first run of each mode to this
-    /// file (JSONL).
+    /// file (JSONL; its folder is made before the run when missing).
     #[arg(long, value_name = "PATH")]
     pub timeseries: Option<PathBuf>,
     /// Do not draw the plots.

@@ -77,7 +77,8 @@ struct Analysis<'a> {
 ///
 /// # Errors
 /// A bad flag, an unreadable or malformed trace (naming the line), a request that
-/// cannot fit the GPU, a file that cannot be written. A plot that cannot be drawn is
+/// cannot fit the GPU, an output folder that cannot be made (before the run), a file
+/// that cannot be written. A plot that cannot be drawn is
 /// reported as a warning only.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     run_to(args, &mut std::io::stdout().lock())
@@ -90,6 +91,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// # Errors
 /// As [`run`], and a failed write to `out`.
 pub fn run_to(args: &Args, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+    for path in [&args.json, &args.timeseries, &args.write_trace]
+        .into_iter()
+        .flatten()
+    {
+        output::prepare_output(path)?;
+    }
     let setup = Setup::of(args)?;
     if let Some(path) = &args.write_trace {
         setup.write_trace(path)?;

@@ -141,6 +141,20 @@ pub(crate) fn title(source: &str, p: &SimParams) -> String {
     )
 }
 
+/// Makes the folder of an output file (`--json`, `--timeseries`, `--write-trace`)
+/// before the run, as `--plot`'s is made, so that a run is not lost to a missing
+/// folder after it has taken its minutes.
+///
+/// # Errors
+/// The folder cannot be made (a file in the way, no permission), named.
+pub(crate) fn prepare_output(path: &Path) -> anyhow::Result<()> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating {} for {}", dir.display(), path.display())),
+        _ => Ok(()),
+    }
+}
+
 /// `--timeseries`: every engine's samples of each mode's first run, one JSON line each.
 pub(crate) fn write_timeseries(path: &Path, results: &[ModeResult]) -> anyhow::Result<()> {
     #[derive(Serialize)]
