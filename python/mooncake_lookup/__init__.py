@@ -22,13 +22,14 @@ The transport comes from ``kv_connector_extra_config``:
 
 import functools
 import json
+import logging
 import os
 import socket
 import tempfile
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ._native import NativeClient
+from ._native import NativeClient, extra_config_keys
 
 __all__ = [
     "Answer", "LookupKeyClient", "LookupResult", "TailKeyBoundary", "endpoint_of",
@@ -116,6 +117,21 @@ def endpoint_of(vllm_config) -> str:
     return f"ipc://{base}/lookup_rpc_port_{rpc_port}_host_{host}_dp_rank{dp_rank}"
 
 
+_logger = logging.getLogger(__name__)
+
+
+def _warn_unknown_lookup_keys(extra):
+    """Logs a warning naming each ``lookup_*`` key of ``kv_connector_extra_config``
+    that neither this package nor vLLM reads: the dict is read leniently (vLLM's own
+    keys share it), so a mistyped key would otherwise keep its default unnoticed."""
+    known = set(extra_config_keys()) | set(TRANSPORT_KEYS)
+    unknown = sorted(k for k in extra if str(k).startswith("lookup_") and k not in known)
+    if unknown:
+        _logger.warning(
+            "kv_connector_extra_config: unknown key(s) %s ignored (the lookup keys are: %s)",
+            ", ".join(unknown), ", ".join(sorted(k for k in known if k.startswith("lookup_"))))
+
+
 class LookupKeyClient:
     """Drop-in for vLLM 0.33's ``LookupKeyClient`` (module docstring). Raises
     ``ValueError`` for a bad ``kv_connector_extra_config`` key or address.
@@ -141,6 +157,7 @@ class LookupKeyClient:
             model_config = getattr(vllm_config, "model_config", None)
             model = str(getattr(model_config, "model", "model")).rstrip("/").split("/")[-1]
         rust_keys = {k: v for k, v in extra.items() if k not in TRANSPORT_KEYS}
+        _warn_unknown_lookup_keys(extra)
         self.endpoint = target
         self._result, self._boundary = _result_types()
         self._tail_key_groups = (0,)

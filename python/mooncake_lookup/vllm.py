@@ -34,7 +34,8 @@ class MooncakeLookupConnector(MooncakeStoreConnector):
     drop-in's keys (``lookup_timeout_s``, ``lookup_prefetch_limit``,
     ``lookup_prefetch_ttl_s``, ``lookup_endpoint``, ``lookup_mooncake_master``, ...).
     Raises ``ValueError`` for a known key with a bad value; unknown keys are ignored
-    (the dict also holds vLLM's own)."""
+    (the dict also holds vLLM's own), an unknown ``lookup_*`` key with a warning
+    naming it."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)

@@ -728,9 +728,22 @@ impl NativeClient {
     }
 }
 
+/// The `kv_connector_extra_config` keys the Rust client reads (every setting of
+/// `lookup_core::settings::SETTINGS`, then vLLM's `lookup_rpc_port`), in that order: the Python
+/// package names a `lookup_*` key outside them (and its own) as unknown.
+#[pyfunction]
+fn extra_config_keys() -> Vec<&'static str> {
+    lookup_core::settings::SETTINGS
+        .iter()
+        .map(|s| s.key)
+        .chain(std::iter::once("lookup_rpc_port"))
+        .collect()
+}
+
 /// The module `mooncake_lookup._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeClient>()?;
+    m.add_function(wrap_pyfunction!(extra_config_keys, m)?)?;
     Ok(())
 }

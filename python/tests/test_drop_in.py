@@ -2,6 +2,7 @@
 LookupKeyClient (from its wheel, conftest.py) and against `lookup-server`."""
 
 import multiprocessing
+import logging
 import time
 
 import pytest
@@ -66,6 +67,27 @@ def vllm_server(vllm_classes, rpc_base):
     # Left open: vLLM's close() from another thread aborts libzmq while its server
     # thread blocks in recv (each test binds its own ipc path, in its own dir).
     server.running = False
+
+
+def test_a_mistyped_lookup_key_is_named_in_a_warning(rpc_base, caplog):
+    """kv_connector_extra_config is read leniently (vLLM's keys share it): a `lookup_*`
+    key nobody reads is named in a warning; the known ones, vLLM's own among them, and
+    keys of other names are not."""
+    valid = dict(lookup_async=True, lookup_rpc_port=0, lookup_prefetch_limit=4,
+                 lookup_timeout_s=1.0, lookup_endpoint="ipc:///tmp/unused-lookup",
+                 store_tp_size=1, some_other_key=1)
+    with caplog.at_level(logging.WARNING, logger="mooncake_lookup"):
+        mooncake_lookup.LookupKeyClient(vllm_config(BS, **valid)).close()
+        assert caplog.records == []
+        mooncake_lookup.LookupKeyClient(vllm_config(
+            BS, **valid, lookup_prefetch_limt=8, lookup_timeout=2)).close()
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert message.startswith(
+        "kv_connector_extra_config: unknown key(s) lookup_prefetch_limt, lookup_timeout "
+        "ignored (the lookup keys are: "), message
+    assert "lookup_prefetch_limit, " in message and "lookup_timeout_s" in message
 
 
 def test_endpoint_is_vllms(vllm_classes, rpc_base):
