@@ -381,9 +381,13 @@ fn the_search_tries_the_lookup_levers_and_confirms_on_fresh_reruns() {
         r.runs,
         r.tried.iter().map(|t| t.verdict.runs).sum::<usize>() + fresh_runs
     );
-    assert_eq!(r.losses.len(), 2);
+    // Here the best tried is async and the recommendation sync (the cheapest inside
+    // its noise): the one mode that lost is prefetch+wait; the recommended mode is
+    // not listed among the losers.
+    assert_eq!((best.setting.mode, rec.mode), (Mode::Async, Mode::Sync));
+    let lost: Vec<Mode> = r.losses.iter().map(|l| l.setting.mode).collect();
+    assert_eq!(lost, [Mode::PrefetchWait]);
     for l in &r.losses {
-        assert_ne!(l.setting.mode, best.setting.mode);
         assert_eq!(l.text, l.mechanism.describe());
     }
     let text = describe(&r);

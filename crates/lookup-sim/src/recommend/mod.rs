@@ -247,7 +247,10 @@ pub fn search(problem: &Problem<'_>, known: Vec<Scored>) -> anyhow::Result<Recom
     }
     let mut losses = Vec::new();
     if let Some(b) = &best {
-        for &m in problem.modes.iter().filter(|&&m| m != b.setting.mode) {
+        // Neither the best tried nor the recommended mode (the cheapest inside the
+        // best's noise, when it is another) is one that lost.
+        let won = |m: Mode| m == b.setting.mode || recommended.is_some_and(|r| r.mode == m);
+        for &m in problem.modes.iter().filter(|&&m| !won(m)) {
             if let Some(l) = best_of(&tried, &|t| t.setting.mode == m && t.setting.vllm_follows()) {
                 let mechanism = diagnose(&l.verdict, &b.verdict);
                 losses.push(Loss {
