@@ -14,8 +14,8 @@ vLLM's build makes two passes whose cost is the batch's, not the step's:
   scheduled this step, and does nothing for a request without a load spec (it pops
   ``load_specs`` and moves on). ``UnfinishedRequests`` is vLLM's own dict of unfinished
   requests, with ``items()`` narrowed, only while the connector's build runs, to the
-  requests that have a load spec, in the dict's order: the pass does the same work for
-  them and skips the rest.
+  requests that have a load spec, in the dict's order: the pass's Python body runs for
+  those alone, and the others cost one membership test each inside a comprehension.
 """
 
 from contextlib import contextmanager
@@ -30,14 +30,16 @@ DICT_FROM = 16
 @contextmanager
 def running_ids_as_dict(scheduler_output):
     """For the ``with`` body, ``scheduler_output.scheduled_cached_reqs.req_ids`` is a
-    dict of the same ids in the same order (from ``DICT_FROM`` running requests); the
-    list is put back on exit, whatever happens in the body."""
+    dict of the same ids in the same order (from ``DICT_FROM`` running requests, and
+    only when no id repeats: vLLM indexes its other per-request lists by the position
+    in this one); the list is put back on exit, whatever happens in the body."""
     cached = scheduler_output.scheduled_cached_reqs
     req_ids = cached.req_ids
-    if len(req_ids) < DICT_FROM:
+    as_dict = dict.fromkeys(req_ids) if len(req_ids) >= DICT_FROM else None
+    if as_dict is None or len(as_dict) != len(req_ids):
         yield
         return
-    cached.req_ids = dict.fromkeys(req_ids)
+    cached.req_ids = as_dict
     try:
         yield
     finally:

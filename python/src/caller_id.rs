@@ -1,15 +1,15 @@
 //! `CallerId`: a caller's request id as the native client's table keys it. vLLM's ids
 //! (`chatcmpl-<16 hex>-<8 hex>`, 34 bytes; `cmpl-...` and others of the same order)
-//! fit inline, so a table probe compares the key inside the bucket it already read,
+//! fit inline (46 bytes), so a table probe compares the key inside the bucket it already read,
 //! with no pointer to follow: on a poll the key compare of a heap `String` was a
 //! third of the lookup's time (a cache miss per call). Longer ids go to the heap.
 
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 
-/// Inline capacity in bytes: vLLM's ids with room to spare, and 48 bytes of key in
-/// the bucket.
-const INLINE: usize = 47;
+/// Inline capacity in bytes: vLLM's ids with room to spare; with the length and the
+/// enum's tag a key is 48 bytes of the bucket.
+const INLINE: usize = 46;
 
 /// A caller id, compared, hashed and borrowed as its UTF-8 bytes (so the table is
 /// probed with `id.as_bytes()`, and a compare reads bytes without validating them).
@@ -87,8 +87,9 @@ mod tests {
         ));
         assert!(matches!(
             CallerId::from(edge.as_str()),
-            CallerId::Inline { len: 47, .. }
+            CallerId::Inline { len: 46, .. }
         ));
+        assert_eq!(size_of::<CallerId>(), 48);
         assert!(matches!(CallerId::from(long.as_str()), CallerId::Heap(_)));
         assert_eq!(table.get(short.as_bytes()), Some(&0));
         assert_eq!(table.get(edge.as_bytes()), Some(&1));

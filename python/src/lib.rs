@@ -277,6 +277,12 @@ impl NativeClient {
     /// `arrival_hashes` now (`None` when they cannot be read: the buffer is then as it
     /// was).
     fn record_arrival(&mut self, req_id: String, num_tokens: u32, block_hashes: &Bound<'_, PyAny>) {
+        if self.arrivals.is_empty() {
+            // No arrival owns a byte of the buffer now (each applied one took its
+            // slice); cleared all the same, so that nothing left behind (an
+            // apply_arrivals cut short) could be read as this arrival's hashes.
+            self.arrival_hashes.clear();
+        }
         let buf = &mut self.arrival_hashes;
         let need = block_hashes.len().unwrap_or(0) * 32;
         if buf.capacity() - buf.len() < need {

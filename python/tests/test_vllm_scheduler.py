@@ -65,11 +65,11 @@ def server(vllm_classes, rpc_base):
     srv.running = False
 
 
-def engine_config(**extra):
+def engine_config(kv_role="kv_both", **extra):
     """The parts of `VllmConfig` vLLM's connector and scheduler read."""
     extra.setdefault("lookup_async", True)
     cfg = vllm_config(BS, **extra)
-    cfg.kv_transfer_config.kv_role = "kv_both"
+    cfg.kv_transfer_config.kv_role = kv_role
     cfg.kv_events_config = None
     cfg.parallel_config.world_size = 1
     cfg.parallel_config.prefill_context_parallel_size = 1
@@ -325,26 +325,38 @@ def _plain(value):
 
 
 def many_running(connector, worker, steps=8, per_step=8):
-    """`steps` scheduler steps of `per_step` admissions each over a growing running
-    batch (`scheduled_cached_reqs`): half the admissions hit 3 blocks in the store,
-    half miss; each prefills what it computes in chunks of
-    at most 32 tokens, then decodes one token a step; two admissions per step (both hits) wait
-    for their loads (allocated, not scheduled: the build's pass over unscheduled requests
-    issues it) and is scheduled the step after; one more is looked up each step (a
-    hit) and never admitted; from step 4 one running request
-    finishes a step; at step 5 one is preempted, and it resumes at step 6. Returns,
-    per step, the metadata and what the call left in the scheduler output, as plain
-    data, and the pool's pins."""
+    """`steps` scheduler steps over a growing running batch
+    (`scheduled_cached_reqs`). Each step looks up `per_step` arrivals, then allocates
+    them in the reverse order (so the scheduler's unfinished requests are not in
+    lookup order): even ones hit 3 blocks in the store, odd ones miss; each prefills
+    what it computes in chunks of at most 32 tokens, then decodes one token a step.
+    Arrivals 0 and 2 (hits) wait for their loads (allocated, not scheduled: the
+    build's pass over unscheduled requests issues them) and are scheduled the step
+    after. One more arrival a step is looked up (a hit) and never allocated, one is
+    allocated with 0 external tokens (its load refused, as MultiConnector may) and
+    never scheduled. From step 4 one running request finishes a step; at step 5 a
+    running request that hit is preempted, and it resumes at step 6, looked up again
+    (a hit) and allocated with its external tokens. Returns, per step, the metadata
+    and what the call left in the scheduler output, as plain data, and the pool's
+    pins."""
     pool = Pool()
-    pool.blocks = list(range(steps * per_step * 8 + 8))
+    pool.blocks = list(range(steps * per_step * 8 + 64))
     connector.bind_gpu_block_pool(pool)
-    tables, reqs, computed, running, out = {}, {}, {}, [], []
+    tables, reqs, computed, hits, running, out = {}, {}, {}, set(), [], []
     next_block, loading, resumed = 1, [], None
+
+    def allocate(r, ext):
+        nonlocal next_block
+        tables[r.request_id] = list(range(next_block, next_block + 5))
+        next_block += 5
+        connector.update_state_after_alloc(r, Blocks(tables[r.request_id]), ext)
+
     for k in range(steps):
         new, finished, preempted = [], [], []
         for r, ext in loading:
             new.append((r, tables[r.request_id], min(32, r.num_tokens - ext), ext))
         loading = []
+        looked_up = []
         for i in range(per_step):
             r = request(f"s{k}-{i}", 4)
             if i % 2:
@@ -353,24 +365,31 @@ def many_running(connector, worker, steps=8, per_step=8):
             reqs[r.request_id] = r
             connector.on_new_request(r)
             (ext, _), _ = poll(connector, r)
-            tables[r.request_id] = list(range(next_block, next_block + 5))
-            next_block += 5
-            connector.update_state_after_alloc(r, Blocks(tables[r.request_id]), ext)
+            looked_up.append((i, r, ext))
+            if ext:
+                hits.add(r.request_id)
+        for i, r, ext in reversed(looked_up):
+            allocate(r, ext)
             if i in (0, 2):
                 loading.append((r, ext))
             else:
                 new.append((r, tables[r.request_id], min(32, r.num_tokens - ext), ext))
-        # Looked up (a hit: vLLM keeps its load spec) but not admitted: in no pass's
-        # output, in both builds.
-        w = request(f"w{k}", 4)
-        connector.on_new_request(w)
-        poll(connector, w)
+        # Looked up (a hit: vLLM keeps its load spec) but not allocated; and one
+        # allocated with its load refused. Neither is scheduled.
+        for name, ext in ((f"w{k}", None), (f"x{k}", 0)):
+            r = request(name, 4)
+            connector.on_new_request(r)
+            poll(connector, r)
+            if ext is not None:
+                allocate(r, ext)
         if k >= 4 and running:
             gone = running.pop(0)
             connector.request_finished(reqs[gone], tables[gone])
             finished.append(gone)
         if k == 5:
-            preempted.append(running.pop(0))
+            victim = next(rid for rid in running if rid in hits)
+            running.remove(victim)
+            preempted.append(victim)
         out_step = step(new=new, finished=finished, preempted=preempted)
         cached = out_step.scheduled_cached_reqs
         scheduled = {}
@@ -382,7 +401,8 @@ def many_running(connector, worker, steps=8, per_step=8):
             scheduled[rid] = min(32, left) if left > 0 else 1
         if resumed is not None:
             r = reqs[resumed]
-            connector.update_state_after_alloc(r, Blocks(tables[resumed]), 0)
+            (ext, _), _ = poll(connector, r)
+            allocate(r, ext)
             cached.req_ids.append(resumed)
             cached.new_block_ids.append((list(tables[resumed]),))
             cached.num_computed_tokens.append(0)
@@ -415,27 +435,55 @@ def many_running(connector, worker, steps=8, per_step=8):
     return out, dict(pool.refs)
 
 
-def test_build_connector_meta_equals_vllms_over_a_running_batch(vllm, connector_module, server):
+class BuildSpy:
+    """Wraps a connector's `MooncakeStoreScheduler.build_connector_meta` and records,
+    from inside vLLM's build, the type of the step's running ids, their number, and
+    how many unfinished requests its last pass would walk, of how many."""
+
+    def __init__(self, connector):
+        sched = connector.connector_scheduler
+        self.seen, inner = [], sched.build_connector_meta
+
+        def spy(scheduler_output):
+            ids = scheduler_output.scheduled_cached_reqs.req_ids
+            unfinished = sched._unfinished_requests
+            self.seen.append((type(ids).__name__, len(ids),
+                              (len(list(unfinished.items())), len(unfinished))))
+            return inner(scheduler_output)
+
+        sched.build_connector_meta = spy
+
+
+@pytest.mark.parametrize("kv_role", ["kv_both", "kv_consumer"])
+def test_build_connector_meta_equals_vllms_over_a_running_batch(
+        vllm, connector_module, server, kv_role):
     """The connector's `build_connector_meta` (which gives vLLM's the step's running
     ids as a dict, not a list, for its membership tests, and narrows its pass over
     unfinished requests to those with a load spec) builds the same metadata as
-    vLLM's own connector, step by step, over a batch of up to 60 running requests with
-    admissions, a pending load, finishes, a preemption and a resume, and leaves the
-    scheduler output as it found it."""
+    vLLM's own connector, step by step, over a batch of up to 50 running requests
+    (`many_running`), for a producer and a consumer (whose build skips the running
+    requests' pass), and leaves the scheduler output as it found it."""
     theirs = vllm.MooncakeStoreConnector(
-        engine_config(), vllm.KVConnectorRole.SCHEDULER, kv_cache_config())
+        engine_config(kv_role), vllm.KVConnectorRole.SCHEDULER, kv_cache_config())
     try:
         want, want_pins = many_running(theirs, server)
     finally:
         theirs.connector_scheduler.client.close()
-    # Each step's waiting load went out through the pass over unscheduled requests,
-    # and the batch outgrew the connector's dict threshold.
-    assert [w["pending_loads"] for w in want] == [[f"s{k}-0", f"s{k}-2"] for k in range(8)]
+    # Each step's two waiting loads went out through the pass over unscheduled
+    # requests, in the order they were allocated (not looked up); at step 6 a producer
+    # also loads the resumed request (s0-4) in its pass over the running requests,
+    # which a consumer's build skips.
+    loads = [[f"s{k}-2", f"s{k}-0"] for k in range(8)]
+    if kv_role == "kv_both":
+        loads[6].insert(0, "s0-4")
+    assert [w["pending_loads"] for w in want] == loads
     assert [w["running"] for w in want] == [0, 6, 14, 22, 29, 35, 43, 50]
-    assert [w["saves"] for w in want] == [4, 10, 10, 10, 10, 10, 11, 11]
+    saves = [4, 10, 10, 10, 10, 10, 10, 11] if kv_role == "kv_both" else [0] * 8
+    assert [w["saves"] for w in want] == saves
     ours = connector_module.MooncakeLookupConnector(
-        engine_config(lookup_prefetch_limit=16), vllm.KVConnectorRole.SCHEDULER,
+        engine_config(kv_role, lookup_prefetch_limit=16), vllm.KVConnectorRole.SCHEDULER,
         kv_cache_config())
+    spy = BuildSpy(ours)
     try:
         got, got_pins = many_running(ours, server)
     finally:
@@ -443,3 +491,16 @@ def test_build_connector_meta_equals_vllms_over_a_running_batch(vllm, connector_
     assert [g["ids_kept"] for g in got] == [True] * 8
     assert got == want
     assert got_pins == want_pins
+    # Inside vLLM's build: the running ids as a dict from 16 running requests, and a
+    # last pass over the unfinished requests with a load spec only (when the build
+    # starts: the step's two waiting loads, its two scheduled hits, whose specs the
+    # build pops before that pass, its refused load, and at step 6 the resumed
+    # request), not all of them.
+    assert [(t, n) for t, n, _ in spy.seen] == [
+        ("list", 0), ("list", 6), ("list", 14), ("dict", 22), ("dict", 29), ("dict", 35),
+        ("dict", 43), ("dict", 50)]
+    # (A consumer's build keeps the resumed request's load spec: it skips the running
+    # requests' pass, and the last pass skips a running request.)
+    last = 6 if kv_role == "kv_consumer" else 5
+    assert [walked for *_, walked in spy.seen] == [
+        (5, 9), (5, 18), (5, 27), (5, 36), (5, 45), (5, 53), (6, 61), (last, 69)]

@@ -18,7 +18,8 @@ every lookup is a miss and no KV is loaded. Prompts are 64 blocks of 16 tokens, 
 request's own tokens; every request samples `--max-tokens` tokens. Between two steps
 the loop sleeps `--forward-ms` (the model's forward pass), during which lookups go on.
 Before each run's steps the Python heap is collected and frozen (`gc.freeze`), as
-vLLM's EngineCore does after its startup.
+vLLM's EngineCore does after its startup (the requests made ahead are frozen with it,
+where vLLM's would be made after its freeze: the same for every client).
 
 Per step it times the scheduler thread's time inside the connector's hooks (every
 method the scheduler calls on it: on_new_request in add_request,
@@ -322,10 +323,10 @@ def summary(runs):
     """Per run (delay, workload, queue, client, rep): p50/p99/max of the connector's
     time per step (µs), the step's p50 (µs), the connector's share of the step (p50 of
     the per-step shares). Per (delay, workload, queue): the drop-in's ratios to vLLM's
-    clients, paired within each repetition (p50 against p50; for a burst also the
-    largest per-step ratio to vLLM's async client over the steps both ran, and the
-    steps where the drop-in is above a third of it), as median, min and max over the
-    repetitions."""
+    clients, paired within each repetition (p50 against p50; the largest per-step
+    ratio to vLLM's async client over the steps both ran, and the steps where the
+    drop-in is above a third of it: the burst's criterion, given for every cell), as
+    median, min and max over the repetitions."""
     rows, by = [], {}
     for r in runs:
         c, s = r["conn_ns"], r["step_ns"]
@@ -360,8 +361,8 @@ def summary(runs):
             got.setdefault("steps_both_ran", []).append(n)
     ratios = []
     for (delay, workload, queue), got in cells.items():
-        ratio = {"delay_us": delay, "workload": workload, "queue": queue,
-                 "reps": len(next(iter(got.values()), []))}
+        reps = sum(1 for key in by if key[:4] == (delay, workload, queue, "drop_in"))
+        ratio = {"delay_us": delay, "workload": workload, "queue": queue, "reps": reps}
         ratio.update({k: spread(v) for k, v in got.items()})
         ratios.append(ratio)
     return rows, ratios

@@ -23,7 +23,9 @@ type Map<K, V> = lookup_core::Table<K, V>;
 /// Whether a caller's own id is worth keeping: the `lookup` spans that record it
 /// (`caller_request_id`, debug level, target `lookup_tokio::client`) are enabled. A
 /// static check of the callsite's interest, no table or clock read. Requests that
-/// arrived while they were off have no caller id in their spans.
+/// arrived while they were off have no caller id in their spans, and so do spans
+/// enabled by a filter on the span's name alone (`[lookup]=debug`): enable the target
+/// (`lookup_tokio::client=debug`) to see the ids.
 pub(crate) fn caller_ids_wanted() -> bool {
     tracing::enabled!(target: "lookup_tokio::client", tracing::Level::DEBUG)
 }
