@@ -359,11 +359,22 @@ fn the_default_run_prints_lookup_latency_stability_and_a_recommendation() {
             lines[capacity + 1 + i]
         );
     }
-    // Why each other mode lost, two lines each (4 searched: prefetch+ merged into
-    // prefetch, or 5).
+    // Why each other mode lost, two lines each: the modes searched (4: prefetch+
+    // merged into prefetch, or 5) but the best tried and the recommended one, which
+    // the headline names (one mode or two).
     let why = at("  why the other modes lost (each at its best setting, selection reruns):");
     let searched = at("  (searched in ");
-    assert!(searched - why == 7 || searched - why == 9, "{text}");
+    let losers = (searched - why - 1) / 2;
+    assert_eq!(searched - why, 1 + 2 * losers, "{text}");
+    assert!((2..=4).contains(&losers), "{text}");
+    for l in lines[why + 1..searched].iter().step_by(2) {
+        let mode = l.trim_start().split(':').next().unwrap_or_default();
+        assert!(l.starts_with("    ") && !mode.is_empty(), "{l}");
+        assert!(
+            !head.contains(&format!("{mode}, server concurrency")),
+            "{mode} lost but the headline names it: {head}"
+        );
+    }
     assert!(
         lines[why + 1..searched]
             .iter()
