@@ -1,7 +1,9 @@
 //! The native half of the Python package `mooncake_lookup`: `NativeClient`, one
 //! [`LookupClient`] keyed by vLLM's string request ids, with vLLM's
 //! `LookupKeyClient` semantics (`python/mooncake_lookup/__init__.py` derives the
-//! endpoint from the `VllmConfig` and wraps it).
+//! endpoint from the `VllmConfig` and wraps it). Its parts: `hashes` (reading a
+//! request's block hashes out of Python), `arrivals` (the prefetches deferred to the
+//! step's first call), `caller_id` (the per-id table's key).
 //!
 //! # Threads
 //!
@@ -10,13 +12,17 @@
 //! thread; the only waits (a blocking `lookup`, `reset`) release the GIL while they
 //! sleep on the I/O task's reports.
 
+mod arrivals;
 mod caller_id;
+mod hashes;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use arrivals::Arrivals;
 use bytes::{Bytes, BytesMut};
 use caller_id::CallerId;
+use hashes::read_hashes;
 use lookup_core::Table;
 use lookup_tokio::{
     Answer, BlockHashes, Deadline, KeyLayout, LookupClient, Probe, Request, RequestId,
@@ -24,7 +30,7 @@ use lookup_tokio::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::PyString;
 
 /// The process's runtime for every client's I/O task: one worker thread, started at
 /// the first client.
@@ -60,11 +66,6 @@ struct Slot {
     polled_in: u64,
 }
 
-/// An arrival recorded under `set_defer_sends` (`NativeClient::arrivals`): caller
-/// id, `num_tokens`, and (hash length, bytes in `arrival_hashes`) or `None` when its
-/// hashes could not be read.
-type Arrival = (String, u32, Option<(u16, usize)>);
-
 /// vLLM's `LookupKeyClient` over the Rust [`LookupClient`].
 ///
 /// `NativeClient(transport, target, block_size, extra_config_json, model)`:
@@ -95,17 +96,11 @@ struct NativeClient {
     /// `set_defer_sends`: a non-blocking `lookup` leaves its new RPC for the next
     /// `flush` (or any other call) instead of waking the I/O thread itself.
     defer_sends: bool,
-    /// With `defer_sends`: the arrivals (`prefetch`) not applied yet: caller id,
-    /// `num_tokens` and (hash length, bytes in `arrival_hashes`), or `None` when the
-    /// hashes could not be read. The
-    /// next call of any other kind applies them first, together, so a step's arrivals
-    /// cost one pass of the client's code, not one cold call each, and every later
-    /// call sees them as if applied at arrival.
-    arrivals: Vec<Arrival>,
-    /// The hashes of `arrivals`, in their order, copied at arrival (when vLLM has
-    /// just computed them and they are in the cache); each applied request takes its
-    /// slice, so a step's arrivals share one allocation.
-    arrival_hashes: BytesMut,
+    /// With `defer_sends`: the arrivals (`prefetch`) not applied yet. The next call
+    /// of any other kind applies them first, together, so a step's arrivals cost one
+    /// pass of the client's code, not one cold call each, and every later call sees
+    /// them as if applied at arrival.
+    arrivals: Arrivals,
     /// With `defer_sends`: the hand-overs of deferred RPCs so far plus one (`flush`,
     /// or a `lookup` that hands over); a slot's `polled_in` refers to it.
     handovers: u64,
@@ -142,89 +137,6 @@ fn reason(why: Unavailable) -> &'static str {
     }
 }
 
-/// Appends the block hashes of a sequence (vLLM's `list[BlockHash]`, each `bytes`;
-/// other buffers such as `bytearray` are converted) to `out`, copied once, and returns
-/// the hash length. Errors when an item is not bytes-like or the lengths differ;
-/// `out` is then as it was.
-fn concat_hashes(
-    req_id: &str,
-    block_hashes: &Bound<'_, PyAny>,
-    out: &mut BytesMut,
-) -> PyResult<usize> {
-    let start = out.len();
-    let got = concat_any(req_id, block_hashes, out);
-    if got.is_err() {
-        out.truncate(start);
-    }
-    got
-}
-
-fn concat_any(
-    req_id: &str,
-    block_hashes: &Bound<'_, PyAny>,
-    out: &mut BytesMut,
-) -> PyResult<usize> {
-    let start = out.len();
-    if let Ok(list) = block_hashes.cast_exact::<PyList>() {
-        match concat_list(req_id, list, out) {
-            Some(got) => return got,
-            // Not all `bytes`: read again below.
-            None => out.truncate(start),
-        }
-    }
-    let mut hash_len = None;
-    for item in block_hashes.try_iter()? {
-        let item = item?;
-        let owned;
-        let bytes: &[u8] = if let Ok(b) = item.cast::<PyBytes>() {
-            b.as_bytes()
-        } else {
-            owned = item.extract::<Vec<u8>>()?;
-            &owned
-        };
-        let len = *hash_len.get_or_insert(bytes.len());
-        if bytes.len() != len {
-            return Err(PyValueError::new_err(format!(
-                "request {req_id}: block hashes of different lengths"
-            )));
-        }
-        if out.len() == start {
-            out.reserve(len * block_hashes.len().unwrap_or(1));
-        }
-        out.extend_from_slice(bytes);
-    }
-    Ok(hash_len.unwrap_or(0))
-}
-
-/// [`concat_hashes`] of a `list` whose items are all exactly `bytes` (vLLM's
-/// `list[BlockHash]`): one pass, no iterator object, no per-item type-flag call, at
-/// most one allocation. `None` at the first item of another type (the general path
-/// then reads the list again).
-fn concat_list(
-    req_id: &str,
-    list: &Bound<'_, PyList>,
-    out: &mut BytesMut,
-) -> Option<PyResult<usize>> {
-    let mut hash_len = 0;
-    for (i, item) in list.iter().enumerate() {
-        let bytes = item.cast_exact::<PyBytes>().ok()?.as_bytes();
-        if i == 0 {
-            hash_len = bytes.len();
-            out.reserve(hash_len * list.len());
-        } else if bytes.len() != hash_len {
-            return Some(Err(PyValueError::new_err(format!(
-                "request {req_id}: block hashes of different lengths"
-            ))));
-        }
-        out.extend_from_slice(bytes);
-    }
-    Some(Ok(hash_len))
-}
-
-/// Bytes an arrival buffer reserves at a time when it runs out (a few steps'
-/// arrivals of 64-block prompts): one allocation for several steps, not one each.
-const ARRIVAL_CHUNK: usize = 64 * 1024;
-
 /// `f` of a caller id given as any object: a `str` is read in place (vLLM's ids,
 /// no copy, no Python call); anything else as its `str()`, as the Python wrapper
 /// methods did before the native methods were bound in their place.
@@ -247,9 +159,7 @@ impl NativeClient {
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<Request> {
         let mut own = BytesMut::new();
-        let hash_len = concat_hashes(req_id, block_hashes, &mut own)?;
-        let hash_len = u16::try_from(hash_len)
-            .map_err(|_| PyValueError::new_err(format!("request {req_id}: hash too long")))?;
+        let hash_len = read_hashes(req_id, block_hashes, &mut own)?;
         self.request_of(req_id, num_tokens, hash_len, own.freeze())
     }
 
@@ -271,32 +181,6 @@ impl NativeClient {
             block_hashes,
             skip_reading_external_kv: false,
         })
-    }
-
-    /// Records an arrival for the next `apply_arrivals`: its hashes are copied into
-    /// `arrival_hashes` now (`None` when they cannot be read: the buffer is then as it
-    /// was).
-    fn record_arrival(&mut self, req_id: String, num_tokens: u32, block_hashes: &Bound<'_, PyAny>) {
-        if self.arrivals.is_empty() {
-            // No arrival owns a byte of the buffer now (each applied one took its
-            // slice); cleared all the same, so that nothing left behind (an
-            // apply_arrivals cut short) could be read as this arrival's hashes.
-            self.arrival_hashes.clear();
-        }
-        let buf = &mut self.arrival_hashes;
-        let need = block_hashes.len().unwrap_or(0) * 32;
-        if buf.capacity() - buf.len() < need {
-            buf.reserve(need.max(ARRIVAL_CHUNK));
-        }
-        let start = buf.len();
-        let copied = concat_hashes(&req_id, block_hashes, buf)
-            .ok()
-            .and_then(|len| u16::try_from(len).ok())
-            .map(|hash_len| (hash_len, buf.len() - start));
-        if copied.is_none() {
-            buf.truncate(start);
-        }
-        self.arrivals.push((req_id, num_tokens, copied));
     }
 
     /// Holds `request` as `req_id`'s lookup (its slot's last answer stays until read
@@ -336,33 +220,32 @@ impl NativeClient {
     }
 
     /// Applies the arrivals deferred by `prefetch` (`arrivals`), in arrival order,
-    /// each request taking its hashes' slice of `arrival_hashes`. An arrival whose
-    /// block hashes could not be read is not prefetched: its `lookup` reads them again
-    /// and raises there (vLLM's client reads them only in `lookup` too).
+    /// each request taking its hashes' slice. An arrival whose block hashes could not
+    /// be read is not prefetched: its `lookup` reads them again and raises there
+    /// (vLLM's client reads them only in `lookup` too).
     fn apply_arrivals(&mut self) {
         if self.arrivals.is_empty() {
             return;
         }
         let mut arrivals = std::mem::take(&mut self.arrivals);
-        for (req_id, num_tokens, copied) in arrivals.drain(..) {
-            let Some((hash_len, bytes)) = copied else {
-                continue;
+        arrivals.drain(|req_id, num_tokens, hashes| {
+            let Some((hash_len, data)) = hashes else {
+                return;
             };
-            let data = self.arrival_hashes.split_to(bytes).freeze();
             if self
                 .slots
                 .get(req_id.as_bytes())
                 .is_some_and(|s| s.request.is_some())
             {
                 // Held already (a second arrival): its hashes are not read again.
-                continue;
+                return;
             }
             // Hashes of a length BlockHashes refuses: not prefetched, as above.
-            if let Ok(request) = self.request_of(&req_id, num_tokens, hash_len, data) {
-                self.start(&req_id, request);
+            if let Ok(request) = self.request_of(req_id, num_tokens, hash_len, data) {
+                self.start(req_id, request);
             }
-        }
-        // The vector is kept for the next step's arrivals.
+        });
+        // Kept (its vector and buffer) for the next step's arrivals.
         self.arrivals = arrivals;
     }
 
@@ -392,6 +275,24 @@ impl NativeClient {
     fn start(&mut self, req_id: &str, request: Request) {
         self.client.on_new_request_deferred(&request, req_id);
         self.hold(req_id, request);
+    }
+
+    /// Ends `req_id`'s held lookup, if any (its last answer dropped too when
+    /// `forget`): the client hears `how` it ended, then that it finished. The common
+    /// body of `discard`, `on_allocated` and `on_preempted`.
+    fn end_held(
+        &mut self,
+        req_id: &Bound<'_, PyAny>,
+        forget: bool,
+        how: fn(&mut LookupClient, RequestId),
+    ) -> PyResult<()> {
+        self.apply_arrivals();
+        with_id(req_id, |req_id| {
+            if let Some(request) = self.release(req_id, forget) {
+                how(&mut self.client, request.request_id);
+                self.client.on_finished(request.request_id);
+            }
+        })
     }
 
     /// The Python result of `hit` tokens: the factory's, built once per hit length
@@ -463,8 +364,7 @@ impl NativeClient {
             held: 0,
             next_id: 0,
             defer_sends: false,
-            arrivals: Vec::new(),
-            arrival_hashes: BytesMut::new(),
+            arrivals: Arrivals::default(),
             handovers: 1,
         })
     }
@@ -595,7 +495,7 @@ impl NativeClient {
     ) -> PyResult<()> {
         if self.defer_sends {
             let arrival = with_id(req_id, str::to_owned)?;
-            self.record_arrival(arrival, num_tokens, block_hashes);
+            self.arrivals.record(arrival, num_tokens, block_hashes);
             return Ok(());
         }
         with_id(req_id, |req_id| {
@@ -650,38 +550,21 @@ impl NativeClient {
     /// vLLM's `discard`: drops `req_id`'s lookup, queued, in flight or answered, and
     /// its last answer. Never blocks. `req_id` as `prefetch`'s.
     fn discard(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.apply_arrivals();
-        with_id(req_id, |req_id| {
-            if let Some(request) = self.release(req_id, true) {
-                self.client.on_finished(request.request_id);
-            }
-        })
+        self.end_held(req_id, true, |_, _| {})
     }
 
     /// The request got its blocks (vLLM's `update_state_after_alloc`, rule 8): its
     /// lookup, if any is still held (a prefetch never read), is consumed and dropped.
     /// Never blocks. `req_id` as `prefetch`'s.
     fn on_allocated(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.apply_arrivals();
-        with_id(req_id, |req_id| {
-            if let Some(request) = self.release(req_id, false) {
-                self.client.on_allocated(request.request_id);
-                self.client.on_finished(request.request_id);
-            }
-        })
+        self.end_held(req_id, false, LookupClient::on_allocated)
     }
 
     /// The request was preempted (vLLM's `preempted_req_ids`, rule 8): its lookup and
     /// last answer are dropped; it is looked up again when rescheduled. Never blocks.
     /// `req_id` as `prefetch`'s.
     fn on_preempted(&mut self, req_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.apply_arrivals();
-        with_id(req_id, |req_id| {
-            if let Some(request) = self.release(req_id, true) {
-                self.client.on_preempted(request.request_id);
-                self.client.on_finished(request.request_id);
-            }
-        })
+        self.end_held(req_id, true, LookupClient::on_preempted)
     }
 
     /// vLLM's `reset`: drops every lookup (rule 13), asks the server to wipe the
@@ -689,7 +572,6 @@ impl NativeClient {
     /// the wait margin. True when the server acknowledged.
     fn reset(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.arrivals.clear();
-        self.arrival_hashes.clear();
         self.slots.clear();
         self.held = 0;
         let client = &mut self.client;
@@ -702,7 +584,6 @@ impl NativeClient {
     /// Idempotent.
     fn close(&mut self) {
         self.arrivals.clear();
-        self.arrival_hashes.clear();
         // Last answers stay readable (`answer_of`); held lookups go.
         self.slots.retain(|_, slot| {
             slot.request = None;
