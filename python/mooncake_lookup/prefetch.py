@@ -95,17 +95,9 @@ class SchedulerPrefetch:
 
     def on_new_request(self, request):
         """vLLM's ``on_new_request``: starts the lookup of an eligible request
-        (``eligible``, written out here with the settings read at construction: this
-        runs once per arrival on the scheduler's thread, so it makes one native call
-        and no other Python call)."""
-        if not self._lookups_on or getattr(request, "skip_reading_prefix_cache", False):
-            return
-        num_tokens = request.num_tokens
-        if num_tokens < self._align:
-            return
-        block_hashes = request.block_hashes
-        if block_hashes:
-            self._prefetch(request.request_id, num_tokens, block_hashes)
+        (``eligible``)."""
+        if self.eligible(request):
+            self._prefetch(request.request_id, request.num_tokens, request.block_hashes)
 
     def on_allocated(self, request):
         """After ``update_state_after_alloc``: a lookup still held is dropped."""

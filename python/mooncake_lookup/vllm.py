@@ -51,13 +51,9 @@ class MooncakeLookupConnector(MooncakeStoreConnector):
         if self.lookup_prefetch is not None:
             self.lookup_prefetch.on_new_request(request)
 
-    # The hooks below call the drop-in's native methods directly (the bodies of
-    # SchedulerPrefetch.on_allocated and on_finished, written out): they run once per
-    # admission and finish on the scheduler's thread.
-
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         out = super().update_state_after_alloc(request, blocks, num_external_tokens)
-        self.lookup_prefetch.client.on_allocated(request.request_id)
+        self.lookup_prefetch.on_allocated(request)
         return out
 
     def build_connector_meta(self, scheduler_output):
@@ -69,7 +65,7 @@ class MooncakeLookupConnector(MooncakeStoreConnector):
 
     def request_finished_all_groups(self, request, block_ids):
         if self.lookup_prefetch is not None:
-            self.lookup_prefetch.client.discard(request.request_id)
+            self.lookup_prefetch.on_finished(request)
         return super().request_finished_all_groups(request, block_ids)
 
     def shutdown(self):
