@@ -32,15 +32,23 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
+/// The name of the runtime's threads (Linux shows its first 15 bytes).
+const IO_THREAD_NAME: &str = "mooncake-lookup-io";
+
 /// The process's runtime for every client's I/O task: one worker thread, started at
-/// the first client.
+/// the first client. Its threads run under `SCHED_BATCH` (`lookup_tokio::io_thread`):
+/// the step's one wake-up of the I/O task (`flush`) never preempts the scheduler's
+/// thread; if the OS refuses, they run under the default policy.
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
-                .thread_name("mooncake-lookup-io")
+                .thread_name(IO_THREAD_NAME)
+                .on_thread_start(|| {
+                    let _ = lookup_tokio::io_thread::set_batch_policy();
+                })
                 .enable_all()
                 .build()
                 .map_err(|e| e.to_string())
@@ -632,5 +640,7 @@ fn extra_config_keys() -> Vec<&'static str> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeClient>()?;
     m.add_function(wrap_pyfunction!(extra_config_keys, m)?)?;
+    // The I/O threads' name, which a caller may look for (their policy, their CPU).
+    m.add("IO_THREAD_NAME", IO_THREAD_NAME)?;
     Ok(())
 }

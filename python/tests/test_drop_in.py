@@ -1,8 +1,9 @@
 """mooncake_lookup.LookupKeyClient against vLLM 0.33.0's own LookupKeyServer and
 LookupKeyClient (from its wheel, conftest.py) and against `lookup-server`."""
 
-import multiprocessing
 import logging
+import multiprocessing
+import os
 import time
 
 import pytest
@@ -150,6 +151,36 @@ def test_prefetch_sends_at_arrival_and_lookup_reads_it(vllm_server):
         assert got.hit_length == 3 * BS
         assert vllm_server.lookups == 1
         assert ours.stats()["rpcs_sent"] == 1
+    finally:
+        ours.close()
+
+
+def io_threads():
+    """The thread ids of the drop-in's I/O runtime (named IO_THREAD_NAME; Linux keeps
+    its first 15 bytes)."""
+    name = mooncake_lookup._native.IO_THREAD_NAME[:15]
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().strip() == name:
+                tids.append(int(tid))
+    return tids
+
+
+def test_io_threads_never_preempt_the_scheduler_thread(vllm_server):
+    # SCHED_BATCH: the step's wake-up of the I/O task (flush) does not preempt the
+    # caller's thread; the nice value (its share of a busy CPU) is the caller's.
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS, lookup_prefetch_limit=4))
+    try:
+        ours.prefetch("p", 4 * BS + 1, PRESENT)
+        ours.flush()
+        wait_ready(ours, "p", 4 * BS + 1, PRESENT)
+        tids = io_threads()
+        assert len(tids) >= 1
+        assert [os.sched_getscheduler(t) for t in tids] == [os.SCHED_BATCH] * len(tids)
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        assert [os.getpriority(os.PRIO_PROCESS, t) for t in tids] == [nice] * len(tids)
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
     finally:
         ours.close()
 

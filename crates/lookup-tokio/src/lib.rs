@@ -67,6 +67,7 @@ mod client;
 mod clock;
 mod error;
 mod io;
+pub mod io_thread;
 pub mod metrics;
 mod store_check;
 mod transport;
