@@ -2,7 +2,7 @@
 //! [`LookupClient`] keyed by vLLM's string request ids, with vLLM's
 //! `LookupKeyClient` semantics (`python/mooncake_lookup/__init__.py` derives the
 //! endpoint from the `VllmConfig` and wraps it). Its parts: `hashes` (reading a
-//! request's block hashes out of Python), `arrivals` (the prefetches deferred to the
+//! request's block hashes out of Python into chunks shared by requests), `arrivals` (the prefetches deferred to the
 //! step's first call), `caller_id` (the per-id table's key).
 //!
 //! # Threads
@@ -20,9 +20,9 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use arrivals::Arrivals;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use caller_id::CallerId;
-use hashes::read_hashes;
+use hashes::HashArena;
 use lookup_core::Table;
 use lookup_tokio::{
     Answer, BlockHashes, Deadline, KeyLayout, LookupClient, Probe, Request, RequestId,
@@ -109,6 +109,8 @@ struct NativeClient {
     /// pass of the client's code, not one cold call each, and every later call sees
     /// them as if applied at arrival.
     arrivals: Arrivals,
+    /// Where every request's block hashes are copied (chunks shared by requests).
+    hashes: HashArena,
     /// With `defer_sends`: the hand-overs of deferred RPCs so far plus one (`flush`,
     /// or a `lookup` that hands over); a slot's `polled_in` refers to it.
     handovers: u64,
@@ -166,9 +168,8 @@ impl NativeClient {
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<Request> {
-        let mut own = BytesMut::new();
-        let hash_len = read_hashes(req_id, block_hashes, &mut own)?;
-        self.request_of(req_id, num_tokens, hash_len, own.freeze())
+        let (hash_len, data) = self.hashes.read(req_id, block_hashes)?;
+        self.request_of(req_id, num_tokens, hash_len, data)
     }
 
     /// A new request of `req_id` from `num_tokens` and its hashes, `hash_len` bytes
@@ -373,6 +374,7 @@ impl NativeClient {
             next_id: 0,
             defer_sends: false,
             arrivals: Arrivals::default(),
+            hashes: HashArena::default(),
             handovers: 1,
         })
     }
@@ -503,7 +505,8 @@ impl NativeClient {
     ) -> PyResult<()> {
         if self.defer_sends {
             let arrival = with_id(req_id, str::to_owned)?;
-            self.arrivals.record(arrival, num_tokens, block_hashes);
+            let hashes = self.hashes.read(&arrival, block_hashes).ok();
+            self.arrivals.record(arrival, num_tokens, hashes);
             return Ok(());
         }
         with_id(req_id, |req_id| {

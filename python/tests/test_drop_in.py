@@ -1,6 +1,7 @@
 """mooncake_lookup.LookupKeyClient against vLLM 0.33.0's own LookupKeyServer and
 LookupKeyClient (from its wheel, conftest.py) and against `lookup-server`."""
 
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -395,6 +396,44 @@ def test_hashes_of_other_buffers_and_bad_types(vllm_server):
             ours.lookup(7, 4 * BS + 1, PRESENT)
         with pytest.raises(TypeError):
             ours.lookup("e", 4 * BS + 1, ["not bytes"])
+        assert ours.tracked_requests() == 0
+    finally:
+        ours.close()
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_hashes_of_many_requests_share_buffers_without_mixing(vllm_server, defer):
+    """Requests' hashes are copied into buffers shared by several requests (64 KiB
+    each): 300 requests of 64 hashes span 10 of them, a refused list between two
+    requests leaves both theirs intact, and ending requests in another order than
+    they came reads no other request's hashes. Each answer is exact: the present
+    prefix of its own prompt."""
+    ours = mooncake_lookup.LookupKeyClient(
+        vllm_config(BS, lookup_prefetch_limit=400, lookup_prefetch_ttl_s=30.0))
+    ours.defer_sends(defer)
+    try:
+        # Request i: its first (i % 4) blocks are present, then absent ones, chained
+        # as vLLM's are (each hash covers its parent: equal last hashes, equal
+        # prompts, one shared RPC, rule 16).
+        def prompt(i):
+            out = [h(1 + b) for b in range(i % 4)]
+            while len(out) < 64:
+                out.append(hashlib.sha256((out[-1] if out else b"") + bytes([i % 50])).digest())
+            return out
+
+        want = {f"r{i}": (i % 4) * BS for i in range(300)}
+        for i in range(300):
+            ours.prefetch(f"r{i}", 64 * BS + 1, prompt(i))
+            if i % 50 == 7:
+                with pytest.raises(ValueError, match="different lengths"):
+                    ours.lookup(f"bad{i}", 4 * BS + 1, [h(1), b"short"], non_block=True)
+            if i % 3 == 2:
+                # An earlier request ends first: its buffer stays while others use it.
+                ours.discard(f"r{i - 1}")
+                del want[f"r{i - 1}"]
+        ours.flush()
+        got = {rid: wait_ready(ours, rid, 64 * BS + 1, None)[0].hit_length for rid in want}
+        assert got == want
         assert ours.tracked_requests() == 0
     finally:
         ours.close()
