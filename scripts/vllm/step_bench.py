@@ -39,7 +39,12 @@ With `--breakdown`, each run also has, per step, `hook_ns` (each hook's time),
 the drop-in's, per method, with call counts and the step's first call) and
 `conn_cpu_ns` (the scheduler thread's CPU time in the hooks, `time.thread_time_ns`,
 itself a system call per hook); the summary splits the hooks' time into the client's
-and the rest (vLLM's shared connector code), and a second table goes to stderr. The
+and the rest (vLLM's shared connector code), and a second table goes to stderr. It
+also gives, per run, vLLM's connector bookkeeping (`build_connector_meta`,
+`update_state_after_alloc`, `request_finished`, without the client calls inside
+them: code every client runs) and the steps where it alone is above a fifth or a third
+of that run's step: read on vLLM's async client, the steps where no client could be
+5x or 3x cheaper than it. The
 wrappers cost a Python frame per client call: the headline figures are taken without.
 
 With `--reps R`, each (delay, workload, queue) runs R times, the three clients in turn
@@ -86,6 +91,10 @@ HOOKS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_all
          "get_loaded_kv_cache_group_ids", "get_external_cache_hit_sources",
          "get_kv_connector_stats", "has_pending_push_work", "register_finished_partial_tail",
          "get_finished_count")
+# The hooks that are vLLM's connector bookkeeping rather than lookups: every client
+# runs them (`breakdown`'s floor).
+BOOKKEEPING = ("build_connector_meta", "update_state_after_alloc", "request_finished",
+               "request_finished_all_groups")
 # The lookup client's methods the scheduler side calls (vLLM's client: lookup,
 # discard, reset; the drop-in adds the prefetch calls).
 CLIENT_CALLS = ("lookup", "discard", "prefetch", "flush", "on_allocated", "on_preempted",
@@ -375,6 +384,15 @@ def breakdown(run):
     shared connector code and the drop-in's Python wrappers), plus each client
     method's mean."""
     n = max(len(run["conn_ns"]), 1)
+    # vLLM's connector bookkeeping, which every client runs (the drop-in's connector
+    # is vLLM's): its hooks that are not lookups, without the client calls inside
+    # them. A step where it alone exceeds a fifth (a third) of this client's step is
+    # one where no other client could be 5x (3x) cheaper than this one.
+    book = [sum(d.get(h, 0) for h in BOOKKEEPING)
+            - sum(c.get(h, 0) for h in ("discard", "flush", "on_allocated", "on_preempted"))
+            for d, c in zip(run["hook_ns"], run["call_ns"])]
+    over = {f"over_{name}": sum(1 for b, t in zip(book, run["conn_ns"]) if b > t * frac)
+            for name, frac in (("fifth", 1 / 5), ("third", 1 / 3))}
     names = sorted({h for d in run["hook_ns"] for h in d})
     calls = sorted({h for d in run["call_ns"] for h in d if not h.startswith("n_")})
     rest = [c - k for c, k in zip(run["conn_ns"], run["client_ns"])]
@@ -390,6 +408,8 @@ def breakdown(run):
         "calls": {h: sum(d.get(h, 0) for d in run["call_ns"]) / n / 1e3 for h in calls},
         "calls_per_step": {h: sum(d.get("n_" + h, 0) for d in run["call_ns"]) / n
                            for h in calls},
+        "bookkeeping": {"mean_us": sum(book) / n / 1e3, "p50_us": pct(book, 0.5) / 1e3,
+                        "steps": len(book), **over},
     }
 
 
@@ -409,7 +429,11 @@ def breakdown_table(rows):
             f"client p50 {b['client']['p50_us']:.0f} mean {b['client']['mean_us']:.0f}; "
             f"outside it p50 {b['outside_client']['p50_us']:.0f} mean "
             f"{b['outside_client']['mean_us']:.0f}\n        hooks (mean µs): {hooks}"
-            f"\n        client calls (mean µs): {calls}")
+            f"\n        client calls (mean µs): {calls}"
+            f"\n        vLLM's bookkeeping (build_connector_meta, update_state_after_alloc,"
+            f" request_finished, without client calls) p50 {b['bookkeeping']['p50_us']:.0f}"
+            f" µs; above a fifth of the step at {b['bookkeeping']['over_fifth']}, a third at"
+            f" {b['bookkeeping']['over_third']} of {b['bookkeeping']['steps']} steps")
     return "\n".join(lines)
 
 
