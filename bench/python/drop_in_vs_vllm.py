@@ -23,13 +23,17 @@ repetitions, for vLLM's client then the drop-in:
   connector's mode, where a step's submits wake the I/O thread once, at its flush).
 
 Floors, timed in the same loop shape (`--arrivals-per-step` calls per step, then the
-step's sleep), once per run: `floor_native_call_ns`, the p50 of the drop-in's cheapest
-native method (`tracked_requests()`, no argument); `floor_hash_copy_ns`, the p50 of
+step's sleep), in every repetition right before its clients (this machine's speed
+moves between repetitions, so a call is read against the floor of its own
+repetition): `floor_native_call_ns`, the p50 of the drop-in's cheapest native method
+(`tracked_requests()`, no argument); `floor_hash_copy_ns`, the p50 of
 `b"".join(HASHES)`, CPython's own C copy of the 64 hashes into one buffer: the least a
-submit that reads the hashes spends on them.
+submit that reads the hashes spends on them. The settings give their medians over the
+repetitions.
 
 Usage: drop_in_vs_vllm.py --lookup-server PATH --wheel VLLM_WHEEL [--reps 5]
-Prints one JSON object: {"settings": {...}, "reps": [{"vllm": row, "drop_in": row}]}.
+Prints one JSON object: {"settings": {...}, "reps": [{"vllm": row, "drop_in": row,
+"floors": {...}}]}.
 """
 
 import argparse
@@ -241,18 +245,22 @@ def main():
         server.stdout.readline()
         reps = []
         for rep in range(args.reps):
-            reps.append({
+            client = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+            try:
+                got = {"floors": floors(client, args.arrivals_per_step,
+                                        max(1, args.probe_count // args.arrivals_per_step),
+                                        args.step_us)}
+            finally:
+                client.close()
+            got.update({
                 name: measure(name, make, args, rep)
                 for name, make in (("vllm", vllm.LookupKeyClient),
                                    ("drop_in", mooncake_lookup.LookupKeyClient))
             })
+            reps.append(got)
         settings = {k: v for k, v in vars(args).items() if k not in ("lookup_server", "wheel")}
-        client = mooncake_lookup.LookupKeyClient(vllm_config(BS))
-        try:
-            settings.update(floors(client, args.arrivals_per_step,
-                                   max(1, args.probe_count // args.arrivals_per_step), args.step_us))
-        finally:
-            client.close()
+        settings.update({key: pct([r["floors"][key] for r in reps], 0.5)
+                         for key in ("floor_native_call_ns", "floor_hash_copy_ns")})
         settings.update(timer_ns=timer_ns(), python=sys.version.split()[0], vllm="0.33.0",
                         blocks=len(HASHES), hash_len=32, block_size=BS)
         print(json.dumps({"settings": settings, "reps": reps}))
