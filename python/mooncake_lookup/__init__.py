@@ -230,7 +230,10 @@ class LookupKeyClient:
 
     def answer_of(self, req_id):
         """``Answer`` of ``req_id``'s last lookup, or ``None``: tells a miss from an
-        unavailable store, which both answer 0."""
+        unavailable store, which both answer 0. Kept until ``discard`` (vLLM's
+        scheduler discards at finish); without one, only the newest 65,536 answers
+        are kept at most (then the older half goes), so a caller that never discards
+        does not grow the client without bound."""
         got = self._native.answer_of(req_id)
         return None if got is None else Answer(*got)
 

@@ -72,7 +72,16 @@ struct Slot {
     /// the next hand-over (a caller polling in a loop, not once per step) hands over
     /// itself. 0: never polled.
     polled_in: u64,
+    /// When `answer` was stored: `NativeClient::answers` then (the oldest answers go
+    /// first past [`ANSWERS_KEPT`]).
+    answered: u64,
 }
+
+/// Last answers kept for requests no longer held (read, not discarded), for
+/// `answer_of`. vLLM's scheduler discards every request at its finish; a caller that
+/// never does (a router calling the blocking `lookup`) would otherwise grow the
+/// table by a slot (128 bytes) a request: past this many, the older half goes.
+const ANSWERS_KEPT: usize = 65_536;
 
 /// vLLM's `LookupKeyClient` over the Rust [`LookupClient`].
 ///
@@ -114,6 +123,8 @@ struct NativeClient {
     /// With `defer_sends`: the hand-overs of deferred RPCs so far plus one (`flush`,
     /// or a `lookup` that hands over); a slot's `polled_in` refers to it.
     handovers: u64,
+    /// Answers stored in slots so far; a slot's `answered` refers to it.
+    answers: u64,
 }
 
 /// A hit length from an answer: the stored tokens of a hit, 0 for anything else.
@@ -207,11 +218,24 @@ impl NativeClient {
                         request: Some(request),
                         answer: None,
                         polled_in: 0,
+                        answered: 0,
                     },
                 );
             }
         }
         self.held += 1;
+    }
+
+    /// Past [`ANSWERS_KEPT`] slots without a held lookup, drops those whose answer is
+    /// not among the newest half (a held lookup is never dropped). One pass over the
+    /// table per `ANSWERS_KEPT / 2` answers.
+    fn bound_answers(&mut self) {
+        if self.slots.len() - self.held <= ANSWERS_KEPT {
+            return;
+        }
+        let oldest_kept = self.answers.saturating_sub(ANSWERS_KEPT as u64 / 2);
+        self.slots
+            .retain(|_, slot| slot.request.is_some() || slot.answered >= oldest_kept);
     }
 
     /// Drops `req_id`'s held lookup, if any, and returns it; `forget` drops its last
@@ -376,6 +400,7 @@ impl NativeClient {
             arrivals: Arrivals::default(),
             hashes: HashArena::default(),
             handovers: 1,
+            answers: 0,
         })
     }
 
@@ -401,6 +426,7 @@ impl NativeClient {
             held,
             defer_sends,
             handovers,
+            answers,
             ..
         } = self;
         let defer = *defer_sends;
@@ -436,6 +462,8 @@ impl NativeClient {
                     *held -= 1;
                     if answer.is_some() {
                         slot.answer = answer;
+                        slot.answered = *answers;
+                        *answers += 1;
                     }
                 }
                 (probe, answer)
@@ -464,11 +492,17 @@ impl NativeClient {
                         slot.polled_in = self.handovers;
                     }
                 } else if answer.is_some() {
-                    self.slots.entry(CallerId::from(req_id)).or_default().answer = answer;
+                    let slot = self.slots.entry(CallerId::from(req_id)).or_default();
+                    slot.answer = answer;
+                    slot.answered = self.answers;
+                    self.answers += 1;
                 }
                 (probe, answer)
             }
         };
+        if probe != Probe::Pending {
+            self.bound_answers();
+        }
         match probe {
             Probe::Pending => Ok(None),
             Probe::Ready { .. } => self.result(py, hit_length(answer)).map(Some),
@@ -544,7 +578,8 @@ impl NativeClient {
     /// `"hit"`, `"miss"`, `"not_needed"` or `"unavailable"` (then `reason` is
     /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"store"` (the
     /// server's store-unavailable reply, `spec/wire.md`), `"retrying"` or `"closed"`),
-    /// `None` when it has none (rule 11).
+    /// `None` when it has none (rule 11): never looked up, discarded, or an answer
+    /// older than the newest [`ANSWERS_KEPT`] kept without a discard.
     /// `req_id` as `prefetch`'s.
     fn answer_of(
         &self,

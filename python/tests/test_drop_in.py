@@ -437,3 +437,24 @@ def test_hashes_of_many_requests_share_buffers_without_mixing(vllm_server, defer
         assert ours.tracked_requests() == 0
     finally:
         ours.close()
+
+
+def test_answers_kept_without_discard_are_bounded(rpc_base):
+    """A caller that never discards (a router calling the blocking lookup) keeps at most
+    65,536 last answers: the 65,537th answer drops the older half. After close every
+    lookup answers at once, unavailable ("closed"), and its answer is kept like any."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    ours.close()
+    try:
+        for i in range(70_000):
+            assert ours.lookup(f"r{i}", 4 * BS + 1, PRESENT).hit_length == 0
+        closed = mooncake_lookup.Answer("unavailable", 0, "closed")
+        # Answers 0..65,536 were stored when the bound was passed: those below
+        # 65,537 - 32,768 = 32,769 went, the rest and every later one stayed.
+        assert [ours.answer_of(f"r{i}") for i in (0, 32_768)] == [None, None]
+        assert [ours.answer_of(f"r{i}") for i in (32_769, 65_536, 69_999)] == [closed] * 3
+        # A discarded answer goes at once, whatever its age.
+        ours.discard("r69999")
+        assert ours.answer_of("r69999") is None
+    finally:
+        ours.close()
