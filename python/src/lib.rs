@@ -36,9 +36,10 @@ use pyo3::types::PyString;
 const IO_THREAD_NAME: &str = "mooncake-lookup-io";
 
 /// The process's runtime for every client's I/O task: one worker thread, started at
-/// the first client. Its threads run under `SCHED_BATCH` (`lookup_tokio::io_thread`):
-/// the step's one wake-up of the I/O task (`flush`) never preempts the scheduler's
-/// thread; if the OS refuses, they run under the default policy.
+/// the first client. Its threads run under `SCHED_BATCH` (`lookup_tokio::io_thread`),
+/// as do libzmq's (`NativeClient::new` connects on such a thread): the step's one
+/// wake-up of the I/O task (`flush`) does not preempt the scheduler's thread at
+/// wake-up; if the OS refuses, they run under the default policy.
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RUNTIME
@@ -171,8 +172,8 @@ fn with_id<R>(req_id: &Bound<'_, PyAny>, f: impl FnOnce(&str) -> R) -> PyResult<
 
 impl NativeClient {
     /// A new request of `req_id` from `num_tokens` and `block_hashes` (a sequence of
-    /// `bytes`, read once here, into a buffer of their own: polls of a held request
-    /// never read it again).
+    /// `bytes`, read once here, into a slice of the client's `HashArena`: polls of a
+    /// held request never read it again).
     fn new_request(
         &mut self,
         req_id: &str,
@@ -278,7 +279,7 @@ impl NativeClient {
                 self.start(req_id, request);
             }
         });
-        // Kept (its vector and buffer) for the next step's arrivals.
+        // Kept (its vector) for the next step's arrivals.
         self.arrivals = arrivals;
     }
 
@@ -385,10 +386,19 @@ impl NativeClient {
                 )));
             }
         };
-        let rt = runtime()?;
-        let client = builder
-            .connect_lazy_with_handle(rt.handle())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let handle = runtime()?.handle().clone();
+        // Connected on a thread of its own under SCHED_BATCH: libzmq starts its I/O
+        // threads (which send and receive every RPC) from the thread that opens the
+        // client's first socket, and they inherit its policy, as the runtime's own.
+        let client = std::thread::scope(|s| {
+            s.spawn(move || {
+                let _ = lookup_tokio::io_thread::set_batch_policy();
+                builder.connect_lazy_with_handle(&handle)
+            })
+            .join()
+        })
+        .map_err(|_| PyRuntimeError::new_err("the lookup client's connect panicked"))?
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
             result_factory: None,
             results: HashMap::new(),
@@ -525,8 +535,8 @@ impl NativeClient {
     /// object with `__index__`); `block_hashes` as `lookup`'s.
     ///
     /// With `set_defer_sends(True)` the arrival is only recorded: the id and the
-    /// hashes copied (into the arrival buffer, now, while vLLM's freshly computed
-    /// hashes are in the cache), nothing else; the next call of any other kind
+    /// hashes copied (into the client's `HashArena`, now, while vLLM's freshly
+    /// computed hashes are in the cache), nothing else; the next call of any other kind
     /// applies the arrivals together before its own work, so a scheduler step's
     /// arrivals cost one warm pass of the client's code at its first probe, not one
     /// cold call each inside `add_request`. Hashes that cannot be read are not

@@ -5,14 +5,16 @@
 //! one wake-up). Under Linux's default policy (`SCHED_OTHER`), a thread woken while
 //! every core is busy may preempt the thread that woke it: the I/O task then encodes
 //! and sends the step's RPCs on the scheduler's core, inside the scheduler's step.
-//! Under `SCHED_BATCH` the kernel never preempts a running thread for a woken one of
-//! that policy (see sched(7)); the woken I/O thread runs on an idle core, or when the
-//! scheduler's thread next sleeps (the model's forward pass). Its nice value, and so
-//! its share of a busy CPU, is unchanged.
+//! The kernel does not preempt a running thread at the wake-up of a `SCHED_BATCH`
+//! one (see sched(7)); the woken I/O thread runs on an idle core, or at the running
+//! thread's next tick or sleep (the model's forward pass). Its nice value, and so its
+//! share of a busy CPU, is unchanged.
 //!
 //! The Python package's runtime applies [`set_batch_policy`] to each of its threads
-//! (`on_thread_start`); a Rust caller that runs the client on a runtime of its own
-//! can do the same with its I/O runtime's builder:
+//! (`on_thread_start`), and opens each client's ZeroMQ socket from a thread under it
+//! (libzmq's I/O threads, started by the first socket, inherit the policy); a Rust
+//! caller that runs the client on a runtime of its own can do the same with its I/O
+//! runtime's builder:
 //!
 //! ```no_run
 //! let io = tokio::runtime::Builder::new_multi_thread()
@@ -28,7 +30,8 @@
 use std::io;
 
 /// Puts the calling thread under `SCHED_BATCH` with its nice value unchanged, so
-/// that it never preempts a running thread when it wakes (module docs).
+/// that its wake-up does not preempt a running thread (module docs). Threads it
+/// creates afterwards inherit the policy.
 ///
 /// Errors: the OS refused (`io::Error` with the OS code; an unprivileged thread may
 /// always move itself from `SCHED_OTHER` to `SCHED_BATCH`), or the thread's nice
@@ -93,6 +96,7 @@ fn current_nice() -> io::Result<i32> {
 }
 
 /// Field 19 (nice) of a `/proc/<pid>/stat` line; `None` if the line is not one.
+#[cfg(any(target_os = "linux", test))]
 fn parse_nice(stat: &str) -> Option<i32> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     // Fields 3.. follow the name; nice is field 19, the 17th of those.
@@ -133,5 +137,30 @@ mod tests {
             !is_batch_policy().unwrap(),
             "only the thread that asked changed"
         );
+        // A thread at another nice value keeps it (raising one's own nice value needs
+        // no privilege): 19, the crate's lowest priority under the normal policy.
+        std::thread::spawn(|| {
+            use thread_priority::unix::{
+                NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy,
+                thread_native_id,
+            };
+            set_thread_priority_and_policy(
+                thread_native_id(),
+                thread_priority::ThreadPriority::Min,
+                ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Other),
+            )
+            .unwrap();
+            assert_eq!(current_nice().unwrap(), 19);
+            set_batch_policy().unwrap();
+            assert!(is_batch_policy().unwrap());
+            assert_eq!(current_nice().unwrap(), 19);
+            // A thread it starts inherits both.
+            let got = std::thread::spawn(|| (is_batch_policy().unwrap(), current_nice().unwrap()))
+                .join()
+                .unwrap();
+            assert_eq!(got, (true, 19));
+        })
+        .join()
+        .unwrap();
     }
 }

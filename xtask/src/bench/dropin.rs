@@ -119,6 +119,8 @@ impl DropInRun {
         let (ours, floors): (Vec<f64>, Vec<f64>) = self
             .reps
             .iter()
+            // A repetition with no submit timed (p50 0) or no floor has no ratio.
+            .filter(|r| r.drop_in.submit_p50_ns > 0)
             .filter_map(|r| {
                 let floor = r.floors?.floor_hash_copy_ns as f64;
                 Some((r.drop_in.submit_p50_ns as f64, floor))
@@ -397,6 +399,15 @@ mod tests {
         assert_eq!(run.submit_over_copy_floor(), Some(2.0));
         assert!(
             run.table().contains("[met]     submit <= 2x"),
+            "{}",
+            run.table()
+        );
+        // No submit timed (the script's p50 of nothing is 0): no ratio, not a met goal.
+        let none = [(row(4_000, 1_000, 1.0), row(0, 100, 1.0))];
+        let run = DropInRun::parse(&with_floors(&none, &[500])).unwrap();
+        assert_eq!(run.submit_over_copy_floor(), None);
+        assert!(
+            run.table().contains("[n/a]     submit <= 2x"),
             "{}",
             run.table()
         );
