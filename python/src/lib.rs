@@ -2,8 +2,9 @@
 //! [`LookupClient`] keyed by vLLM's string request ids, with vLLM's
 //! `LookupKeyClient` semantics (`python/mooncake_lookup/__init__.py` derives the
 //! endpoint from the `VllmConfig` and wraps it). Its parts: `hashes` (reading a
-//! request's block hashes out of Python into chunks shared by requests), `arrivals` (the prefetches deferred to the
-//! step's first call), `caller_id` (the per-id table's key).
+//! request's block hashes out of Python into chunks shared by requests), `arrivals`
+//! (the prefetches deferred to the step's first call), `caller_id` (the per-id
+//! table's key).
 //!
 //! # Threads
 //!
@@ -76,6 +77,15 @@ struct Slot {
     /// When `answer` was stored: `NativeClient::answers` then (the oldest answers go
     /// first past [`ANSWERS_KEPT`]).
     answered: u64,
+}
+
+impl Slot {
+    /// Keeps `answer` as the last one, numbered by `answers` (then counted).
+    fn keep_answer(&mut self, answer: Answer, answers: &mut u64) {
+        self.answer = Some(answer);
+        self.answered = *answers;
+        *answers += 1;
+    }
 }
 
 /// Last answers kept for requests no longer held (read, not discarded), for
@@ -239,6 +249,13 @@ impl NativeClient {
             .retain(|_, slot| slot.request.is_some() || slot.answered >= oldest_kept);
     }
 
+    /// True while `req_id` has a lookup held.
+    fn is_held(&self, req_id: &str) -> bool {
+        self.slots
+            .get(req_id.as_bytes())
+            .is_some_and(|s| s.request.is_some())
+    }
+
     /// Drops `req_id`'s held lookup, if any, and returns it; `forget` drops its last
     /// answer too (and the slot).
     fn release(&mut self, req_id: &str, forget: bool) -> Option<Request> {
@@ -266,11 +283,7 @@ impl NativeClient {
             let Some((hash_len, data)) = hashes else {
                 return;
             };
-            if self
-                .slots
-                .get(req_id.as_bytes())
-                .is_some_and(|s| s.request.is_some())
-            {
+            if self.is_held(req_id) {
                 // Held already (a second arrival): its hashes are not read again.
                 return;
             }
@@ -291,11 +304,7 @@ impl NativeClient {
         num_tokens: u32,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        if self
-            .slots
-            .get(req_id.as_bytes())
-            .is_some_and(|s| s.request.is_some())
-        {
+        if self.is_held(req_id) {
             return Ok(());
         }
         let request = self.new_request(req_id, num_tokens, block_hashes)?;
@@ -390,13 +399,11 @@ impl NativeClient {
         // Connected on a thread of its own under SCHED_BATCH: libzmq starts its I/O
         // threads (which send and receive every RPC) from the thread that opens the
         // client's first socket, and they inherit its policy, as the runtime's own.
-        let client = std::thread::scope(|s| {
-            s.spawn(move || {
-                let _ = lookup_tokio::io_thread::set_batch_policy();
-                builder.connect_lazy_with_handle(&handle)
-            })
-            .join()
+        let client = std::thread::spawn(move || {
+            let _ = lookup_tokio::io_thread::set_batch_policy();
+            builder.connect_lazy_with_handle(&handle)
         })
+        .join()
         .map_err(|_| PyRuntimeError::new_err("the lookup client's connect panicked"))?
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Self {
@@ -470,10 +477,8 @@ impl NativeClient {
                     // future).
                     slot.request = None;
                     *held -= 1;
-                    if answer.is_some() {
-                        slot.answer = answer;
-                        slot.answered = *answers;
-                        *answers += 1;
+                    if let Some(answer) = answer {
+                        slot.keep_answer(answer, answers);
                     }
                 }
                 (probe, answer)
@@ -501,11 +506,9 @@ impl NativeClient {
                     if let Some(slot) = self.slots.get_mut(req_id.as_bytes()) {
                         slot.polled_in = self.handovers;
                     }
-                } else if answer.is_some() {
+                } else if let Some(answer) = answer {
                     let slot = self.slots.entry(CallerId::from(req_id)).or_default();
-                    slot.answer = answer;
-                    slot.answered = self.answers;
-                    self.answers += 1;
+                    slot.keep_answer(answer, &mut self.answers);
                 }
                 (probe, answer)
             }
@@ -672,8 +675,8 @@ impl NativeClient {
 }
 
 /// The `kv_connector_extra_config` keys the Rust client reads (every setting of
-/// `lookup_core::settings::SETTINGS`, then vLLM's `lookup_rpc_port`), in that order: the Python
-/// package names a `lookup_*` key outside them (and its own) as unknown.
+/// `lookup_core::settings::SETTINGS`, then vLLM's `lookup_rpc_port`), in that order:
+/// the Python package names a `lookup_*` key outside them (and its own) as unknown.
 #[pyfunction]
 fn extra_config_keys() -> Vec<&'static str> {
     lookup_core::settings::SETTINGS

@@ -78,8 +78,7 @@ struct Analysis<'a> {
 /// # Errors
 /// A bad flag, an unreadable or malformed trace (naming the line), a request that
 /// cannot fit the GPU, an output folder that cannot be made (before the run), a file
-/// that cannot be written. A plot that cannot be drawn is
-/// reported as a warning only.
+/// that cannot be written. A plot that cannot be drawn is reported as a warning only.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     run_to(args, &mut std::io::stdout().lock())
 }

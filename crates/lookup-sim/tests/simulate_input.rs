@@ -10,6 +10,17 @@ struct Cli {
     args: Args,
 }
 
+/// A quick run: one repeat of the sync mode, no plot, no recommendation.
+const QUICK: [&str; 7] = [
+    "simulate",
+    "--no-plot",
+    "--no-recommend",
+    "--repeats",
+    "1",
+    "--modes",
+    "sync",
+];
+
 #[test]
 fn a_bad_trace_line_is_named_with_its_file_and_line() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -20,18 +31,8 @@ fn a_bad_trace_line_is_named_with_its_file_and_line() {
     )
     .expect("write");
     let path_text = path.display().to_string();
-    let cli = Cli::try_parse_from([
-        "simulate",
-        "--no-plot",
-        "--no-recommend",
-        "--repeats",
-        "1",
-        "--modes",
-        "sync",
-        "--trace",
-        &path_text,
-    ])
-    .expect("flags");
+    let cli =
+        Cli::try_parse_from(QUICK.iter().copied().chain(["--trace", &path_text])).expect("flags");
     let mut out = Vec::new();
     let err = lookup_sim::run_to(&cli.args, &mut out).expect_err("a bad line");
     assert_eq!(
@@ -50,17 +51,11 @@ fn output_folders_are_made_before_the_run() {
     let json = dir.path().join("a/b/out.json");
     let series = dir.path().join("c/series.jsonl");
     let (json_text, series_text) = (json.display().to_string(), series.display().to_string());
-    let quick = [
-        "simulate",
-        "--no-plot",
-        "--no-recommend",
-        "--repeats",
-        "1",
-        "--modes",
-        "sync",
-        "--gen-requests",
-        "100",
-    ];
+    let quick: Vec<&str> = QUICK
+        .iter()
+        .copied()
+        .chain(["--gen-requests", "100"])
+        .collect();
     let cli = Cli::try_parse_from(quick.iter().copied().chain([
         "--json",
         &json_text,
