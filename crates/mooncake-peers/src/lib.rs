@@ -490,7 +490,12 @@ impl Writer {
         for chunk in keys.chunks(KEYS_PER_LINE) {
             let words: Vec<&str> = chunk.iter().map(AsRef::as_ref).collect();
             let answer = self.command("put", &words);
-            assert_eq!(answer, format!("ok {}", words.len()), "put failed");
+            assert_eq!(
+                answer,
+                format!("ok {}", words.len()),
+                "put failed; writer.py's log ends:\n{}",
+                tail(&self.log)
+            );
         }
     }
 
@@ -499,7 +504,12 @@ impl Writer {
         for chunk in keys.chunks(KEYS_PER_LINE) {
             let words: Vec<&str> = chunk.iter().map(AsRef::as_ref).collect();
             let answer = self.command("remove", &words);
-            assert_eq!(answer, format!("ok {}", words.len()), "remove failed");
+            assert_eq!(
+                answer,
+                format!("ok {}", words.len()),
+                "remove failed; writer.py's log ends:\n{}",
+                tail(&self.log)
+            );
         }
     }
 

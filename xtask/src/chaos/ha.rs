@@ -87,6 +87,11 @@ pub fn run(
         cluster.kill(leader);
         let at = run.now();
         run.truth.remove_all(at, Loss::Lost);
+        // The old writer's segment went with the old leader. Kill the writer now:
+        // alive, it would mount its segment again on the new leader, and once killed
+        // there its dead segment would take replicas of the new writer's puts
+        // (TRANSFER_FAIL) until the master's client lease ran out.
+        drop(store);
         let standby = 1 - leader;
         let port = cluster.masters[standby].rpc_port();
         let deadline = Instant::now() + TAKE_OVER;
@@ -94,10 +99,8 @@ pub fn run(
             pause(POLL);
         }
         leader = standby;
-        // The old writer's segment went with the old leader: a new writer puts
-        // every block again on the new one.
-        let old = std::mem::replace(&mut store, writer(&cluster));
-        drop(old);
+        // A new writer puts every block again on the new leader.
+        store = writer(&cluster);
         run.put(&mut store, &all);
         pause(run.window);
     }
