@@ -3,6 +3,8 @@
 //! buffer the request's `BlockHashes` then holds: a slice of a `HashArena` chunk
 //! shared with the requests read before and after it.
 
+use std::collections::VecDeque;
+
 use bytes::{Bytes, BytesMut};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -12,18 +14,29 @@ use pyo3::types::{PyBytes, PyList};
 /// 32-byte hashes.
 const CHUNK: usize = 64 * 1024;
 
+/// Filled chunks an arena keeps a handle on, to reuse one in place once every request
+/// in it has ended: enough for the chunks of 2,048 live requests of 64 blocks. The
+/// oldest handle goes past it (its chunk then freed when its last request ends). At
+/// most this many free chunks (4 MiB) stay allocated, after a burst has drained.
+const SPENT_KEPT: usize = 64;
+
 /// Where requests' block hashes are copied: chunks of [`CHUNK`] bytes, each request
 /// taking the slice of its hashes. A request's hashes are never freed on their own:
-/// dropping a slice releases a reference to its chunk, and a chunk is freed (or
-/// reused in place, when the arena's own is the last reference) once every request
-/// in it has ended. A heap allocation and free of a few KiB per request cost the
-/// scheduler's thread more than the rest of a ready poll (the free's consolidation
-/// and the heap's trim and page faults); a chunk's cost is spread over its requests.
-/// A chunk stays allocated while any request in it lives: at most one chunk per
-/// live request, whatever the order requests end in.
+/// dropping a slice releases a reference to its chunk. A chunk whose requests have
+/// all ended is reused in place, the current one or one of the [`SPENT_KEPT`] filled
+/// before it, and a new one is allocated only when none is free. A heap allocation
+/// and free of a few KiB per request cost the scheduler's thread more than the rest
+/// of a ready poll (the free's consolidation, the heap's trim and the page faults of
+/// the memory given back and taken again); a chunk reused is neither allocated nor
+/// faulted in again. A chunk stays allocated while any request in it lives.
 #[derive(Default)]
 pub(crate) struct HashArena {
     buf: BytesMut,
+    /// Handles on the chunks filled before `buf` (each empty: its requests hold the
+    /// bytes), oldest first.
+    spent: VecDeque<BytesMut>,
+    /// Chunks allocated so far (reuses not counted).
+    chunks_allocated: u64,
 }
 
 impl HashArena {
@@ -39,13 +52,50 @@ impl HashArena {
     ) -> PyResult<(u16, Bytes)> {
         // vLLM's hashes are 32 bytes (a prompt's hashes of another length still fit:
         // `read_hashes` reserves what it needs).
-        let need = block_hashes.len().unwrap_or(0) * 32;
-        if self.buf.capacity() - self.buf.len() < need {
-            self.buf.reserve(need.max(CHUNK));
-        }
+        self.make_room(block_hashes.len().unwrap_or(0) * 32);
         let hash_len = read_hashes(req_id, block_hashes, &mut self.buf)?;
+        Ok((hash_len, self.take()))
+    }
+
+    /// Room for `need` bytes after what the current chunk holds: the current chunk's,
+    /// else a free chunk's (the current one, or the oldest free of the spent ones),
+    /// else a new chunk of at least [`CHUNK`] bytes; the chunk left goes to the spent
+    /// ones.
+    fn make_room(&mut self, need: usize) {
+        if self.buf.try_reclaim(need) {
+            return;
+        }
+        let size = need.max(CHUNK);
+        // The arena's first chunk replaces an empty handle of no chunk.
+        let had_chunk = self.chunks_allocated > 0;
+        let reused = self
+            .spent
+            .iter_mut()
+            .position(|chunk| chunk.try_reclaim(size))
+            .and_then(|i| self.spent.remove(i));
+        let next = reused.unwrap_or_else(|| {
+            self.chunks_allocated += 1;
+            BytesMut::with_capacity(size)
+        });
+        let left = std::mem::replace(&mut self.buf, next);
+        if had_chunk {
+            self.spent.push_back(left);
+            if self.spent.len() > SPENT_KEPT {
+                self.spent.pop_front();
+            }
+        }
+    }
+
+    /// The bytes written since the last call, as a slice of the current chunk.
+    fn take(&mut self) -> Bytes {
         let len = self.buf.len();
-        Ok((hash_len, self.buf.split_to(len).freeze()))
+        self.buf.split_to(len).freeze()
+    }
+
+    /// Chunks allocated so far; a chunk reused is not counted again.
+    #[cfg(test)]
+    fn chunks_allocated(&self) -> u64 {
+        self.chunks_allocated
     }
 }
 
@@ -135,4 +185,89 @@ fn different_lengths(req_id: &str) -> PyErr {
     PyValueError::new_err(format!(
         "request {req_id}: block hashes of different lengths"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2 KiB of `tag`: one request's 64 hashes of 32 bytes.
+    fn hashes(tag: u8) -> Vec<u8> {
+        vec![tag; 2048]
+    }
+
+    impl HashArena {
+        /// Copies `data` as `read` copies a request's hashes.
+        fn write(&mut self, data: &[u8]) -> Bytes {
+            self.make_room(data.len());
+            self.buf.extend_from_slice(data);
+            self.take()
+        }
+    }
+
+    /// Where a slice's chunk starts, given the first slice written into it.
+    fn chunk_of(first: &Bytes) -> std::ops::Range<usize> {
+        let start = first.as_ptr() as usize;
+        start..start + CHUNK
+    }
+
+    #[test]
+    fn a_chunk_whose_requests_ended_is_reused_in_place() {
+        let mut arena = HashArena::default();
+        // 32 requests fill the first chunk; the 33rd starts a second.
+        let first: Vec<Bytes> = (0..32).map(|i| arena.write(&hashes(i))).collect();
+        let a = chunk_of(&first[0]);
+        let second: Vec<Bytes> = (32..64).map(|i| arena.write(&hashes(i))).collect();
+        assert_eq!(arena.chunks_allocated(), 2);
+        assert!(!a.contains(&(second[0].as_ptr() as usize)));
+        // One request of the first chunk still lives: a third chunk.
+        let kept = first[5].clone();
+        drop(first);
+        let third = arena.write(&hashes(64));
+        assert_eq!(arena.chunks_allocated(), 3);
+        assert!(!a.contains(&(third.as_ptr() as usize)));
+        // Once it ends, the first chunk is the one the fourth fill takes.
+        assert_eq!(kept.as_ref(), hashes(5).as_slice());
+        drop(kept);
+        let rest: Vec<Bytes> = (65..96).map(|i| arena.write(&hashes(i))).collect();
+        let reused = arena.write(&hashes(96));
+        assert_eq!(arena.chunks_allocated(), 3);
+        assert_eq!(reused.as_ptr() as usize, a.start);
+        // Every live request's bytes are its own.
+        for (i, slice) in (32..64).zip(&second).chain((65..96).zip(&rest)) {
+            assert_eq!(slice.as_ref(), hashes(i).as_slice(), "request {i}");
+        }
+        assert_eq!(third.as_ref(), hashes(64).as_slice());
+        assert_eq!(reused.as_ref(), hashes(96).as_slice());
+    }
+
+    #[test]
+    fn the_current_chunk_is_reused_when_its_requests_ended() {
+        let mut arena = HashArena::default();
+        let full: Vec<Bytes> = (0..32).map(|i| arena.write(&hashes(i))).collect();
+        let start = full[0].as_ptr() as usize;
+        drop(full);
+        // Full, and every request in it ended: the next one starts it again.
+        let next = arena.write(&hashes(99));
+        assert_eq!(next.as_ptr() as usize, start);
+        assert_eq!(arena.chunks_allocated(), 1);
+        assert!(arena.spent.is_empty());
+        assert_eq!(next.as_ref(), hashes(99).as_slice());
+    }
+
+    #[test]
+    fn spent_chunks_kept_are_bounded() {
+        let mut arena = HashArena::default();
+        let chunks = SPENT_KEPT + 5;
+        let live: Vec<Bytes> = (0..chunks * 32)
+            .map(|i| arena.write(&hashes((i % 251) as u8)))
+            .collect();
+        assert_eq!(arena.chunks_allocated(), chunks as u64);
+        assert_eq!(arena.spent.len(), SPENT_KEPT);
+        // A prompt longer than a chunk gets a chunk of its size.
+        let long = arena.write(&vec![7; CHUNK + 32]);
+        assert_eq!(long.len(), CHUNK + 32);
+        assert_eq!(arena.chunks_allocated(), chunks as u64 + 1);
+        assert_eq!(live[0].as_ref(), hashes(0).as_slice());
+    }
 }
