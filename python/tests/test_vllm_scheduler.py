@@ -338,7 +338,7 @@ def many_running(connector, worker, steps=8, per_step=8):
     running request that hit is preempted, and it resumes at step 6, looked up again
     (a hit) and allocated with its external tokens. Returns, per step, the metadata
     and what the call left in the scheduler output, as plain data, and the pool's
-    pins."""
+    pins, and the scheduler's request trackers after each build."""
     pool = Pool()
     pool.blocks = list(range(steps * per_step * 8 + 64))
     connector.bind_gpu_block_pool(pool)
@@ -414,12 +414,15 @@ def many_running(connector, worker, steps=8, per_step=8):
         out_step.num_scheduled_tokens.update(scheduled)
         out_step.kv_connector_block_state.get_block_ids = (
             lambda rid: (list(tables[rid]),) if rid in tables else None)
-        ids_before = cached.req_ids
+        lists_before = (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)
         meta = connector.build_connector_meta(out_step)
+        lists_after = (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)
         now_scheduled = {r.request_id for r, *_ in new}
         out.append({
-            "meta": _plain(meta), "ids_kept": cached.req_ids is ids_before,
+            "meta": _plain(meta),
+            "lists_kept": all(a is b for a, b in zip(lists_after, lists_before)),
             "output": _plain(cached), "running": len(cached.req_ids),
+            "trackers": _plain(connector.connector_scheduler._request_trackers),
             "pending_loads": [m.req_id for m in meta.requests
                               if m.load_spec is not None and m.req_id not in now_scheduled],
             "saves": sum(1 for m in meta.requests if m.can_save),
@@ -454,17 +457,20 @@ class BuildSpy:
         sched.build_connector_meta = spy
 
 
-@pytest.mark.parametrize("kv_role", ["kv_both", "kv_consumer"])
+@pytest.mark.parametrize("kv_role,save_decode_cache", [
+    ("kv_both", False), ("kv_consumer", False), ("kv_both", True)])
 def test_build_connector_meta_equals_vllms_over_a_running_batch(
-        vllm, connector_module, server, kv_role):
+        vllm, connector_module, server, kv_role, save_decode_cache):
     """The connector's `build_connector_meta` (which gives vLLM's the step's running
     ids as a dict, not a list, for its membership tests, and narrows its pass over
-    unfinished requests to those with a load spec) builds the same metadata as
-    vLLM's own connector, step by step, over a batch of up to 50 running requests
-    (`many_running`), for a producer and a consumer (whose build skips the running
+    unfinished requests to those with a load spec) builds the same metadata and
+    leaves the same request trackers as vLLM's own connector, step by step, over a
+    batch of up to 50 running requests (`many_running`), for a producer (the default:
+    decodes not saved; then saved) and a consumer (whose build skips the running
     requests' pass), and leaves the scheduler output as it found it."""
+    extra = {"save_decode_cache": True} if save_decode_cache else {}
     theirs = vllm.MooncakeStoreConnector(
-        engine_config(kv_role), vllm.KVConnectorRole.SCHEDULER, kv_cache_config())
+        engine_config(kv_role, **extra), vllm.KVConnectorRole.SCHEDULER, kv_cache_config())
     try:
         want, want_pins = many_running(theirs, server)
     finally:
@@ -478,17 +484,23 @@ def test_build_connector_meta_equals_vllms_over_a_running_batch(
         loads[6].insert(0, "s0-4")
     assert [w["pending_loads"] for w in want] == loads
     assert [w["running"] for w in want] == [0, 6, 14, 22, 29, 35, 43, 50]
-    saves = [4, 10, 10, 10, 10, 10, 10, 11] if kv_role == "kv_both" else [0] * 8
+    # vLLM's saves a step: a consumer's none; a producer saving decodes has two more a
+    # step from step 1 (the two hits that loaded in their admission step, where a
+    # request cannot save and load at once, save their 64 tokens at their first
+    # decode, which a producer not saving decodes skips).
+    saves = {("kv_both", False): [4, 10, 10, 10, 10, 10, 10, 11],
+             ("kv_consumer", False): [0] * 8,
+             ("kv_both", True): [4, 12, 12, 12, 12, 12, 12, 13]}[kv_role, save_decode_cache]
     assert [w["saves"] for w in want] == saves
     ours = connector_module.MooncakeLookupConnector(
-        engine_config(kv_role, lookup_prefetch_limit=16), vllm.KVConnectorRole.SCHEDULER,
-        kv_cache_config())
+        engine_config(kv_role, lookup_prefetch_limit=16, **extra),
+        vllm.KVConnectorRole.SCHEDULER, kv_cache_config())
     spy = BuildSpy(ours)
     try:
         got, got_pins = many_running(ours, server)
     finally:
         ours.shutdown()
-    assert [g["ids_kept"] for g in got] == [True] * 8
+    assert [g["lists_kept"] for g in got] == [True] * 8
     assert got == want
     assert got_pins == want_pins
     # Inside vLLM's build: the running ids as a dict from 16 running requests, and a

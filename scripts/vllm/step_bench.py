@@ -10,11 +10,19 @@ its prefill), with one of three scheduler-side KV connectors, all real classes:
 - `vllm_async`: the same, `lookup_async` true (a probe submits to the client's one
   executor thread and polls its future);
 - `drop_in`: mooncake_lookup.vllm's MooncakeLookupConnector (vLLM's connector with the
-  drop-in client, prefetch at arrival).
+  drop-in client, prefetch at arrival);
+- `floor` (only when named in `--clients`): the same connector with a lookup client
+  that costs nothing (every lookup answers at once with the miss it would get; its
+  other calls do nothing). Its time is the connector's own code, vLLM's bookkeeping
+  and the drop-in's hooks around it: the least a client of this connector can reach,
+  and what the step's ratios to vLLM's clients are bounded by.
 
 All ask one `lookup-server` (the project's, release) whose index answers every call
 after `--delays-us` (a thread's sleep: `--index-delay-us`); the store is empty, so
-every lookup is a miss and no KV is loaded. Prompts are 64 blocks of 16 tokens, each
+every lookup is a miss and no KV is loaded. The connectors are consumers (`--kv-role
+kv_consumer`: lookups and loads); `--kv-role kv_both` makes them producers too, whose
+build also walks the running batch and pins each prompt's blocks for its save (the
+stand-in worker reports every save done at once). Prompts are 64 blocks of 16 tokens, each
 request's own tokens; every request samples `--max-tokens` tokens. Between two steps
 the loop sleeps `--forward-ms` (the model's forward pass), during which lookups go on.
 Before each run's steps the Python heap is collected and frozen (`gc.freeze`), as
@@ -59,7 +67,7 @@ queue, rep, conn_ns: [...], step_ns: [...], waiting: [...]}, ...], "summary": [.
 
 Usage: step_bench.py --wheel VLLM_WHEEL --lookup-server PATH [--queues 32,256,1024]
        [--delays-us 100,500] [--clients vllm_sync,vllm_async,drop_in] [--reps 1]
-       [--breakdown]
+       [--kv-role kv_consumer|kv_both] [--breakdown]
 scripts/vllm/step_bench.sh builds what it needs and runs it.
 """
 
@@ -84,6 +92,11 @@ from engine_loop import EngineLoop  # noqa: E402
 BLOCK = 16
 BLOCKS = 64
 CLIENTS = ("vllm_sync", "vllm_async", "drop_in")
+# Clients that `--clients` may add: `floor`, the drop-in's connector with a lookup
+# client that costs nothing (FloorClient).
+EXTRA_CLIENTS = ("floor",)
+# The clients whose ratios to vLLM's are reported.
+OURS = ("drop_in", "floor")
 # Every scheduler-side method vLLM 0.33's Scheduler calls on its connector.
 HOOKS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc",
          "build_connector_meta", "request_finished", "request_finished_all_groups",
@@ -168,6 +181,11 @@ class HookClock:
                     self.by_call["n_" + _name] = self.by_call.get("n_" + _name, 0) + 1
 
             setattr(client, name, timed_call)
+        # The drop-in's arrivals call the client's prefetch through a reference taken
+        # at its construction: pointed at the timed one.
+        prefetch = getattr(connector, "lookup_prefetch", None)
+        if prefetch is not None and hasattr(prefetch, "_prefetch"):
+            prefetch._prefetch = client.prefetch
 
     def take(self):
         ns, self.ns = self.ns, 0
@@ -192,21 +210,35 @@ def settings(args, queue):
     }
 
 
+STORE_DATA = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data"
+
+
 def model_output(core, sched, out):
-    """One sampled token per scheduled request past its prefill (token 7)."""
+    """One sampled token per scheduled request past its prefill (token 7). Under a
+    producer, the one worker (world size 1) also reports every store job of the step's
+    metadata done (vLLM's MooncakeStoreWorkerMetadata), as a worker does once its
+    saves are written: the scheduler drops the job's block references then, and the
+    KV cache does not fill with blocks pinned for saves."""
     ids = list(out.num_scheduled_tokens)
     sampled = [[] if sched.requests[rid].is_prefill_chunk else [7] for rid in ids]
+    kv_out = None
+    meta = getattr(out, "kv_connector_metadata", None)
+    jobs = {m.store_job_id: 1 for m in getattr(meta, "requests", ())
+            if m.store_job_id is not None}
+    if jobs:
+        worker_meta = sys.modules[STORE_DATA].MooncakeStoreWorkerMetadata(completed_saves=jobs)
+        kv_out = core.KVConnectorOutput(kv_connector_worker_meta=worker_meta)
     return core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
-                                  sampled_token_ids=sampled)
+                                  sampled_token_ids=sampled, kv_connector_output=kv_out)
 
 
 def connector_for(core, client, endpoint, rpc_port, args):
-    """(connector class or factory, kv_transfer fields) of `client`. The role is
-    kv_consumer: a producer's request_finished holds a finished request's blocks
-    until the worker reports its save, which no worker here does (the KV cache would
-    fill and admissions stop); a consumer's lookups are the same."""
+    """(connector class or factory, kv_transfer fields) of `client`, in the role of
+    `--kv-role`: kv_consumer (the default) looks up and loads; kv_both also saves
+    each prompt's blocks (vLLM's build then walks the running batch, and pins the
+    blocks of every save until the worker reports it: `model_output`)."""
     extra = {"lookup_rpc_port": rpc_port, "load_async": False}
-    role = {"kv_role": "kv_consumer"}
+    role = {"kv_role": args.kv_role}
     if client == "vllm_sync":
         return core.MooncakeStoreConnector, {**role, "kv_connector_extra_config": {
             **extra, "lookup_async": False}}
@@ -214,10 +246,64 @@ def connector_for(core, client, endpoint, rpc_port, args):
         return core.MooncakeStoreConnector, {**role, "kv_connector_extra_config": {
             **extra, "lookup_async": True}}
     from mooncake_lookup.vllm import MooncakeLookupConnector
-    return MooncakeLookupConnector, {**role, "kv_connector": "MooncakeLookupConnector",
+    factory = floor_connector() if client == "floor" else MooncakeLookupConnector
+    return factory, {**role, "kv_connector": "MooncakeLookupConnector",
                                      "kv_connector_extra_config": {
         **extra, "lookup_async": True, "lookup_endpoint": endpoint,
         "lookup_prefetch_limit": args.prefetch_limit, "max_in_flight": args.max_in_flight}}
+
+
+class FloorClient:
+    """A lookup client that costs nothing: `lookup` answers `miss` at once (every
+    lookup of this bench is a miss), its other calls do nothing."""
+
+    def __init__(self, miss):
+        self._miss = miss
+
+    def lookup(self, req_id, num_tokens, block_hashes, non_block=False):
+        return self._miss
+
+    def prefetch(self, req_id, num_tokens, block_hashes):
+        pass
+
+    def flush(self):
+        pass
+
+    def on_allocated(self, req_id):
+        pass
+
+    def on_preempted(self, req_id):
+        pass
+
+    def discard(self, req_id):
+        pass
+
+    def close(self):
+        pass
+
+
+def floor_connector():
+    """The `floor` client's connector class: mooncake_lookup.vllm's connector whose
+    scheduler side and prefetch use a FloorClient, answering the miss that the
+    drop-in's own client got for a first request (its result type, from the lookup
+    server, before the drop-in's client is closed)."""
+    from mooncake_lookup.vllm import MooncakeLookupConnector
+
+    class FloorConnector(MooncakeLookupConnector):
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            super().__init__(vllm_config, role, kv_cache_config=kv_cache_config)
+            prefetch = self.lookup_prefetch
+            if prefetch is None:
+                return
+            real = prefetch.client
+            miss = real.lookup("step-bench-floor", BLOCK * BLOCKS, [bytes(32)] * BLOCKS)
+            real.close()
+            floor = FloorClient(miss)
+            prefetch.client = floor
+            prefetch._prefetch = floor.prefetch
+            self.connector_scheduler.client = floor
+
+    return FloorConnector
 
 
 class Requests:
@@ -350,24 +436,26 @@ def summary(runs):
         by[(r["delay_us"], r["workload"], r["queue"], r["client"], r["rep"])] = r
     cells = {}
     for (delay, workload, queue, client, rep), r in by.items():
-        if client != "drop_in":
+        if client not in OURS:
             continue
+        # The floor's keys are prefixed: "floor_steps_over_...".
+        prefix = "" if client == "drop_in" else client + "_"
         ours = pct(r["conn_ns"], 0.5)
         got = cells.setdefault((delay, workload, queue), {})
         for other in ("vllm_sync", "vllm_async"):
             o = by.get((delay, workload, queue, other, rep))
             if o:
-                got.setdefault(f"{other}_over_drop_in_p50", []).append(
+                got.setdefault(f"{other}_over_{client}_p50", []).append(
                     pct(o["conn_ns"], 0.5) / max(ours, 1))
         a = by.get((delay, workload, queue, "vllm_async", rep))
         if a:
             n = min(len(a["conn_ns"]), len(r["conn_ns"]))
             per_step = [r["conn_ns"][k] / max(a["conn_ns"][k], 1) for k in range(n)]
-            got.setdefault("drop_in_over_vllm_async_max_step", []).append(
+            got.setdefault(f"{client}_over_vllm_async_max_step", []).append(
                 max(per_step, default=0))
-            got.setdefault("steps_over_a_third_of_vllm_async", []).append(
+            got.setdefault(f"{prefix}steps_over_a_third_of_vllm_async", []).append(
                 sum(1 for x in per_step if x > 1 / 3))
-            got.setdefault("steps_both_ran", []).append(n)
+            got.setdefault(f"{prefix}steps_both_ran", []).append(n)
     ratios = []
     for (delay, workload, queue), got in cells.items():
         reps = sum(1 for key in by if key[:4] == (delay, workload, queue, "drop_in"))
@@ -468,6 +556,12 @@ def table(rows, ratios):
             f"steps above a third of vLLM async "
             f"{show(g, 'steps_over_a_third_of_vllm_async', 0)} of "
             f"{show(g, 'steps_both_ran', 0)}")
+        if g.get("vllm_async_over_floor_p50"):
+            lines.append(
+                f"  floor (a lookup client costing nothing): vLLM async / floor "
+                f"{show(g, 'vllm_async_over_floor_p50', 1)}x, steps above a third of "
+                f"vLLM async {show(g, 'floor_steps_over_a_third_of_vllm_async', 0)} of "
+                f"{show(g, 'floor_steps_both_ran', 0)}")
     return "\n".join(lines)
 
 
@@ -499,6 +593,8 @@ def main():
     ap.add_argument("--gpu-blocks", type=int, default=16384)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--kv-role", choices=("kv_consumer", "kv_both"), default="kv_consumer",
+                    help="the connectors' role (kv_both: saves too)")
     ap.add_argument("--prefetch-limit", type=int, default=64)
     ap.add_argument("--max-in-flight", type=int, default=16)
     ap.add_argument("--reps", type=int, default=1,
@@ -509,8 +605,8 @@ def main():
                          "(a Python frame per client call: for profiling, not the headline)")
     args = ap.parse_args()
     for c in args.clients.split(","):
-        if c not in CLIENTS:
-            ap.error(f"--clients: {c!r} is not one of {', '.join(CLIENTS)}")
+        if c not in CLIENTS + EXTRA_CLIENTS:
+            ap.error(f"--clients: {c!r} is not one of {', '.join(CLIENTS + EXTRA_CLIENTS)}")
     base = tempfile.mkdtemp(prefix="step-bench-")
     os.environ["VLLM_RPC_BASE_PATH"] = base
     core = mooncake_store.load(args.wheel)
