@@ -417,11 +417,14 @@ def spread(values):
 def summary(runs):
     """Per run (delay, workload, queue, client, rep): p50/p99/max of the connector's
     time per step (µs), the step's p50 (µs), the connector's share of the step (p50 of
-    the per-step shares). Per (delay, workload, queue): the drop-in's ratios to vLLM's
-    clients, paired within each repetition (p50 against p50; the largest per-step
-    ratio to vLLM's async client over the steps both ran, and the steps where the
-    drop-in is above a third of it: the burst's criterion, given for every cell), as
-    median, min and max over the repetitions."""
+    the per-step shares), its total over the run's steps (µs; for a burst, what
+    draining it cost the scheduler's thread). Per (delay, workload, queue): the
+    drop-in's (and the floor's) ratios to vLLM's clients, paired within each
+    repetition (p50 against p50; total against total; the largest per-step ratio to
+    vLLM's async client over the steps both ran, and the steps where the drop-in is
+    above a third of it: the burst's criterion, given for every cell; steps are paired
+    by their index, whatever each client's step admitted), as median, min and max over
+    the repetitions."""
     rows, by = [], {}
     for r in runs:
         c, s = r["conn_ns"], r["step_ns"]
@@ -429,7 +432,7 @@ def summary(runs):
         row = {k: r[k] for k in ("client", "delay_us", "workload", "queue", "rep")}
         row.update(conn_p50_us=pct(c, 0.5) / 1e3, conn_p99_us=pct(c, 0.99) / 1e3,
                    conn_max_us=max(c, default=0) / 1e3, step_p50_us=pct(s, 0.5) / 1e3,
-                   share_p50=pct(shares, 0.5), steps=len(c))
+                   share_p50=pct(shares, 0.5), steps=len(c), conn_total_us=sum(c) / 1e3)
         if "hook_ns" in r:
             row["breakdown"] = breakdown(r)
         rows.append(row)
@@ -447,6 +450,8 @@ def summary(runs):
             if o:
                 got.setdefault(f"{other}_over_{client}_p50", []).append(
                     pct(o["conn_ns"], 0.5) / max(ours, 1))
+                got.setdefault(f"{other}_over_{client}_total", []).append(
+                    sum(o["conn_ns"]) / max(sum(r["conn_ns"]), 1))
         a = by.get((delay, workload, queue, "vllm_async", rep))
         if a:
             n = min(len(a["conn_ns"]), len(r["conn_ns"]))
@@ -555,7 +560,8 @@ def table(rows, ratios):
             f"worst step drop-in / vLLM async {show(g, 'drop_in_over_vllm_async_max_step', 2)}, "
             f"steps above a third of vLLM async "
             f"{show(g, 'steps_over_a_third_of_vllm_async', 0)} of "
-            f"{show(g, 'steps_both_ran', 0)}")
+            f"{show(g, 'steps_both_ran', 0)}; total over the run: vLLM async / drop-in "
+            f"{show(g, 'vllm_async_over_drop_in_total', 1)}x")
         if g.get("vllm_async_over_floor_p50"):
             lines.append(
                 f"  floor (a lookup client costing nothing): vLLM async / floor "
