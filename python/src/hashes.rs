@@ -16,15 +16,19 @@ const CHUNK: usize = 64 * 1024;
 
 /// Filled chunks an arena keeps a handle on, to reuse one in place once every request
 /// in it has ended: enough for the chunks of 2,048 live requests of 64 blocks. The
-/// oldest handle goes past it (its chunk then freed when its last request ends). At
-/// most this many free chunks (4 MiB) stay allocated, after a burst has drained.
+/// oldest handle goes past it (its chunk then freed when its last request ends). Once
+/// a burst has drained, these and the current chunk stay allocated: 65 chunks, each
+/// [`CHUNK`] bytes (4.06 MiB) unless a prompt of more than 2,048 blocks made one its
+/// size.
 const SPENT_KEPT: usize = 64;
 
 /// Where requests' block hashes are copied: chunks of [`CHUNK`] bytes, each request
 /// taking the slice of its hashes. A request's hashes are never freed on their own:
 /// dropping a slice releases a reference to its chunk. A chunk whose requests have
 /// all ended is reused in place, the current one or one of the [`SPENT_KEPT`] filled
-/// before it, and a new one is allocated only when none is free. A heap allocation
+/// before it, and a new one is allocated only when none is free (hashes of more than
+/// 32 bytes, or a sequence without a length, may outgrow the room made for them: the
+/// copy then reserves its own, as `BytesMut` does). A heap allocation
 /// and free of a few KiB per request cost the scheduler's thread more than the rest
 /// of a ready poll (the free's consolidation, the heap's trim and the page faults of
 /// the memory given back and taken again); a chunk reused is neither allocated nor
@@ -44,7 +48,8 @@ impl HashArena {
     /// arena: their length in bytes (each hash's) and their bytes.
     ///
     /// # Errors
-    /// As [`read_hashes`]; the arena is then as it was.
+    /// As [`read_hashes`]; no bytes are then written (the arena may have moved to
+    /// another chunk).
     pub(crate) fn read(
         &mut self,
         req_id: &str,
@@ -62,6 +67,8 @@ impl HashArena {
     /// else a new chunk of at least [`CHUNK`] bytes; the chunk left goes to the spent
     /// ones.
     fn make_room(&mut self, need: usize) {
+        // Every byte written was taken: a handle put aside holds none.
+        debug_assert!(self.buf.is_empty());
         if self.buf.try_reclaim(need) {
             return;
         }
@@ -205,7 +212,7 @@ mod tests {
         }
     }
 
-    /// Where a slice's chunk starts, given the first slice written into it.
+    /// The addresses of a chunk, given the first slice written into it.
     fn chunk_of(first: &Bytes) -> std::ops::Range<usize> {
         let start = first.as_ptr() as usize;
         start..start + CHUNK
@@ -253,6 +260,30 @@ mod tests {
         assert_eq!(arena.chunks_allocated(), 1);
         assert!(arena.spent.is_empty());
         assert_eq!(next.as_ref(), hashes(99).as_slice());
+    }
+
+    #[test]
+    fn the_oldest_free_chunk_is_reused_first() {
+        let mut arena = HashArena::default();
+        let fill = |arena: &mut HashArena, tag: u8| -> Vec<Bytes> {
+            (0..32).map(|_| arena.write(&hashes(tag))).collect()
+        };
+        let a = fill(&mut arena, 1);
+        let b = fill(&mut arena, 2);
+        let c = fill(&mut arena, 3);
+        let (a_at, b_at) = (chunk_of(&a[0]), chunk_of(&b[0]));
+        assert_eq!(arena.chunks_allocated(), 3);
+        // Both spent chunks free: the older one, then the other.
+        drop(b);
+        drop(a);
+        let next = arena.write(&hashes(4));
+        assert_eq!(next.as_ptr() as usize, a_at.start);
+        let rest: Vec<Bytes> = (0..31).map(|_| arena.write(&hashes(5))).collect();
+        let after = arena.write(&hashes(6));
+        assert_eq!(after.as_ptr() as usize, b_at.start);
+        assert_eq!(arena.chunks_allocated(), 3);
+        assert_eq!(c[31].as_ref(), hashes(3).as_slice());
+        assert_eq!(rest[30].as_ref(), hashes(5).as_slice());
     }
 
     #[test]

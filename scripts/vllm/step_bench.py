@@ -3,7 +3,7 @@
 vLLM's own Scheduler, KVCacheManager and BlockPool (scripts/vllm/fidelity/vllm_core.py,
 from the wheel) run one engine step at a time (fidelity/engine_loop.py: the wheel's
 EngineCore.step, with a stand-in model runner that samples one token per request past
-its prefill), with one of three scheduler-side KV connectors, all real classes:
+its prefill), with one of these scheduler-side KV connectors, all real classes:
 
 - `vllm_sync`: vLLM's MooncakeStoreConnector with its own LookupKeyClient,
   `lookup_async` false (each probe waits for its round trip);
@@ -13,9 +13,10 @@ its prefill), with one of three scheduler-side KV connectors, all real classes:
   drop-in client, prefetch at arrival);
 - `floor` (only when named in `--clients`): the same connector with a lookup client
   that costs nothing (every lookup answers at once with the miss it would get; its
-  other calls do nothing). Its time is the connector's own code, vLLM's bookkeeping
-  and the drop-in's hooks around it: the least a client of this connector can reach,
-  and what the step's ratios to vLLM's clients are bounded by.
+  other calls do nothing, as Python functions: a frame each where the drop-in's are
+  native methods). Its time is the connector's own code, vLLM's bookkeeping and the
+  drop-in's hooks around it: about the least a lookup client of this connector can
+  cost the step, against which its ratios to vLLM's clients are read.
 
 All ask one `lookup-server` (the project's, release) whose index answers every call
 after `--delays-us` (a thread's sleep: `--index-delay-us`); the store is empty, so
@@ -55,7 +56,7 @@ of that run's step: read on vLLM's async client, the steps where no client could
 5x or 3x cheaper than it. The
 wrappers cost a Python frame per client call: the headline figures are taken without.
 
-With `--reps R`, each (delay, workload, queue) runs R times, the three clients in turn
+With `--reps R`, each (delay, workload, queue) runs R times, the clients in turn
 within each repetition (so a load spike on the machine meets the clients of one
 repetition alike); the ratios are paired per repetition and reported as median
 [min-max] over the R: the figure to read, since single runs move by up to 2x on a
@@ -210,23 +211,22 @@ def settings(args, queue):
     }
 
 
-STORE_DATA = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data"
-
-
 def model_output(core, sched, out):
     """One sampled token per scheduled request past its prefill (token 7). Under a
     producer, the one worker (world size 1) also reports every store job of the step's
     metadata done (vLLM's MooncakeStoreWorkerMetadata), as a worker does once its
-    saves are written: the scheduler drops the job's block references then, and the
+    saves are written (each of the world's workers, counted at once): the scheduler
+    drops the job's block references then, and the
     KV cache does not fill with blocks pinned for saves."""
     ids = list(out.num_scheduled_tokens)
     sampled = [[] if sched.requests[rid].is_prefill_chunk else [7] for rid in ids]
     kv_out = None
     meta = getattr(out, "kv_connector_metadata", None)
-    jobs = {m.store_job_id: 1 for m in getattr(meta, "requests", ())
+    workers = sched.vllm_config.parallel_config.world_size
+    jobs = {m.store_job_id: workers for m in getattr(meta, "requests", ())
             if m.store_job_id is not None}
     if jobs:
-        worker_meta = sys.modules[STORE_DATA].MooncakeStoreWorkerMetadata(completed_saves=jobs)
+        worker_meta = core.MooncakeStoreWorkerMetadata(completed_saves=jobs)
         kv_out = core.KVConnectorOutput(kv_connector_worker_meta=worker_meta)
     return core.ModelRunnerOutput(req_ids=ids, req_id_to_index={k: i for i, k in enumerate(ids)},
                                   sampled_token_ids=sampled, kv_connector_output=kv_out)
@@ -278,6 +278,9 @@ class FloorClient:
     def discard(self, req_id):
         pass
 
+    def reset(self):
+        return True
+
     def close(self):
         pass
 
@@ -294,7 +297,7 @@ def floor_connector():
             super().__init__(vllm_config, role, kv_cache_config=kv_cache_config)
             prefetch = self.lookup_prefetch
             if prefetch is None:
-                return
+                raise RuntimeError("the floor needs the drop-in's scheduler side")
             real = prefetch.client
             miss = real.lookup("step-bench-floor", BLOCK * BLOCKS, [bytes(32)] * BLOCKS)
             real.close()
@@ -463,7 +466,8 @@ def summary(runs):
             got.setdefault(f"{prefix}steps_both_ran", []).append(n)
     ratios = []
     for (delay, workload, queue), got in cells.items():
-        reps = sum(1 for key in by if key[:4] == (delay, workload, queue, "drop_in"))
+        reps = max(sum(1 for key in by if key[:4] == (delay, workload, queue, client))
+                   for client in OURS)
         ratio = {"delay_us": delay, "workload": workload, "queue": queue, "reps": reps}
         ratio.update({k: spread(v) for k, v in got.items()})
         ratios.append(ratio)
@@ -567,7 +571,8 @@ def table(rows, ratios):
                 f"  floor (a lookup client costing nothing): vLLM async / floor "
                 f"{show(g, 'vllm_async_over_floor_p50', 1)}x, steps above a third of "
                 f"vLLM async {show(g, 'floor_steps_over_a_third_of_vllm_async', 0)} of "
-                f"{show(g, 'floor_steps_both_ran', 0)}")
+                f"{show(g, 'floor_steps_both_ran', 0)}; total over the run: vLLM async / "
+                f"floor {show(g, 'vllm_async_over_floor_total', 1)}x")
     return "\n".join(lines)
 
 

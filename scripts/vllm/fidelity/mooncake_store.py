@@ -79,7 +79,8 @@ STANDINS = {"vllm.distributed": _distributed, "vllm.forward_context": _forward_c
 def load(wheel):
     """vllm_core.load's namespace plus `MooncakeStoreConnector`,
     `MooncakeStoreScheduler`, `LookupKeyClient`, `LookupKeyServer`,
-    `MooncakeLookupResult`, `get_zmq_rpc_path_lookup` (vLLM's own)."""
+    `MooncakeLookupResult`, `MooncakeStoreWorkerMetadata`, `get_zmq_rpc_path_lookup`
+    (vLLM's own)."""
     for package in ("zmq", "psutil", "urllib3"):
         try:
             __import__(package)
@@ -97,4 +98,5 @@ def load(wheel):
     core.LookupKeyServer = worker.LookupKeyServer
     core.get_zmq_rpc_path_lookup = worker.get_zmq_rpc_path_lookup
     core.MooncakeLookupResult = data.MooncakeLookupResult
+    core.MooncakeStoreWorkerMetadata = data.MooncakeStoreWorkerMetadata
     return core
