@@ -35,6 +35,8 @@ use std::time::{Duration, Instant};
 const MASTER_START_SECS: u64 = 15;
 /// Longest wait for one answer of the Python writer, in seconds (setup takes ~1 s).
 const WRITER_ANSWER_SECS: u64 = 60;
+/// Times [`Master::started`] spawns a master whose port was taken meanwhile.
+const PORT_ATTEMPTS: usize = 3;
 /// Most keys per writer command line.
 const KEYS_PER_LINE: usize = 500;
 
@@ -169,12 +171,50 @@ pub fn python_bin() -> PathBuf {
     find_python_bin().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A loopback port nobody listened on a moment ago.
+/// Lowest port handed out by [`free_port`]: the range from here to the kernel's
+/// ephemeral ports is for the servers the tests start.
+const FREE_PORTS_FROM: u16 = 10_000;
+
+/// A loopback port nobody listened on a moment ago, below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`) when there is room: a port of that range
+/// can also become the local port of any outgoing connection between this check and
+/// the server's bind (a master then exits with "Address already in use"), a port below
+/// it only by another explicit bind. Each process starts at its own random place in
+/// the range and walks it, so that parallel test processes rarely try the same port.
 pub fn free_port() -> u16 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    static START: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let below = ephemeral_low().unwrap_or(32_768);
+    if below > FREE_PORTS_FROM + 1_000 {
+        let span = usize::from(below - FREE_PORTS_FROM);
+        let start = *START.get_or_init(|| {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            usize::try_from(h.finish() % span as u64).unwrap_or(0)
+        });
+        for _ in 0..span {
+            let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+            let port = FREE_PORTS_FROM + u16::try_from(offset).unwrap_or(0);
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
         .port()
+}
+
+/// The first port of the kernel's ephemeral range, when Linux says.
+fn ephemeral_low() -> Option<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// A running `mooncake_master`, killed on drop.
@@ -187,16 +227,38 @@ pub struct Master {
 }
 
 impl Master {
-    /// Starts a master on free ports and waits until it accepts connections.
+    /// Starts a master on free ports and waits until it accepts connections (both
+    /// ports picked again when one was taken meanwhile: [`started`](Self::started)).
     pub fn start() -> Self {
-        Self::start_on(free_port())
+        Self::started(|| Self::spawn(free_port(), &[]))
     }
 
-    /// Starts a master on `rpc_port` (e.g. again after [`stop`](Self::stop)).
+    /// Starts a master on `rpc_port` (e.g. again after [`stop`](Self::stop)), its
+    /// metrics on a free port ([`started`](Self::started): another one when that one
+    /// was taken).
     pub fn start_on(rpc_port: u16) -> Self {
-        let mut master = Self::spawn(rpc_port, &[]);
-        master.wait_ready(MASTER_START_SECS);
-        master
+        Self::started(|| Self::spawn(rpc_port, &[]))
+    }
+
+    /// The first master of `spawn` that listens within [`MASTER_START_SECS`]: a master
+    /// that exits because a port it was given was taken meanwhile ("Address already in
+    /// use") is spawned again (a new metrics port each time), at most
+    /// [`PORT_ATTEMPTS`] times.
+    ///
+    /// # Panics
+    /// When a master fails otherwise, or every attempt found a port taken, with the
+    /// last log's tail.
+    fn started(mut spawn: impl FnMut() -> Self) -> Self {
+        let mut last = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let mut master = spawn();
+            match master.try_wait_ready(MASTER_START_SECS) {
+                Ok(()) => return master,
+                Err(e) if e.contains("Address already in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("{last}")
     }
 
     /// Runs `mooncake_master` on loopback with `extra` flags, without waiting.
@@ -214,16 +276,16 @@ impl Master {
     /// # Panics
     /// When it cannot run or does not listen in time, with its log's tail.
     pub fn start_release(release: &Release, extra: &[String]) -> Self {
-        let mut master = Self::spawn_with(
-            &release.master_bin,
-            free_port(),
-            extra,
-            &std::env::temp_dir(),
-            release.metrics_host,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        master.wait_ready(MASTER_START_SECS);
-        master
+        Self::started(|| {
+            Self::spawn_with(
+                &release.master_bin,
+                free_port(),
+                extra,
+                &std::env::temp_dir(),
+                release.metrics_host,
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        })
     }
 
     /// Runs `bin` on loopback at `rpc_port` (metrics on a free port) with `extra`
@@ -548,5 +610,25 @@ impl Drop for Writer {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_and_free() {
+        let below = ephemeral_low().expect("Linux names its ephemeral range");
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        for &port in &ports {
+            assert!((FREE_PORTS_FROM..below).contains(&port), "port {port}");
+            TcpListener::bind(("127.0.0.1", port)).expect("free");
+        }
+        // One process walks the range: no port twice in a row of calls.
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len());
     }
 }
