@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 const MASTER_START_SECS: u64 = 15;
 /// Longest wait for one answer of the Python writer, in seconds (setup takes ~1 s).
 const WRITER_ANSWER_SECS: u64 = 60;
-/// Times [`Master::started`] spawns a master whose port was taken meanwhile.
+/// Times a master is started when a port it was given was taken meanwhile.
 const PORT_ATTEMPTS: usize = 3;
 /// Most keys per writer command line.
 const KEYS_PER_LINE: usize = 500;
@@ -228,14 +228,21 @@ pub struct Master {
 
 impl Master {
     /// Starts a master on free ports and waits until it accepts connections (both
-    /// ports picked again when one was taken meanwhile: [`started`](Self::started)).
+    /// ports picked again, at most 3 times, when one was taken meanwhile).
+    ///
+    /// # Panics
+    /// When the master fails otherwise, or every attempt found a port taken, with its
+    /// log's tail.
     pub fn start() -> Self {
         Self::started(|| Self::spawn(free_port(), &[]))
     }
 
     /// Starts a master on `rpc_port` (e.g. again after [`stop`](Self::stop)), its
-    /// metrics on a free port ([`started`](Self::started): another one when that one
-    /// was taken).
+    /// metrics on a free port (another one, at most 3 times, when that one was taken
+    /// meanwhile).
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
     pub fn start_on(rpc_port: u16) -> Self {
         Self::started(|| Self::spawn(rpc_port, &[]))
     }
