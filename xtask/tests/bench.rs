@@ -7,7 +7,9 @@ use xtask::bench::ours::{Placement, ProbeCosts};
 use xtask::bench::payload::Payload;
 use xtask::bench::python::PythonRun;
 use xtask::bench::report::{Report, Row, parse_load_average, thousands};
-use xtask::bench::stats::{CallCost, Goal, Summary, median, paired_ratio, percentile, ratio};
+use xtask::bench::stats::{
+    CallCost, Goal, Summary, median, min_max, paired_ratio, paired_ratios, percentile, ratio,
+};
 
 #[derive(Parser)]
 struct Cli {
@@ -62,6 +64,12 @@ fn paired_ratio_is_the_median_of_per_run_ratios() {
     // A run without a ratio is skipped.
     assert_eq!(paired_ratio(&[10.0, 30.0], &[0.0, 10.0]), Some(3.0));
     assert_eq!(paired_ratio(&[1.0], &[]), None);
+    // The ratios themselves, in order, and their range.
+    let ratios = paired_ratios(&[10.0, 0.5, 30.0, 30.0], &[10.0, 0.0, 10.0, 20.0]);
+    assert_eq!(ratios, vec![1.0, 3.0, 1.5]);
+    assert_eq!(min_max(&ratios), Some((1.0, 3.0)));
+    assert_eq!(min_max(&[f64::NAN, 2.0]), Some((2.0, 2.0)));
+    assert_eq!(min_max(&[]), None);
 }
 
 #[test]

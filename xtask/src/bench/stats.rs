@@ -63,12 +63,31 @@ pub fn ratio(numerator: f64, denominator: f64) -> Option<f64> {
 /// ratio (see [`ratio`]) are skipped; `None` when none is left.
 #[must_use]
 pub fn paired_ratio(numerators: &[f64], denominators: &[f64]) -> Option<f64> {
-    let ratios: Vec<f64> = numerators
+    median(&paired_ratios(numerators, denominators))
+}
+
+/// The per-repetition ratios `numerators[i] / denominators[i]` of [`paired_ratio`], in
+/// repetition order, pairs without a ratio (see [`ratio`]) left out.
+#[must_use]
+pub fn paired_ratios(numerators: &[f64], denominators: &[f64]) -> Vec<f64> {
+    numerators
         .iter()
         .zip(denominators)
         .filter_map(|(&n, &d)| ratio(n, d))
-        .collect();
-    median(&ratios)
+        .collect()
+}
+
+/// The smallest and the largest of `values` (NaN left out); `None` when none is left.
+#[must_use]
+pub fn min_max(values: &[f64]) -> Option<(f64, f64)> {
+    values
+        .iter()
+        .copied()
+        .filter(|x| !x.is_nan())
+        .fold(None, |acc, x| match acc {
+            None => Some((x, x)),
+            Some((lo, hi)) => Some((lo.min(x), hi.max(x))),
+        })
 }
 
 /// How long one kind of caller call took: the number of calls and two nearest-rank
