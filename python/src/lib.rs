@@ -592,7 +592,8 @@ impl NativeClient {
     /// `"timed_out"`, `"transport"`, `"not_sent"`, `"malformed"`, `"store"` (the
     /// server's store-unavailable reply, `spec/wire.md`), `"retrying"` or `"closed"`),
     /// `None` when it has none (rule 11): never looked up, discarded, or an answer
-    /// older than the newest [`ANSWERS_KEPT`] kept without a discard.
+    /// kept without a discard that went when more than [`ANSWERS_KEPT`] were kept (the
+    /// older half goes then).
     /// `req_id` as `prefetch`'s.
     fn answer_of(
         &self,

@@ -449,6 +449,35 @@ def test_hashes_of_many_requests_share_buffers_without_mixing(vllm_server, defer
         ours.close()
 
 
+def test_hash_buffers_are_reused_across_waves_at_the_defaults(vllm_server):
+    """At the default settings, against vLLM's own lookup server: 4 waves of 40
+    lookups of 64 hashes, each wave's prompts new, each wave submitted (non-blocking,
+    as vLLM's scheduler probes) before any of its answers is read, so that a wave's
+    requests span two 64 KiB buffers. A wave's requests have ended before the next
+    starts, so the next writes its hashes into the buffers they left, a buffer filled
+    before the current one included (python/src/hashes.rs); every answer is exact, the
+    present prefix of its own prompt."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    try:
+        for wave in range(4):
+            prompts, want = {}, {}
+            for i in range(40):
+                present = (wave + i) % 4
+                prompt = [h(1 + b) for b in range(present)]
+                while len(prompt) < 64:
+                    prompt.append(hashlib.sha256(
+                        (prompt[-1] if prompt else b"") + bytes([wave, i])).digest())
+                rid = f"w{wave}-{i}"
+                prompts[rid], want[rid] = prompt, present * BS
+                first = ours.lookup(rid, 64 * BS + 1, prompt, non_block=True)
+                assert first is None, f"{rid} answered at its submit"
+            got = {rid: wait_ready(ours, rid, 64 * BS + 1, prompts[rid])[0].hit_length
+                   for rid in prompts}
+            assert got == want, f"wave {wave}"
+    finally:
+        ours.close()
+
+
 def test_answers_kept_without_discard_are_bounded(rpc_base):
     """A caller that never discards (a router calling the blocking lookup) keeps at most
     65,536 last answers: the 65,537th answer drops the older half. After close every

@@ -187,11 +187,13 @@ pub fn free_port() -> u16 {
     let below = ephemeral_low().unwrap_or(32_768);
     if below > FREE_PORTS_FROM + 1_000 {
         let span = usize::from(below - FREE_PORTS_FROM);
+        // RandomState's keys are random per process.
         let start = *START.get_or_init(|| {
             use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u32(std::process::id());
-            usize::try_from(h.finish() % span as u64).unwrap_or(0)
+            let random = std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish();
+            usize::try_from(random % span as u64).unwrap_or(0)
         });
         for _ in 0..span {
             let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
