@@ -1,7 +1,8 @@
 //! Reading a request's block hashes out of Python: vLLM's `list[BlockHash]` (each
-//! `bytes`; other buffers such as `bytearray` are converted), copied once into a
-//! buffer the request's `BlockHashes` then holds: a slice of a `HashArena` chunk
-//! shared with the requests read before and after it.
+//! `bytes`, read through CPython's object layout as `b"".join` reads them, or through
+//! the stable ABI in an `abi3` build; other buffers such as `bytearray` are
+//! converted), copied once into a buffer the request's `BlockHashes` then holds: a
+//! slice of a `HashArena` chunk shared with the requests read before and after it.
 
 use std::collections::VecDeque;
 
@@ -166,9 +167,60 @@ fn concat_any(
 }
 
 /// [`concat_any`] of a `list` whose items are all exactly `bytes` (vLLM's
-/// `list[BlockHash]`): one pass, no iterator object, no per-item type-flag call, at
-/// most one allocation. `None` at the first item of another type (the general path
+/// `list[BlockHash]`): one pass, no iterator object, at most one allocation, each item
+/// read through CPython's object layout (the list's item array, the bytes' size and
+/// buffer) as `b"".join` reads it: no call into the interpreter and no reference
+/// count touched per item. `None` at the first item of another type (the general path
 /// then reads the list again).
+#[cfg(not(any(Py_LIMITED_API, PyPy, GraalPy)))]
+#[allow(unsafe_code)]
+fn concat_list(
+    req_id: &str,
+    list: &Bound<'_, PyList>,
+    out: &mut BytesMut,
+) -> Option<PyResult<usize>> {
+    use pyo3::ffi;
+
+    let list = list.as_ptr();
+    // SAFETY: the GIL is held (`list` is a `Bound`; the module does not declare itself
+    // free-threaded, so a free-threaded interpreter runs it under the GIL too) and no
+    // Python code runs until this function returns (no call into the interpreter, no
+    // reference released), so the list is neither resized nor mutated meanwhile and
+    // its items, borrowed from it, stay alive. `PyList_GET_SIZE` and `PyList_GET_ITEM` read an exact list (checked
+    // by the caller's `cast_exact`) within its size; an item whose type is exactly
+    // `bytes` is a `PyBytesObject`, whose `ob_sval` holds `Py_SIZE` bytes.
+    unsafe {
+        let n = usize::try_from(ffi::PyList_GET_SIZE(list)).unwrap_or(0);
+        let bytes_type = std::ptr::addr_of_mut!(ffi::PyBytes_Type);
+        let mut hash_len = 0;
+        for i in 0..n {
+            let item = ffi::PyList_GET_ITEM(list, i as ffi::Py_ssize_t);
+            if ffi::Py_TYPE(item) != bytes_type {
+                return None;
+            }
+            let len = usize::try_from(ffi::Py_SIZE(item)).unwrap_or(0);
+            let data = (*item.cast::<ffi::PyBytesObject>())
+                .ob_sval
+                .as_ptr()
+                .cast::<u8>();
+            if i == 0 {
+                hash_len = len;
+                out.reserve(hash_len * n);
+            } else if len != hash_len {
+                return Some(Err(different_lengths(req_id)));
+            }
+            out.extend_from_slice(std::slice::from_raw_parts(data, len));
+        }
+        Some(Ok(hash_len))
+    }
+}
+
+/// [`concat_any`] of a `list` whose items are all exactly `bytes`, through the stable
+/// ABI (the `abi3` feature, or an interpreter whose objects are not CPython's): one
+/// pass, no iterator object, no per-item type-flag call, at most one allocation.
+/// `None` at the first item of another type (the general path then reads the list
+/// again).
+#[cfg(any(Py_LIMITED_API, PyPy, GraalPy))]
 fn concat_list(
     req_id: &str,
     list: &Bound<'_, PyList>,

@@ -411,6 +411,40 @@ def test_hashes_of_other_buffers_and_bad_types(vllm_server):
         ours.close()
 
 
+class _HashSubclass(bytes):
+    """A bytes subclass: not exactly `bytes`, so not read through CPython's layout."""
+
+
+def test_hash_lists_of_other_items_are_read_as_their_bytes(vllm_server):
+    """A list of exact `bytes` is read item by item through CPython's object layout
+    (python/src/hashes.rs); a list with another item anywhere (a bytes subclass, a
+    bytearray after bytes, a memoryview), a tuple, and an empty list take the general
+    path. Each answers exactly what the same hashes as `bytes` answer: the present
+    prefix (3 blocks) of 4 hashes, or nothing to ask for an empty list."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    four = PRESENT + [h(9)]
+    try:
+        cases = {
+            "exact": four,
+            "subclass_last": four[:3] + [_HashSubclass(four[3])],
+            "subclass_first": [_HashSubclass(four[0])] + four[1:],
+            "bytearray_after_bytes": four[:2] + [bytearray(four[2]), four[3]],
+            "memoryview": [memoryview(x) for x in four],
+            "tuple": tuple(four),
+        }
+        got = {rid: ours.lookup(rid, 4 * BS + 1, hashes).hit_length
+               for rid, hashes in cases.items()}
+        assert got == {rid: 3 * BS for rid in cases}
+        assert ours.lookup("empty", 4 * BS + 1, []).hit_length == 0
+        assert ours.answer_of("empty").kind == "not_needed"
+        # A length that differs after exact bytes is refused and leaves nothing held.
+        with pytest.raises(ValueError, match="different lengths"):
+            ours.lookup("longer_last", 4 * BS + 1, four[:3] + [four[3] + b"x"])
+        assert ours.tracked_requests() == 0
+    finally:
+        ours.close()
+
+
 @pytest.mark.parametrize("defer", [False, True])
 def test_hashes_of_many_requests_share_buffers_without_mixing(vllm_server, defer):
     """Requests' hashes are copied into buffers shared by several requests (64 KiB
