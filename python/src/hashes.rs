@@ -15,6 +15,12 @@ use pyo3::types::{PyBytes, PyList};
 /// 32-byte hashes.
 const CHUNK: usize = 64 * 1024;
 
+/// Bytes of block hashes a request may have: the most a lookup on the wire carries
+/// (`lookup_core::wire::MAX_HASHES` hashes of at most `MAX_HASH_LEN` bytes, 16 MiB; a
+/// prompt of 1 Mi tokens at vLLM's block size of 16 has 2 MiB). More is refused, not
+/// copied.
+const MAX_BYTES: usize = lookup_core::wire::MAX_HASHES * lookup_core::wire::MAX_HASH_LEN;
+
 /// Filled chunks an arena keeps a handle on, to reuse one in place once every request
 /// in it has ended: enough for the chunks of 2,048 live requests of 64 blocks. The
 /// oldest handle goes past it (its chunk then freed when its last request ends). Once
@@ -58,7 +64,11 @@ impl HashArena {
     ) -> PyResult<(u16, Bytes)> {
         // vLLM's hashes are 32 bytes (a prompt's hashes of another length still fit:
         // `read_hashes` reserves what it needs).
-        self.make_room(block_hashes.len().unwrap_or(0) * 32);
+        let need = block_hashes.len().unwrap_or(0).saturating_mul(32);
+        // More than a request may take is refused by the read: no chunk made for it.
+        if need <= MAX_BYTES {
+            self.make_room(need);
+        }
         let hash_len = read_hashes(req_id, block_hashes, &mut self.buf)?;
         Ok((hash_len, self.take()))
     }
@@ -119,10 +129,8 @@ pub(crate) fn read_hashes(
     out: &mut BytesMut,
 ) -> PyResult<u16> {
     let start = out.len();
-    let got = concat_any(req_id, block_hashes, out).and_then(|len| {
-        u16::try_from(len)
-            .map_err(|_| PyValueError::new_err(format!("request {req_id}: hash too long")))
-    });
+    let got = concat_any(req_id, block_hashes, out)
+        .and_then(|len| u16::try_from(len).map_err(|_| too_long(req_id)));
     if got.is_err() {
         out.truncate(start);
     }
@@ -159,7 +167,10 @@ fn concat_any(
             return Err(different_lengths(req_id));
         }
         if out.len() == start {
-            out.reserve(len * block_hashes.len().unwrap_or(1));
+            reserve_for(req_id, out, len, block_hashes.len().unwrap_or(1))?;
+        } else if out.len() - start + len > MAX_BYTES {
+            // A sequence without a length (a generator) is checked as it goes.
+            return Err(too_many(req_id, out.len() - start + len));
         }
         out.extend_from_slice(bytes);
     }
@@ -186,9 +197,10 @@ fn concat_list(
     // free-threaded, so a free-threaded interpreter runs it under the GIL too) and no
     // Python code runs until this function returns (no call into the interpreter, no
     // reference released), so the list is neither resized nor mutated meanwhile and
-    // its items, borrowed from it, stay alive. `PyList_GET_SIZE` and `PyList_GET_ITEM` read an exact list (checked
-    // by the caller's `cast_exact`) within its size; an item whose type is exactly
-    // `bytes` is a `PyBytesObject`, whose `ob_sval` holds `Py_SIZE` bytes.
+    // its items, borrowed from it, stay alive. `PyList_GET_SIZE` and
+    // `PyList_GET_ITEM` read an exact list (checked by the caller's `cast_exact`)
+    // within its size; an item whose type is exactly `bytes` is a `PyBytesObject`,
+    // whose `ob_sval` holds `Py_SIZE` bytes.
     unsafe {
         let n = usize::try_from(ffi::PyList_GET_SIZE(list)).unwrap_or(0);
         let bytes_type = std::ptr::addr_of_mut!(ffi::PyBytes_Type);
@@ -205,7 +217,9 @@ fn concat_list(
                 .cast::<u8>();
             if i == 0 {
                 hash_len = len;
-                out.reserve(hash_len * n);
+                if let Err(error) = reserve_for(req_id, out, hash_len, n) {
+                    return Some(Err(error));
+                }
             } else if len != hash_len {
                 return Some(Err(different_lengths(req_id)));
             }
@@ -231,13 +245,44 @@ fn concat_list(
         let bytes = item.cast_exact::<PyBytes>().ok()?.as_bytes();
         if i == 0 {
             hash_len = bytes.len();
-            out.reserve(hash_len * list.len());
+            if let Err(error) = reserve_for(req_id, out, hash_len, list.len()) {
+                return Some(Err(error));
+            }
         } else if bytes.len() != hash_len {
             return Some(Err(different_lengths(req_id)));
         }
         out.extend_from_slice(bytes);
     }
     Some(Ok(hash_len))
+}
+
+/// Reserves room in `out` for `count` hashes of `hash_len` bytes.
+///
+/// # Errors
+/// `ValueError` naming `req_id`, before anything is reserved, when a hash is longer
+/// than the 65,535 bytes a `BlockHashes` takes or the hashes exceed [`MAX_BYTES`]: a
+/// list repeating one huge `bytes` object costs Python 8 bytes an item, and must not
+/// make the client reserve (or abort on) their total.
+fn reserve_for(req_id: &str, out: &mut BytesMut, hash_len: usize, count: usize) -> PyResult<()> {
+    if hash_len > usize::from(u16::MAX) {
+        return Err(too_long(req_id));
+    }
+    let total = hash_len.saturating_mul(count);
+    if total > MAX_BYTES {
+        return Err(too_many(req_id, total));
+    }
+    out.reserve(total);
+    Ok(())
+}
+
+fn too_long(req_id: &str) -> PyErr {
+    PyValueError::new_err(format!("request {req_id}: hash too long"))
+}
+
+fn too_many(req_id: &str, total: usize) -> PyErr {
+    PyValueError::new_err(format!(
+        "request {req_id}: {total} bytes of block hashes, over the {MAX_BYTES} a request's hashes may take"
+    ))
 }
 
 fn different_lengths(req_id: &str) -> PyErr {

@@ -445,6 +445,30 @@ def test_hash_lists_of_other_items_are_read_as_their_bytes(vllm_server):
         ours.close()
 
 
+def test_oversized_hashes_are_refused_not_copied(vllm_server):
+    """A hash longer than 65,535 bytes, or more hash bytes than a lookup on the wire
+    carries (65,536 hashes of at most 256 bytes: 16 MiB), is a ValueError naming the
+    request: a list repeating one object costs Python 8 bytes an item, and the client
+    must not reserve its total (python/src/hashes.rs). As a list of exact bytes, as a
+    list read on the general path, and as a generator (no length, checked as it goes).
+    The client answers the next lookup exactly."""
+    ours = mooncake_lookup.LookupKeyClient(vllm_config(BS))
+    huge = b"x" * 70_000
+    many = 16 * 1024 * 1024 // 32 + 1
+    try:
+        with pytest.raises(ValueError, match="big: hash too long"):
+            ours.lookup("big", 4 * BS + 1, [huge] * 4)
+        for rid, hashes in (("many", [h(1)] * many),
+                            ("many_general", [bytearray(h(1))] + [h(1)] * (many - 1)),
+                            ("many_generator", (h(1) for _ in range(many)))):
+            with pytest.raises(ValueError, match=f"{rid}: 16777248 bytes of block hashes"):
+                ours.lookup(rid, 4 * BS + 1, hashes)
+        assert ours.tracked_requests() == 0
+        assert ours.lookup("after", 4 * BS + 1, PRESENT + [h(9)]).hit_length == 3 * BS
+    finally:
+        ours.close()
+
+
 @pytest.mark.parametrize("defer", [False, True])
 def test_hashes_of_many_requests_share_buffers_without_mixing(vllm_server, defer):
     """Requests' hashes are copied into buffers shared by several requests (64 KiB
