@@ -152,8 +152,9 @@ fn concat_any(
             None => out.truncate(start),
         }
     }
-    let mut hash_len = None;
-    for item in block_hashes.try_iter()? {
+    let count = block_hashes.len().unwrap_or(1);
+    let mut hash_len = 0;
+    for (i, item) in block_hashes.try_iter()?.enumerate() {
         let item = item?;
         let owned;
         let bytes: &[u8] = if let Ok(b) = item.cast::<PyBytes>() {
@@ -162,19 +163,39 @@ fn concat_any(
             owned = item.extract::<Vec<u8>>()?;
             &owned
         };
-        let len = *hash_len.get_or_insert(bytes.len());
-        if bytes.len() != len {
-            return Err(different_lengths(req_id));
+        push_hash(req_id, out, i, count, &mut hash_len, bytes)?;
+        // A sequence without a length (a generator) is checked as it goes.
+        if out.len() - start > MAX_BYTES {
+            return Err(too_many(req_id, out.len() - start));
         }
-        if out.len() == start {
-            reserve_for(req_id, out, len, block_hashes.len().unwrap_or(1))?;
-        } else if out.len() - start + len > MAX_BYTES {
-            // A sequence without a length (a generator) is checked as it goes.
-            return Err(too_many(req_id, out.len() - start + len));
-        }
-        out.extend_from_slice(bytes);
     }
-    Ok(hash_len.unwrap_or(0))
+    Ok(hash_len)
+}
+
+/// Appends hash `i` of a prompt's `count` to `out`: the first sets `hash_len` and
+/// reserves room for all of them ([`reserve_for`]); each other must be as long.
+///
+/// # Errors
+/// As [`reserve_for`]; `ValueError` naming `req_id` for a hash of another length.
+// Always inlined: with `#[inline]` alone the direct read measured slower
+// (a deferred prefetch 1.12-1.24x `b"".join` against 0.94-1.03x, alternated 3 times).
+#[inline(always)]
+fn push_hash(
+    req_id: &str,
+    out: &mut BytesMut,
+    i: usize,
+    count: usize,
+    hash_len: &mut usize,
+    bytes: &[u8],
+) -> PyResult<()> {
+    if i == 0 {
+        *hash_len = bytes.len();
+        reserve_for(req_id, out, *hash_len, count)?;
+    } else if bytes.len() != *hash_len {
+        return Err(different_lengths(req_id));
+    }
+    out.extend_from_slice(bytes);
+    Ok(())
 }
 
 /// [`concat_any`] of a `list` whose items are all exactly `bytes` (vLLM's
@@ -215,15 +236,10 @@ fn concat_list(
                 .ob_sval
                 .as_ptr()
                 .cast::<u8>();
-            if i == 0 {
-                hash_len = len;
-                if let Err(error) = reserve_for(req_id, out, hash_len, n) {
-                    return Some(Err(error));
-                }
-            } else if len != hash_len {
-                return Some(Err(different_lengths(req_id)));
+            let bytes = std::slice::from_raw_parts(data, len);
+            if let Err(error) = push_hash(req_id, out, i, n, &mut hash_len, bytes) {
+                return Some(Err(error));
             }
-            out.extend_from_slice(std::slice::from_raw_parts(data, len));
         }
         Some(Ok(hash_len))
     }
@@ -241,17 +257,12 @@ fn concat_list(
     out: &mut BytesMut,
 ) -> Option<PyResult<usize>> {
     let mut hash_len = 0;
+    let count = list.len();
     for (i, item) in list.iter().enumerate() {
         let bytes = item.cast_exact::<PyBytes>().ok()?.as_bytes();
-        if i == 0 {
-            hash_len = bytes.len();
-            if let Err(error) = reserve_for(req_id, out, hash_len, list.len()) {
-                return Some(Err(error));
-            }
-        } else if bytes.len() != hash_len {
-            return Some(Err(different_lengths(req_id)));
+        if let Err(error) = push_hash(req_id, out, i, count, &mut hash_len, bytes) {
+            return Some(Err(error));
         }
-        out.extend_from_slice(bytes);
     }
     Some(Ok(hash_len))
 }
